@@ -1,0 +1,58 @@
+"""The inputs of ``specpipe build``, shared by the CPU and TensorRT-LLM build stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNTIMES = ("cpu", "trtllm", "trtllm-llmapi")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything ``specpipe build`` was asked to do.
+
+    Attributes:
+        target: target preset name or TOML path (``smollm2-135m``, ``llama3-70b``).
+        draft: draft preset name or TOML path (``none``, ``ngram``, ``smollm2-draft``, ``eagle`` ...).
+        runtime: one of :data:`RUNTIMES`.
+        name: engine name; ``None`` derives ``<target>-<draft>``.
+        engines_dir: root of engine directories (default ``engines/``).
+        max_draft_len: overrides the draft preset's ``max_draft_len`` (tokens, >= 1).
+        draft_model: local directory or Hugging Face id of draft weights (Medusa/EAGLE heads or a
+            causal LM) replacing the preset's source.
+        gpu: GPU name from the GPU table (``h100-80gb`` ...), TensorRT-LLM runtimes only.
+        tp, pp: tensor- and pipeline-parallel sizes.
+        quantization: ``auto`` | ``bf16`` | ``fp16`` | ``fp8`` | ``int4-awq`` | ``int8-wo`` | ``int4-wo``.
+        max_batch_size, max_input_len, max_seq_len: engine limits (requests, tokens, tokens).
+        lookahead: (window W, n-gram N, verification set G) for lookahead decoding, or ``None``.
+        choices: ``eagle_choices``/``medusa_choices`` override as a Python-literal list of paths.
+        executor: ``auto`` | ``local`` | ``docker`` (TensorRT-LLM runtimes).
+        dry_run: print the plan and memory table, run nothing, write nothing.
+        json_output: with ``dry_run``, print exactly one JSON document on stdout instead.
+        force: rebuild even when the inputs are unchanged.
+    """
+
+    target: str
+    draft: str
+    runtime: str = "cpu"
+    name: str | None = None
+    engines_dir: Path = Path("engines")
+    max_draft_len: int | None = None
+    draft_model: str | None = None
+    gpu: str | None = None
+    tp: int = 1
+    pp: int = 1
+    quantization: str = "auto"
+    max_batch_size: int = 8
+    max_input_len: int = 4096
+    max_seq_len: int = 8192
+    lookahead: tuple[int, int, int] | None = None
+    choices: str | None = None
+    executor: str = "auto"
+    dry_run: bool = False
+    json_output: bool = False
+    force: bool = False
+
+    def engine_name(self, target_name: str, draft_name: str) -> str:
+        return self.name or f"{target_name}-{draft_name}"

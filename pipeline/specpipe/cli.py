@@ -1,0 +1,177 @@
+"""The ``specpipe`` command line (click). Imports of heavy modules happen inside commands."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from specpipe import __version__
+from specpipe.build_request import RUNTIMES, BuildRequest
+from specpipe.errors import SpecpipeError
+
+
+class _Group(click.Group):
+    """Turns :class:`SpecpipeError` into a one-line message and exit status 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecpipeError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+
+def _positive(ctx, param, value):
+    if value is not None and value <= 0:
+        raise click.BadParameter(f"must be a positive integer, got {value}")
+    return value
+
+
+def _lookahead(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        parts = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or min(parts) <= 0:
+        raise click.BadParameter("expected W,N,G as three positive integers, e.g. 7,7,7")
+    return parts
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="specpipe")
+def main() -> None:
+    """specpipe: build, package, serve, validate and benchmark speculative-decoding deployments."""
+
+
+@main.command()
+@click.option("--target", required=True, help="Target preset name (e.g. smollm2-135m, llama3-70b) or preset .toml path.")
+@click.option("--draft", default="none", show_default=True, help="Draft preset: none, ngram, smollm2-draft, eagle, medusa, lookahead, a draft model preset, or a .toml path.")
+@click.option("--runtime", type=click.Choice(RUNTIMES), default="cpu", show_default=True)
+@click.option("--name", default=None, help="Engine name (default: <target>-<draft>).")
+@click.option("--engines-dir", type=click.Path(path_type=Path), default=Path("engines"), show_default=True)
+@click.option("--max-draft-len", type=int, default=None, callback=_positive, help="Draft tokens per step (overrides the preset).")
+@click.option("--draft-model", default=None, help="Local directory or Hugging Face id of the draft weights (heads or a causal LM).")
+@click.option("--gpu", default=None, help="GPU for the memory plan (TensorRT-LLM runtimes), e.g. h100-80gb.")
+@click.option("--tp", type=int, default=1, show_default=True, callback=_positive, help="Tensor-parallel size.")
+@click.option("--pp", type=int, default=1, show_default=True, callback=_positive, help="Pipeline-parallel size.")
+@click.option("--quantization", "-q", default="auto", show_default=True, help="auto, bf16, fp16, fp8, int4-awq, int8-wo, int4-wo.")
+@click.option("--max-batch-size", type=int, default=8, show_default=True, callback=_positive)
+@click.option("--max-input-len", type=int, default=4096, show_default=True, callback=_positive)
+@click.option("--max-seq-len", type=int, default=8192, show_default=True, callback=_positive)
+@click.option("--lookahead", default=None, callback=_lookahead, help="Lookahead W,N,G (window, n-gram, verification set).")
+@click.option("--choices", default=None, help="eagle_choices/medusa_choices tree as a list of paths, e.g. '[[0],[0,0],[1]]'.")
+@click.option("--executor", type=click.Choice(["auto", "local", "docker"]), default="auto", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print the plan and memory table; run and write nothing.")
+@click.option("--json", "json_output", is_flag=True, help="With --dry-run: print one JSON document instead.")
+@click.option("--force", is_flag=True, help="Rebuild even if nothing changed.")
+def build(**kwargs) -> None:
+    """Resolve presets, check compatibility, fetch and convert weights, and build an engine directory."""
+    request = BuildRequest(**kwargs)
+    if request.json_output and not request.dry_run:
+        raise click.BadParameter("--json goes with --dry-run", param_hint="--json")
+    if request.runtime == "cpu":
+        from specpipe.build_cpu import build_cpu
+
+        build_cpu(request)
+    else:
+        from specpipe.trtllm.build import build_trtllm
+
+        build_trtllm(request)
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option("--engines-dir", type=click.Path(path_type=Path), default=Path("engines"), show_default=True)
+@click.option("--repo-dir", type=click.Path(path_type=Path), default=Path("triton_repo"), show_default=True)
+@click.option("--from-plan", type=click.Path(path_type=Path, exists=True), default=None, help="Package a plan (build --dry-run --json) instead of a built engine.")
+@click.option("--name", "plan_name", default=None, help="Repository name with --from-plan.")
+def package(name, engines_dir, repo_dir, from_plan, plan_name) -> None:
+    """Write the Triton model repository triton_repo/NAME/ for engine NAME."""
+    from specpipe.triton.repository import package_engine, package_plan
+
+    if from_plan is not None:
+        out = package_plan(from_plan, plan_name or name, repo_dir)
+    else:
+        if not name:
+            raise click.UsageError("give the engine NAME (or --from-plan PLAN.json --name NAME)")
+        out = package_engine(engines_dir / name, repo_dir / name)
+    click.echo(f"wrote Triton model repository {out}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--repo-dir", type=click.Path(path_type=Path), default=Path("triton_repo"), show_default=True)
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--runtime", type=click.Choice(["auto", *RUNTIMES]), default="auto", show_default=True)
+@click.option("--print", "print_only", is_flag=True, help="Print the launch command instead of running it.")
+def serve(name, repo_dir, grpc_port, http_port, metrics_port, runtime, print_only) -> None:
+    """Start Triton on triton_repo/NAME and wait until it is ready; Ctrl-C stops it."""
+    from specpipe.serve import serve_repository
+
+    serve_repository(
+        repo_dir / name,
+        grpc_port=grpc_port,
+        http_port=http_port,
+        metrics_port=metrics_port,
+        runtime=runtime,
+        print_only=print_only,
+    )
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--url", default="localhost:8001", show_default=True, help="Triton gRPC endpoint HOST:PORT.")
+@click.option("--model", default="ensemble", show_default=True)
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--stream/--no-stream", default=False, show_default=True)
+@click.option("--temperature", type=float, default=None)
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--stats", is_flag=True, help="Print acceptance figures after the text.")
+def generate(prompt, url, model, max_tokens, stream, temperature, top_k, top_p, seed, chat, stats) -> None:
+    """Send one prompt to a deployed ensemble over gRPC and print the text."""
+    from specpipe.client.commands import generate_command
+
+    generate_command(
+        url=url, model=model, prompt=prompt, max_tokens=max_tokens, stream=stream,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat, stats=stats,
+    )
+
+
+@main.command()
+@click.option("--url", default="localhost:8001", show_default=True, help="Deployment under test (gRPC HOST:PORT).")
+@click.option("--baseline-url", default=None, help="Baseline deployment (--draft none) to compare greedy outputs with.")
+@click.option("--model", default="ensemble", show_default=True)
+@click.option("--max-tokens", type=int, default=48, show_default=True)
+@click.option("--json", "json_output", is_flag=True, help="Print the results as JSON.")
+def validate(url, baseline_url, model, max_tokens, json_output) -> None:
+    """Check a deployment: health, interface, streaming, greedy equivalence with a baseline."""
+    from specpipe.client.validate import validate_command
+
+    ok = validate_command(url=url, baseline_url=baseline_url, model=model, max_tokens=max_tokens, json_output=json_output)
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.option("--drafts", default="ngram,smollm2-draft", show_default=True, help="Speculative methods to deploy beside the baseline.")
+@click.option("--engines-dir", type=click.Path(path_type=Path), default=Path("engines"), show_default=True)
+@click.option("--repo-dir", type=click.Path(path_type=Path), default=Path("triton_repo"), show_default=True)
+@click.option("--base-port", type=int, default=8101, show_default=True, help="First of the ports used (3 per deployment).")
+def demo(drafts, engines_dir, repo_dir, base_port) -> None:
+    """The main job on the embedded default: build, package, serve, validate SmolLM2 end to end."""
+    from specpipe.demo import run_demo
+
+    ok = run_demo([d for d in drafts.split(",") if d], engines_dir=engines_dir, repo_dir=repo_dir, base_port=base_port)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The CPU reference runtime: speculative decoding in PyTorch with the TensorRT-LLM tensor interface."""

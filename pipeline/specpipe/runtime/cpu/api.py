@@ -1,0 +1,94 @@
+"""Request/response types shared by the CPU engine, the Triton models and in-process callers.
+
+These mirror the per-request inputs and perf outputs of TensorRT-LLM's ``tensorrt_llm`` Triton model,
+so that the Triton model of the CPU runtime is a thin translation layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request.
+
+    Attributes:
+        max_tokens: new tokens to generate at most (>= 1).
+        greedy: argmax decoding. As in TensorRT-LLM, a request that gives no sampling inputs, or
+            ``top_k == 1``, is greedy.
+        temperature: > 0; logits are divided by it before top-k/top-p.
+        top_k: keep the k most likely tokens; 0 disables the filter.
+        top_p: nucleus mass in (0, 1]; 1.0 disables the filter.
+        seed: seed of the request's own ``torch.Generator`` (``None``: nondeterministic).
+        end_id: end-of-sequence token id (``None``: the tokenizer's EOS).
+        stop_words: token-id sequences; generation stops when the output ends with one of them, and
+            the stop sequence itself is not returned.
+        bad_words: token-id sequences that must not be generated (only single-token entries are
+            enforced, by masking their logits).
+    """
+
+    max_tokens: int
+    greedy: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    end_id: int | None = None
+    stop_words: tuple[tuple[int, ...], ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass
+class RequestStats:
+    """Per-request speculative-decoding counters (TensorRT-LLM perf-metric names where they exist).
+
+    Attributes:
+        num_input_tokens: prompt length, tokens.
+        num_output_tokens: tokens returned (after stop-word trimming).
+        total_draft_tokens: draft tokens proposed to the target over the request.
+        total_accepted_draft_tokens: draft tokens the target accepted.
+        target_forwards: target forward passes, the prefill included.
+    """
+
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    total_draft_tokens: int = 0
+    total_accepted_draft_tokens: int = 0
+    target_forwards: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens in [0, 1]; 0.0 when nothing was proposed."""
+        if self.total_draft_tokens == 0:
+            return 0.0
+        return self.total_accepted_draft_tokens / self.total_draft_tokens
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per decoding target forward (accepted drafts + the one target token).
+
+        1.0 for plain decoding and when no decode step ran; the prefill forward is not counted.
+        """
+        decode_forwards = self.target_forwards - 1
+        if decode_forwards <= 0:
+            return 1.0
+        return (self.total_accepted_draft_tokens + decode_forwards) / decode_forwards
+
+
+@dataclass
+class StepOutput:
+    """What one engine step produced for a request.
+
+    Attributes:
+        token_ids: tokens newly committed by this step (1 .. max_draft_len + 1 of them), after
+            stop-word trimming; may be empty on the final step when a stop word was trimmed.
+        finished: the request is complete after this step.
+        finish_reason: ``"length"``, ``"stop"`` (end id or stop word) or ``None`` while running.
+        stats: cumulative counters of the request so far.
+    """
+
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    stats: RequestStats = field(default_factory=RequestStats)
