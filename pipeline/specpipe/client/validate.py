@@ -1,0 +1,210 @@
+"""``specpipe validate``: is a deployment healthy, complete and faithful to its baseline?
+
+Checks, each reported pass/fail:
+
+* the server is live and ready and the ensemble is loaded;
+* the ensemble exposes TensorRT-LLM's interface (names and datatypes);
+* for each prompt, streamed and non-streamed greedy text are identical (streaming must not drop or
+  duplicate text when several tokens are accepted in one step);
+* with a baseline deployment (``--draft none``), greedy outputs are identical to the baseline's
+  (speculative decoding must not change greedy output);
+* perf outputs are present and consistent (acceptance rate in [0, 1], accepted <= proposed);
+* a stop word ends the output before the stop word (nothing after it leaks out);
+* a seeded sampling request is reproducible;
+* a bad request (``max_tokens`` 0) gets an error response and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from specpipe.client.llm import GenerationRequest, GenerationResult, LLMClient, run_sync
+from specpipe.errors import SpecpipeError
+
+DEFAULT_PROMPTS = (
+    "The three most important inventions of the nineteenth century were",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Countries and their capitals:\n1. France - Paris\n2. Germany - Berlin\n3. Italy - Rome\n4.",
+)
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class RequestFigures:
+    prompt: str
+    output_tokens: int
+    acceptance_rate: float
+    accepted_draft_tokens: int
+    draft_tokens: int
+    mean_accepted_length: float
+    latency_ms: float
+
+
+@dataclass
+class ValidationReport:
+    url: str
+    baseline_url: str | None
+    checks: list[Check] = field(default_factory=list)
+    requests: list[RequestFigures] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def add(self, name: str, passed: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name, bool(passed), detail))
+        return bool(passed)
+
+
+def _figures(prompt: str, result: GenerationResult) -> RequestFigures:
+    perf = result.perf
+    out = int(perf.get("num_output_tokens", 0))
+    accepted = int(perf.get("total_accepted_draft_tokens", 0))
+    steps = out - 1 - accepted
+    mean_len = (out - 1) / steps if steps > 0 else 1.0
+    return RequestFigures(
+        prompt=prompt[:40].replace("\n", " "),
+        output_tokens=out,
+        acceptance_rate=float(perf.get("acceptance_rate", 0.0)),
+        accepted_draft_tokens=accepted,
+        draft_tokens=int(perf.get("total_draft_tokens", 0)),
+        mean_accepted_length=mean_len,
+        latency_ms=result.latency_s * 1000,
+    )
+
+
+def _interface_problems(metadata: dict) -> list[str]:
+    from specpipe.triton.interface import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
+
+    problems = []
+    for kind, expected in (("inputs", ENSEMBLE_INPUTS), ("outputs", ENSEMBLE_OUTPUTS)):
+        served = {t["name"]: t["datatype"] for t in metadata.get(kind, [])}
+        for tensor in expected:
+            if tensor.name not in served:
+                problems.append(f"missing {kind[:-1]} {tensor.name}")
+            elif served[tensor.name] != tensor.datatype:
+                problems.append(f"{tensor.name} is {served[tensor.name]}, expected {tensor.datatype}")
+    return problems
+
+
+def _stop_word_for(text: str) -> str | None:
+    words = text.split(" ")
+    for word in words[3:]:
+        if word.isalpha() and len(word) >= 3:
+            return " " + word
+    return None
+
+
+async def _run(url: str, baseline_url: str | None, model: str, max_tokens: int, prompts) -> ValidationReport:
+    report = ValidationReport(url=url, baseline_url=baseline_url)
+    async with LLMClient(url, model) as client:
+        raw = client.raw
+        try:
+            live = await raw.is_server_live()
+        except Exception as exc:
+            report.add("server live", False, f"cannot reach {url}: {exc}")
+            return report
+        report.add("server live", live)
+        report.add("server ready", await raw.is_server_ready())
+        if not report.add("model ready", await raw.is_model_ready(model), model):
+            return report
+        problems = _interface_problems(await raw.get_model_metadata(model, as_json=True))
+        report.add("ensemble interface (TensorRT-LLM names, types)", not problems, "; ".join(problems) or "all present")
+
+        greedy: dict[str, str] = {}
+        for prompt in prompts:
+            plain = await client.generate(GenerationRequest(prompt, max_tokens=max_tokens))
+            streamed = await client.generate(GenerationRequest(prompt, max_tokens=max_tokens, stream=True))
+            short = prompt[:30].replace("\n", " ")
+            if plain.error or streamed.error:
+                report.add(f"generate: {short!r}", False, plain.error or streamed.error)
+                continue
+            greedy[prompt] = plain.text
+            report.add(f"streamed == non-streamed: {short!r}", streamed.text == plain.text,
+                       f"{len(streamed.chunks)} chunks" if streamed.text == plain.text else f"{streamed.text!r} != {plain.text!r}")
+            perf = plain.perf
+            consistent = (
+                {"acceptance_rate", "total_draft_tokens", "total_accepted_draft_tokens"} <= perf.keys()
+                and 0.0 <= perf["acceptance_rate"] <= 1.0
+                and perf["total_accepted_draft_tokens"] <= perf["total_draft_tokens"]
+                and 0 < perf.get("num_output_tokens", 1) <= max_tokens
+            )
+            report.add(f"perf outputs: {short!r}", consistent, json.dumps(perf))
+            report.requests.append(_figures(prompt, plain))
+
+        if baseline_url:
+            async with LLMClient(baseline_url, model) as baseline:
+                for prompt, text in greedy.items():
+                    base = await baseline.generate(GenerationRequest(prompt, max_tokens=max_tokens))
+                    short = prompt[:30].replace("\n", " ")
+                    same = base.error is None and base.text == text
+                    report.add(f"greedy == baseline: {short!r}", same, base.error or ("identical" if same else f"{text!r} != {base.text!r}"))
+
+        if greedy:
+            prompt, text = next(iter(greedy.items()))
+            stop = _stop_word_for(text)
+            if stop:
+                stopped = await client.generate(GenerationRequest(prompt, max_tokens=max_tokens, stop_words=(stop,)))
+                ok = stopped.error is None and stop not in stopped.text and text.startswith(stopped.text) and len(stopped.text) < len(text)
+                report.add("stop word ends the output", ok, f"stop {stop!r}: {stopped.error or repr(stopped.text[-40:])}")
+
+        sampled = [
+            await client.generate(GenerationRequest(prompts[0], max_tokens=16, temperature=0.8, top_p=0.9, seed=1234))
+            for _ in range(2)
+        ]
+        report.add("seeded sampling reproducible", all(s.error is None for s in sampled) and sampled[0].text == sampled[1].text,
+                   sampled[0].error or repr(sampled[0].text[:40]))
+
+        bad = await client.generate(GenerationRequest(prompts[0], max_tokens=4, top_p=1.5))
+        after = await client.generate(GenerationRequest(prompts[0], max_tokens=4))
+        report.add("bad request rejected, server keeps serving", bad.error is not None and after.error is None,
+                   f"top_p=1.5 -> {bad.error!r}; next request {'ok' if after.error is None else after.error}")
+    return report
+
+
+def validate(url: str, baseline_url: str | None = None, model: str = "ensemble", max_tokens: int = 48,
+             prompts=DEFAULT_PROMPTS) -> ValidationReport:
+    """Run every check against the deployment at ``url`` (gRPC HOST:PORT); never raises for a failed check."""
+    return run_sync(_run(url, baseline_url, model, max_tokens, tuple(prompts)))
+
+
+def print_report(report: ValidationReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    checks = Table(title=f"validation of {report.url}" + (f" against baseline {report.baseline_url}" if report.baseline_url else ""))
+    checks.add_column("check")
+    checks.add_column("result")
+    checks.add_column("detail", overflow="fold", max_width=70)
+    for check in report.checks:
+        checks.add_row(check.name, "[green]pass[/green]" if check.passed else "[red]FAIL[/red]", check.detail)
+    console.print(checks)
+    if report.requests:
+        figures = Table(title="per-request acceptance (greedy)")
+        for column in ("prompt", "tokens", "acceptance rate", "accepted/draft", "mean accepted length", "latency ms"):
+            figures.add_column(column, justify="left" if column == "prompt" else "right")
+        for r in report.requests:
+            figures.add_row(r.prompt, str(r.output_tokens), f"{r.acceptance_rate:.2f}",
+                            f"{r.accepted_draft_tokens}/{r.draft_tokens}", f"{r.mean_accepted_length:.2f}", f"{r.latency_ms:.0f}")
+        console.print(figures)
+    console.print("[green]PASSED[/green]" if report.passed else "[red]FAILED[/red]")
+
+
+def validate_command(*, url, baseline_url, model, max_tokens, json_output) -> bool:
+    """CLI entry: run, print (table or JSON), return overall pass."""
+    if max_tokens <= 0:
+        raise SpecpipeError(f"--max-tokens must be positive, got {max_tokens}")
+    report = validate(url, baseline_url, model, max_tokens)
+    if json_output:
+        print(json.dumps({**asdict(report), "passed": report.passed}, indent=2))
+    else:
+        print_report(report)
+    return report.passed
