@@ -1,0 +1,295 @@
+"""Draft heads that read the target's hidden state: Medusa and EAGLE (model code, CPU, PyTorch).
+
+* **Medusa** (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple
+  Decoding Heads", arXiv:2401.10774): head k (0-based) maps the target's final hidden state h_t (after
+  the final RMSNorm) to the token at t + k + 2 through ``num_layers`` residual blocks
+  ``x + SiLU(W x + b)`` and an lm_head. Here every head's lm_head is the target's (frozen, tied), so
+  only the residual blocks are trained and stored.
+* **EAGLE** (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+  arXiv:2401.15077): an autoregressive head over features. The input at position t is
+  ``fc(concat(embed(x_{t+1}), f_t))`` (embedding first), followed by one Llama decoder layer without
+  its input RMSNorm; the output predicts the target's next feature f_{t+1}, which the target's lm_head
+  turns into logits for x_{t+2} (no final norm: features are already post-norm). Drafting a tree feeds
+  the head its own predicted features, with its own small KV cache.
+
+Both heads can score a reduced draft vocabulary: the most frequent target tokens (``draft_vocab``,
+int64 target ids), as in FR-Spec (Zhao et al. 2025, arXiv:2502.14856) and EAGLE-3's ``d2t`` map. The
+49152 x 576 lm_head costs about 10 ms per row on 2 CPU cores; 8192 rows cost a sixth of that. Drafted
+ids are always target ids, so verification is unchanged.
+
+Tensor names follow the layouts TensorRT-LLM's converters read (see :mod:`specpipe.training.export`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm: ``w * x / sqrt(mean(x^2) + eps)`` over the last dimension (computed in fp32)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class ResBlock(nn.Module):
+    """Medusa residual block ``x + SiLU(linear(x))``; the linear layer starts at zero (identity block)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` Medusa heads of ``num_layers`` residual blocks each (lm_head shared, not owned).
+
+    State-dict names are ``{head}.{layer}.linear.weight`` / ``.bias`` (FasterDecoding's, without the
+    per-head lm_head ``{head}.{num_layers}.weight`` that :mod:`specpipe.training.export` adds).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1):
+        super().__init__()
+        if num_heads < 1 or num_layers < 1:
+            raise ValueError(f"need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
+        self.hidden_size, self.num_heads, self.num_layers = hidden_size, num_heads, num_layers
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads)
+        )
+
+    def state_dict_flat(self) -> dict[str, torch.Tensor]:
+        """Tensors named ``{head}.{layer}.linear.weight|bias`` (the FasterDecoding names)."""
+        return {k.removeprefix("heads."): v for k, v in self.state_dict().items()}
+
+    def load_flat(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict({f"heads.{k}": v for k, v in tensors.items()})
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Head features: ``hidden`` ``[..., H]`` -> ``[num_heads, ..., H]`` (inputs to the lm_head)."""
+        return torch.stack([head(hidden) for head in self.heads])
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[T, head_dim]`` for int64 ``positions`` ``[T]`` (Llama / GPT-NeoX rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[B, heads, T, D]`` by cos/sin ``[T, D]`` (or ``[B, 1, T, D]``)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Shape of an EAGLE head (Llama-style; the target's own sizes)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    max_position_embeddings: int
+
+    @classmethod
+    def from_target(cls, config) -> "EagleConfig":
+        """From a Hugging Face ``LlamaConfig`` of the target."""
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(config.rms_norm_eps),
+            rope_theta=float(theta),
+            vocab_size=config.vocab_size,
+            max_position_embeddings=config.max_position_embeddings,
+        )
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, past_k=None, past_v=None, mask=None):
+        b, t, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        groups = c.num_attention_heads // c.num_key_value_heads
+        kk, vv = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, kk, vv, is_causal=past_k is None and t > 1)
+        else:
+            out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(b, t, c.num_attention_heads * c.head_dim)
+        return self.o_proj(out), k, v
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _EagleLayer(nn.Module):
+    """A Llama decoder layer without the input RMSNorm (EAGLE's first layer)."""
+
+    def __init__(self, c: EagleConfig):
+        super().__init__()
+        self.self_attn = _Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = _MLP(c)
+
+    def forward(self, x, cos, sin, past_k=None, past_v=None, mask=None):
+        attn, k, v = self.self_attn(x, cos, sin, past_k, past_v, mask)
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k, v
+
+
+class EagleHead(nn.Module):
+    """EAGLE-1 draft head: ``fc`` [H, 2H] + bias, and ``layers.0`` (one decoder layer).
+
+    The token embedding and lm_head are the target's (passed in, never trained or stored here).
+    State-dict names match the EAGLE authors' checkpoints (``fc.weight``, ``fc.bias``,
+    ``layers.0.self_attn.q_proj.weight`` ...), which TensorRT-LLM's EAGLE converter reads.
+    """
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
+        self.layers = nn.ModuleList([_EagleLayer(config)])
+
+    def init_from_target_layer(self, layer: nn.Module) -> None:
+        """Start the decoder layer from a target decoder layer (same shapes), a better start than random."""
+        own = self.layers[0].state_dict()
+        theirs = {k: v for k, v in layer.state_dict().items() if k in own}
+        own.update({k: v.detach().clone().float() for k, v in theirs.items()})
+        self.layers[0].load_state_dict(own)
+        with torch.no_grad():
+            # Start fc as "take the feature" (second half) so the layer initially sees f_t.
+            h = self.config.hidden_size
+            self.fc.weight.zero_()
+            self.fc.weight[:, h:] = torch.eye(h)
+            self.fc.weight[:, :h] = 0.1 * torch.eye(h)
+            self.fc.bias.zero_()
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        token_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        past_k: torch.Tensor | None = None,
+        past_v: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One pass of the head.
+
+        Args:
+            features: float ``[B, T, H]``: f_t, the target's (or the head's own predicted) features.
+            token_embeds: float ``[B, T, H]``: embeddings of x_{t+1}, the token that follows position t.
+            positions: int64 ``[T]``: rotary positions of the inputs.
+            past_k, past_v: ``[B, kv_heads, S, head_dim]`` keys/values of earlier inputs, or ``None``.
+            mask: bool ``[B or 1, 1, T, S + T]`` (True = may attend), or ``None`` for causal attention
+                over the T inputs after all S past entries.
+
+        Returns:
+            predicted features ``[B, T, H]`` (f_{t+1}), and the keys/values ``[B, kv_heads, S + T, D]``
+            including the new entries.
+        """
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        if mask is None and past_k is not None and x.shape[1] > 1:
+            s, t = past_k.shape[2], x.shape[1]
+            mask = torch.ones(t, s + t, dtype=torch.bool).tril(diagonal=s)[None, None]
+        return self.layers[0](x, cos, sin, past_k, past_v, mask)
+
+
+class ReducedLMHead:
+    """The target's lm_head restricted to a draft vocabulary (frozen, fp32).
+
+    Args:
+        weight: float ``[V, H]`` the target's lm_head weight.
+        draft_vocab: int64 ``[V']`` target ids scored by the draft, or ``None`` for all ``V``.
+    """
+
+    def __init__(self, weight: torch.Tensor, draft_vocab: torch.Tensor | None = None):
+        self.draft_vocab = draft_vocab
+        w = weight.detach()
+        self.weight = (w[draft_vocab] if draft_vocab is not None else w).float().contiguous()
+
+    @property
+    def size(self) -> int:
+        return int(self.weight.shape[0])
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float ``[..., V']`` logits of features ``[..., H]`` over the draft vocabulary."""
+        return x @ self.weight.T
+
+    def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary indices to target token ids."""
+        return self.draft_vocab[index] if self.draft_vocab is not None else index
+
+
+def frequent_tokens(labels: torch.Tensor, vocab_size: int, size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The ``size`` most frequent ids in ``labels`` (ties by id), plus ``always``, sorted by id.
+
+    Args:
+        labels: int64 token ids (e.g. the target's greedy tokens over the training corpus).
+        vocab_size: ids are in ``[0, vocab_size)``.
+        size: draft vocabulary size; ``>= vocab_size`` returns every id.
+        always: ids to include regardless of frequency (end tokens).
+
+    Returns:
+        int64 ``[min(size, vocab_size)]`` sorted ascending.
+    """
+    if size >= vocab_size:
+        return torch.arange(vocab_size)
+    counts = torch.bincount(labels.flatten(), minlength=vocab_size).double()
+    counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # stable tie-break: lower ids first
+    for token in always:
+        counts[token] = math.inf
+    return torch.topk(counts, size).indices.sort().values

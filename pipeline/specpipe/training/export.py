@@ -1,0 +1,231 @@
+"""Saving and loading trained drafts.
+
+Two forms:
+
+* **Compact (shipped) form**, one float16 safetensors file per method holding only the tensors that
+  differ from the target, plus ``recipe.json``. Tensor names are those of the converter layouts below
+  (without the target's copies); the file's metadata records the target's name, hidden size, vocabulary
+  size and the head shape, so heads made for another target are refused before use.
+
+  ========== ================================ =================================================
+  method     file                             tensors
+  ========== ================================ =================================================
+  eagle      ``eagle_heads.safetensors``      ``fc.weight`` [H, 2H], ``fc.bias`` [H], ``layers.0.*``
+  medusa     ``medusa_heads.safetensors``     ``{h}.{l}.linear.weight`` [H, H], ``.bias`` [H]
+  draft      ``draft_layers.safetensors``     ``model.layers.{i}.*``, ``model.norm.weight``
+  ========== ================================ =================================================
+
+  ``draft_vocab`` (int64 [V'], target ids) rides along for EAGLE and Medusa.
+
+* **Converter layouts**, complete, which TensorRT-LLM's checkpoint converters read:
+
+  - EAGLE (``examples/eagle/convert_checkpoint.py --eagle_model_dir``, EAGLE authors' layout):
+    ``config.json`` (a ``LlamaConfig`` with ``num_hidden_layers`` 1) and ``pytorch_model.bin`` with
+    ``fc.weight``, ``fc.bias``, ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
+    ``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.post_attention_layernorm.weight`` and
+    ``embed_tokens.weight`` [V, H] (the target's). The converter reuses the target's lm_head.
+  - Medusa (``examples/medusa/convert_checkpoint.py --medusa_model_dir``, FasterDecoding layout):
+    ``config.json`` with ``medusa_num_heads``, ``medusa_num_layers``, and
+    ``medusa_lm_head.safetensors`` with ``{h}.{l}.linear.weight`` [H, H], ``{h}.{l}.linear.bias`` [H],
+    and ``{h}.{num_layers}.weight`` [V, H] (each head's lm_head; here copies of the target's).
+  - Draft model: a plain Hugging Face ``LlamaForCausalLM`` checkpoint (draft-target engines convert
+    it with the ordinary Llama converter).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specpipe.errors import CompatibilityError, SpecpipeError
+
+COMPACT_FILES = {"eagle": "eagle_heads.safetensors", "medusa": "medusa_heads.safetensors", "draft-model": "draft_layers.safetensors"}
+RECIPE_FILE = "recipe.json"
+FORMAT = "specpipe-heads-1"
+
+
+def save_compact(out_dir: Path, method: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
+    """Write the compact float16 file (int tensors kept as int64) with ``meta`` as safetensors metadata.
+
+    Written to a temporary name and renamed, so a reader never sees half a file.
+    """
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / COMPACT_FILES[method]
+    converted = {
+        k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach().to(torch.int64)).contiguous()
+        for k, v in tensors.items()
+    }
+    metadata = {"format": FORMAT, "method": method, **{k: json.dumps(v) for k, v in meta.items()}}
+    tmp = path.with_suffix(".tmp")
+    save_file(converted, str(tmp), metadata=metadata)
+    tmp.replace(path)
+    return path
+
+
+def load_compact(path: Path, method: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a compact file: (tensors, metadata with JSON values decoded).
+
+    Raises:
+        SpecpipeError: missing, truncated or corrupt file, or a file of another method/format.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecpipeError(f"{method} weights {path} are missing: run 'specpipe train-draft --method {method}' or rebuild")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw_meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises several types for damaged files
+        raise SpecpipeError(
+            f"{method} weights {path} are corrupt or truncated ({type(exc).__name__}: {exc}): "
+            f"restore the file (git checkout) or retrain with 'specpipe train-draft'"
+        ) from exc
+    if raw_meta.get("format") != FORMAT or raw_meta.get("method") != method:
+        raise SpecpipeError(
+            f"{path} is not a specpipe {method} file (format {raw_meta.get('format')!r}, method "
+            f"{raw_meta.get('method')!r}): retrain with 'specpipe train-draft --method {method}'"
+        )
+    meta = {k: json.loads(v) for k, v in raw_meta.items() if k not in ("format", "method")}
+    return tensors, meta
+
+
+def check_for_target(meta: dict[str, Any], target_config, path: Path) -> None:
+    """Refuse heads trained for another target (hidden size or vocabulary differ).
+
+    Raises:
+        CompatibilityError: naming both shapes and the fix.
+    """
+    want = {"hidden_size": target_config.hidden_size, "vocab_size": target_config.vocab_size}
+    have = {k: meta.get(k) for k in want}
+    if have != want:
+        raise CompatibilityError(
+            f"{path} was trained for a target with hidden size {have['hidden_size']} and vocabulary "
+            f"{have['vocab_size']}, but this target has hidden size {want['hidden_size']} and vocabulary "
+            f"{want['vocab_size']}: train heads for this target with 'specpipe train-draft'"
+        )
+
+
+def expected_eagle_tensors(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, vocab: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes TensorRT-LLM's EAGLE converter reads from ``pytorch_model.bin``."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return {
+        "fc.weight": (hidden, 2 * hidden),
+        "fc.bias": (hidden,),
+        "layers.0.self_attn.q_proj.weight": (q, hidden),
+        "layers.0.self_attn.k_proj.weight": (kv, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv, hidden),
+        "layers.0.self_attn.o_proj.weight": (hidden, q),
+        "layers.0.mlp.gate_proj.weight": (intermediate, hidden),
+        "layers.0.mlp.up_proj.weight": (intermediate, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, intermediate),
+        "layers.0.post_attention_layernorm.weight": (hidden,),
+        "embed_tokens.weight": (vocab, hidden),
+    }
+
+
+def expected_medusa_tensors(hidden: int, vocab: int, num_heads: int, num_layers: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes TensorRT-LLM's Medusa converter reads from ``medusa_lm_head.safetensors``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            shapes[f"{h}.{layer}.linear.weight"] = (hidden, hidden)
+            shapes[f"{h}.{layer}.linear.bias"] = (hidden,)
+        shapes[f"{h}.{num_layers}.weight"] = (vocab, hidden)
+    return shapes
+
+
+def write_eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, dtype=torch.float16) -> Path:
+    """Write the EAGLE authors' layout (``config.json`` + ``pytorch_model.bin``) for ``target``.
+
+    Args:
+        heads: ``fc.*`` and ``layers.0.*`` tensors (compact form).
+        target: the target ``LlamaForCausalLM`` (its config and token embedding are used).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    c = target.config
+    state = {k: v.to(dtype).contiguous() for k, v in heads.items() if k.startswith(("fc.", "layers."))}
+    state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(dtype).contiguous()
+    rope = getattr(c, "rope_parameters", None) or {}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "bias": True,
+        "hidden_act": c.hidden_act,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", c.hidden_size // c.num_attention_heads),
+        "num_hidden_layers": 1,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
+        "vocab_size": c.vocab_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    torch.save(state, out_dir / "pytorch_model.bin")
+    return out_dir
+
+
+def write_medusa_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, num_heads: int, num_layers: int, dtype=torch.float16) -> Path:
+    """Write FasterDecoding's layout (``config.json`` + ``medusa_lm_head.safetensors``) for ``target``.
+
+    Each head's lm_head (``{h}.{num_layers}.weight``) is a copy of the target's lm_head, which the heads
+    were trained against (frozen).
+    """
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lm_head = target.get_output_embeddings().weight.detach().to(dtype).contiguous()
+    state = {k: v.to(dtype).contiguous() for k, v in heads.items() if ".linear." in k}
+    for h in range(num_heads):
+        state[f"{h}.{num_layers}.weight"] = lm_head.clone()
+    save_file(state, str(out_dir / "medusa_lm_head.safetensors"))
+    config = {
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "base_model_name_or_path": getattr(target.config, "_name_or_path", "") or "",
+        "hidden_size": target.config.hidden_size,
+        "vocab_size": target.config.vocab_size,
+        "medusa_hidden_act": "silu",
+    }
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def write_draft_model(out_dir: Path, layers: dict[str, torch.Tensor], target_dir: Path, num_layers: int) -> Path:
+    """Rebuild the distilled draft as a standalone Hugging Face checkpoint: the target truncated to
+    ``num_layers`` decoder layers, with the distilled tensors (``model.layers.*``, ``model.norm.weight``)
+    put in place (float32).
+
+    Raises:
+        CompatibilityError: a distilled tensor's name or shape does not fit the truncated target.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    model.model.layers = model.model.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    own = model.state_dict()
+    for name, value in layers.items():
+        if name not in own or tuple(own[name].shape) != tuple(value.shape):
+            raise CompatibilityError(
+                f"distilled draft tensor {name} {tuple(value.shape)} does not fit the target truncated to "
+                f"{num_layers} layers: the draft was trained for another target; retrain it"
+            )
+        own[name] = value.float()
+    model.load_state_dict(own)
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(out_dir)
+    return out_dir
