@@ -1,0 +1,97 @@
+"""``specpipe serve``: start Triton on a model repository and keep it running until Ctrl-C.
+
+The CPU runtime runs the Triton server of the ``nvidia-pytriton`` wheel on this machine
+(:mod:`specpipe.serve.local`). TensorRT-LLM runtimes are served from their containers; that launcher
+arrives with the TensorRT-LLM repository writer.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from specpipe.errors import SpecpipeError
+
+__all__ = ["serve_repository", "resolve_runtime"]
+
+
+def resolve_runtime(repo_dir: Path, runtime: str) -> str:
+    """The runtime to serve ``repo_dir`` with: ``runtime`` itself, or for ``"auto"`` the one recorded
+    in the repository (``"cpu"`` for repositories written by ``specpipe package`` for CPU engines).
+
+    Raises:
+        SpecpipeError: no repository at ``repo_dir``, or ``auto`` cannot tell its runtime.
+    """
+    repo_dir = Path(repo_dir)
+    if not (repo_dir / "ensemble").is_dir():
+        raise SpecpipeError(f"no Triton model repository at {repo_dir}: run 'specpipe package NAME' first")
+    if runtime != "auto":
+        return runtime
+    from specpipe.triton.repository import repository_runtime
+
+    found = repository_runtime(repo_dir) if (repo_dir / "tensorrt_llm" / "config.pbtxt").is_file() else None
+    if found is None:
+        raise SpecpipeError(f"cannot tell which runtime {repo_dir} was written for: pass --runtime cpu or --runtime trtllm")
+    return found
+
+
+def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
+                     runtime: str = "auto", print_only: bool = False) -> None:
+    """Serve ``repo_dir`` until Ctrl-C or SIGTERM (or, with ``print_only``, print how to).
+
+    For the CPU runtime: start ``tritonserver``, wait until it is ready, print the endpoints, block,
+    then stop the server cleanly. With ``print_only``: print the environment and the exact command
+    line, start nothing.
+
+    Raises:
+        SpecpipeError: no repository, a busy port, a server that fails to start or dies, or a
+            TensorRT-LLM runtime (not yet served by specpipe).
+    """
+    from rich.console import Console
+
+    from specpipe.serve.local import LocalTritonServer
+
+    console = Console()
+    runtime = resolve_runtime(repo_dir, runtime)
+    if runtime != "cpu":
+        raise SpecpipeError(
+            f"serving a '{runtime}' repository arrives with the TensorRT-LLM repository issue; "
+            f"for now serve CPU repositories (build with '--runtime cpu')"
+        )
+    server = LocalTritonServer(repo_dir, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port)
+    if print_only:
+        for line in server.shell_lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+
+    def _terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        server.start()
+        console.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
+        server.wait_ready()
+        _print_endpoints(console, server)
+        while server.process.poll() is None:
+            time.sleep(0.5)
+        raise server.failure(f"tritonserver exited unexpectedly with status {server.process.returncode}")
+    except KeyboardInterrupt:
+        console.print("stopping Triton ...")
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_endpoints(console, server) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"Triton is serving {server.repo_dir.name}", show_header=False)
+    table.add_row("gRPC", server.grpc_url)
+    table.add_row("HTTP", server.http_url)
+    table.add_row("metrics", server.metrics_url)
+    table.add_row("model", "ensemble (text_input, max_tokens, stream ... -> text_output)")
+    table.add_row("log", str(server.log_path))
+    console.print(table)
+    console.print("Ctrl-C stops the server.")

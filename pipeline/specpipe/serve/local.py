@@ -1,0 +1,356 @@
+"""Run the real Triton Inference Server shipped in the ``nvidia-pytriton`` wheel, on CPU.
+
+The wheel (0.7.0: Triton 2.51.0) holds ``pytriton/tritonserver/bin/tritonserver``, its shared
+libraries in ``nvidia_pytriton.libs/`` beside ``pytriton/``, the Python backend in
+``pytriton/tritonserver/backends/python/`` and one Python-backend stub per CPython version in
+``pytriton/tritonserver/python_backend_stubs/<X.Y>/``. specpipe does not import ``pytriton``; it
+assembles a backends directory of its own under the cache (the backend + the stub for the running
+interpreter) and starts the server with:
+
+- ``LD_LIBRARY_PATH``: the wheel's libraries and the interpreter's own ``LIBDIR`` (otherwise the
+  stub may load another ``libpython`` whose extension modules do not match);
+- ``PATH`` starting with the interpreter's ``bin/`` directory (the stub finds its ``site-packages``,
+  and with it specpipe, through the first ``python3`` on ``PATH``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from specpipe.errors import SpecpipeError
+from specpipe.paths import cache_dir
+
+WHEEL = "nvidia-pytriton"
+STUB_NAME = "triton_python_backend_stub"
+BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the pieces of Triton are inside the installed ``nvidia-pytriton`` wheel.
+
+    Attributes:
+        binary: the ``tritonserver`` executable.
+        libs_dir: the wheel's shared libraries (``nvidia_pytriton.libs``).
+        python_backend_dir: ``backends/python`` (``libtriton_python.so`` + utils module).
+        stub: the Python-backend stub built for the running interpreter's ``X.Y``.
+        version: the wheel's version.
+    """
+
+    binary: Path
+    libs_dir: Path
+    python_backend_dir: Path
+    stub: Path
+    version: str
+
+
+def find_triton() -> TritonInstall:
+    """Locate Triton in the installed ``nvidia-pytriton`` wheel.
+
+    Raises:
+        SpecpipeError: the wheel is not installed, is incomplete, or has no stub for this Python.
+    """
+    fix = f"install it with 'pip install {WHEEL}==0.7.0' in this environment"
+    try:
+        dist = metadata.distribution(WHEEL)
+    except metadata.PackageNotFoundError as exc:
+        raise SpecpipeError(f"the Triton server wheel '{WHEEL}' is not installed: {fix}") from exc
+    root = Path(dist.locate_file("pytriton")) / "tritonserver"
+    libs = Path(dist.locate_file("nvidia_pytriton.libs"))
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    install = TritonInstall(
+        binary=root / "bin" / "tritonserver",
+        libs_dir=libs,
+        python_backend_dir=root / "backends" / "python",
+        stub=root / "python_backend_stubs" / py / STUB_NAME,
+        version=dist.version,
+    )
+    for path in (install.binary, install.libs_dir, *(install.python_backend_dir / f for f in BACKEND_FILES)):
+        if not path.exists():
+            raise SpecpipeError(f"the '{WHEEL}' wheel is incomplete ({path} is missing): reinstall it with 'pip install --force-reinstall {WHEEL}==0.7.0'")
+    if not install.stub.is_file():
+        available = sorted(p.name for p in (root / "python_backend_stubs").iterdir()) if (root / "python_backend_stubs").is_dir() else []
+        raise SpecpipeError(
+            f"the '{WHEEL}' wheel has no Python-backend stub for Python {py} (it has {', '.join(available) or 'none'}): "
+            f"run specpipe with one of those Python versions"
+        )
+    return install
+
+
+def _fingerprint(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        stat = path.stat()
+        digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def prepare_backends_dir(install: TritonInstall, root: Path | None = None) -> Path:
+    """A backends directory holding ``python/`` = the wheel's Python backend + this Python's stub.
+
+    Made once per wheel and interpreter under ``root`` (default ``<cache>/triton/``), written to a
+    temporary directory and renamed into place, so concurrent callers never see half a copy.
+
+    Returns:
+        the directory to pass as ``--backend-directory``.
+    """
+    sources = [install.python_backend_dir / f for f in BACKEND_FILES] + [install.stub]
+    root = Path(root) if root is not None else cache_dir() / "triton"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = root / f"backends-{install.version}-py{py}-{_fingerprint(sources)}"
+    if (target / "python" / STUB_NAME).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "python").mkdir(parents=True)
+    for source in sources:
+        shutil.copy2(source, tmp / "python" / source.name)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+        if not (target / "python" / STUB_NAME).is_file():
+            raise
+    return target
+
+
+def server_environment(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default ``os.environ``) with ``LD_LIBRARY_PATH`` and ``PATH``
+    prefixed as the module doc says."""
+    env = dict(os.environ if base is None else base)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    ld = [str(install.libs_dir)] + ([libdir] if libdir else []) + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(ld)
+    bin_dir = str(Path(sys.executable).parent)
+    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    env["PATH"] = os.pathsep.join([bin_dir, *rest])
+    return env
+
+
+def server_command(install: TritonInstall, backends_dir: Path, repo_dir: Path, grpc_port: int, http_port: int,
+                   metrics_port: int, exit_timeout_s: int = 10) -> list[str]:
+    """The ``tritonserver`` command line for ``repo_dir`` (absolute paths)."""
+    return [
+        str(install.binary),
+        f"--model-repository={Path(repo_dir).absolute()}",
+        f"--backend-directory={Path(backends_dir).absolute()}",
+        f"--grpc-port={grpc_port}",
+        f"--http-port={http_port}",
+        f"--metrics-port={metrics_port}",
+        f"--exit-timeout-secs={exit_timeout_s}",
+    ]
+
+
+def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether a TCP listener could bind ``host:port`` now (``SO_REUSEADDR``, as servers bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(ports: dict[str, int]) -> None:
+    """Raise :class:`SpecpipeError` if two ports are equal or one is already in use.
+
+    Args:
+        ports: label (``"gRPC"``, ``"HTTP"``, ``"metrics"``) -> port.
+    """
+    seen: dict[int, str] = {}
+    for label, port in ports.items():
+        if not 0 < port < 65536:
+            raise SpecpipeError(f"the {label} port {port} is not a TCP port: choose one in 1..65535")
+        if port in seen:
+            raise SpecpipeError(f"the {seen[port]} and {label} ports are both {port}: give each its own port")
+        seen[port] = label
+    for label, port in ports.items():
+        if not port_is_free(port):
+            raise SpecpipeError(
+                f"the {label} port {port} is already in use (another server?): stop that process or choose "
+                f"another port with --{label.lower()}-port"
+            )
+
+
+def log_tail(path: Path | None, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ('' if there is none)."""
+    if path is None or not Path(path).is_file():
+        return ""
+    text = Path(path).read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def model_load_failures(log_text: str) -> list[str]:
+    """Lines of a Triton log that report a model failing to load."""
+    return [line for line in log_text.splitlines() if "failed to load" in line]
+
+
+class LocalTritonServer:
+    """A ``tritonserver`` process serving one model repository on this machine.
+
+    Use as a context manager (``with LocalTritonServer(...) as server:`` starts it, waits until it
+    is ready and stops it on exit) or call :meth:`start`, :meth:`wait_ready` and :meth:`stop`.
+
+    Args:
+        repo_dir: the model repository (``triton_repo/NAME``).
+        grpc_port, http_port, metrics_port: TCP ports to serve on.
+        log_path: file for Triton's own output (default ``<cache>/logs/triton-<repo name>-<grpc port>.log``).
+        ready_timeout_s: seconds the context manager waits for readiness.
+    """
+
+    def __init__(self, repo_dir: Path, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
+                 log_path: Path | None = None, ready_timeout_s: float = 300.0):
+        self.repo_dir = Path(repo_dir).absolute()
+        self.grpc_port, self.http_port, self.metrics_port = int(grpc_port), int(http_port), int(metrics_port)
+        self.log_path = Path(log_path) if log_path else cache_dir() / "logs" / f"triton-{self.repo_dir.name}-{self.grpc_port}.log"
+        self.ready_timeout_s = ready_timeout_s
+        self.process: subprocess.Popen | None = None
+        self._install: TritonInstall | None = None
+
+    # -- endpoints --------------------------------------------------------------------------------
+    @property
+    def grpc_url(self) -> str:
+        """gRPC endpoint ``localhost:PORT`` (tritonclient.grpc form)."""
+        return f"localhost:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        """HTTP endpoint ``http://localhost:PORT``."""
+        return f"http://localhost:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Prometheus metrics ``http://localhost:PORT/metrics``."""
+        return f"http://localhost:{self.metrics_port}/metrics"
+
+    # -- launch -----------------------------------------------------------------------------------
+    def _ports(self) -> dict[str, int]:
+        return {"gRPC": self.grpc_port, "HTTP": self.http_port, "metrics": self.metrics_port}
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The command line and the environment variables specpipe sets (``LD_LIBRARY_PATH``, ``PATH``).
+
+        Raises:
+            SpecpipeError: Triton cannot be found (see :func:`find_triton`).
+        """
+        install = self._install or find_triton()
+        self._install = install
+        backends = prepare_backends_dir(install)
+        cmd = server_command(install, backends, self.repo_dir, self.grpc_port, self.http_port, self.metrics_port)
+        env = server_environment(install, {"PATH": os.environ.get("PATH", ""), "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")})
+        return cmd, {k: env[k] for k in ("LD_LIBRARY_PATH", "PATH")}
+
+    def start(self) -> None:
+        """Start ``tritonserver`` in the background (returns at once; see :meth:`wait_ready`).
+
+        Raises:
+            SpecpipeError: no repository at ``repo_dir``, a port is busy or repeated, Triton cannot
+                be found, or the process cannot be started.
+        """
+        if self.process is not None and self.process.poll() is None:
+            raise SpecpipeError(f"this server is already running (pid {self.process.pid}): stop it first")
+        if not self.repo_dir.is_dir():
+            raise SpecpipeError(f"no Triton model repository at {self.repo_dir}: run 'specpipe package' first")
+        check_ports(self._ports())
+        cmd, env_vars = self.command()
+        env = {**os.environ, **env_vars}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            try:
+                self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                env=env, start_new_session=True)
+            except OSError as exc:
+                raise SpecpipeError(f"cannot start {cmd[0]} ({exc}): reinstall '{WHEEL}'") from exc
+
+    def failure(self, what: str) -> SpecpipeError:
+        tail = log_tail(self.log_path)
+        return SpecpipeError(f"{what}; Triton's log ({self.log_path}) ends with:\n{tail}")
+
+    def is_ready(self) -> bool:
+        """Whether ``GET /v2/health/ready`` answers 200."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float | None = None, poll_s: float = 0.5) -> None:
+        """Poll ``/v2/health/ready`` until it answers 200.
+
+        Raises:
+            SpecpipeError: the server was not started, exited, reported a model that failed to load,
+                or was not ready within ``timeout_s`` seconds; the message ends with the tail of
+                Triton's log.
+        """
+        if self.process is None:
+            raise SpecpipeError("the server was not started: call start() first")
+        timeout_s = self.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise self.failure(f"tritonserver exited with status {code} before it was ready")
+            if self.is_ready():
+                return
+            failures = model_load_failures(log_tail(self.log_path, 400))
+            if failures:
+                self.stop()
+                raise self.failure(f"a model of {self.repo_dir} failed to load: {failures[0].strip()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise self.failure(f"tritonserver was not ready after {timeout_s:g} s")
+            time.sleep(poll_s)
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """Stop the server: SIGTERM, then SIGKILL to its process group after ``grace_s`` seconds.
+
+        Returns:
+            the exit status, or ``None`` if it was not running.
+        """
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            try:
+                process.send_signal(signal.SIGTERM)
+                process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)  # the server and its Python-backend stubs
+                except ProcessLookupError:
+                    pass
+                process.wait(10)
+        return process.returncode
+
+    def __enter__(self) -> "LocalTritonServer":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def shell_lines(self) -> list[str]:
+        """The launch as shell lines: ``export`` of the environment, then the command."""
+        cmd, env = self.command()
+        return [f"export {k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(cmd)]

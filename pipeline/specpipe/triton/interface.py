@@ -1,0 +1,271 @@
+"""The Triton tensor interface of a specpipe deployment, as data.
+
+The names, data types and dims follow TensorRT-LLM's ``inflight_batcher_llm`` model repository, read
+in NVIDIA/TensorRT-LLM at commit 2a9abd9536aa62ad3e4b9314be9286b1b1be523b:
+
+- ``triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt`` (2a9abd95)
+- ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`` (2a9abd95)
+- ``triton_backend/all_models/inflight_batcher_llm/preprocessing/config.pbtxt`` (808059da)
+- ``triton_backend/all_models/inflight_batcher_llm/postprocessing/config.pbtxt`` (89fd9b74)
+
+Only the tensors the CPU runtime implements are listed; each keeps the upstream name, data type,
+dims, ``optional`` flag and (``tensorrt_llm`` inputs) ``reshape``. A client written for a TensorRT-LLM
+ensemble therefore works unchanged against a specpipe CPU deployment, as long as it only uses these.
+
+Dims exclude the batch dimension: every model is written with ``max_batch_size`` =
+:data:`MAX_BATCH_SIZE` (> 0), so clients send ``text_input`` as ``[1, 1]``, as with TensorRT-LLM.
+
+Differences from upstream, all of them additions internal to the repository:
+
+- ``tensorrt_llm`` has one extra output, ``prior_output_ids`` (INT32 ``[-1, -1]``), and
+  ``postprocessing`` the matching optional input ``PRIOR_TOKENS_BATCH``: the tokens of the same
+  request already sent in earlier streamed responses. Postprocessing uses them to turn each streamed
+  chunk into exactly the text it adds (see :mod:`specpipe.triton.models.postprocessing`).
+- Upstream, ``num_input_tokens`` / ``num_output_tokens`` are returned when the request sets
+  ``return_num_input_tokens`` / ``return_num_output_tokens``; specpipe also returns them with
+  ``return_perf_metrics``, so that one flag gives every per-request counter.
+- The seed input of ``tensorrt_llm`` is ``seed`` at 2a9abd95; releases before ~0.15 named it
+  ``random_seed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: ``max_batch_size`` of every model: one prompt per request (the CPU engine serves requests one at a
+#: time, in arrival order). Tensors carry a leading batch dimension of 1.
+MAX_BATCH_SIZE = 1
+
+#: Triton data types used here, without the ``TYPE_`` prefix of ``model_config.proto``.
+DTYPES = ("BOOL", "INT32", "UINT64", "FP32", "STRING")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor of a Triton model.
+
+    Attributes:
+        name: tensor name, exactly as in TensorRT-LLM.
+        dtype: Triton data type without ``TYPE_`` (``"INT32"``, ``"STRING"`` ...).
+        dims: shape without the batch dimension; -1 is variable.
+        optional: an input the client may leave out (outputs: always False).
+        reshape: shape the model sees instead of ``dims`` (``()`` = a scalar per batch entry), or
+            ``None`` for no reshape.
+        doc: what the tensor holds, with units.
+    """
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInterface:
+    """Inputs and outputs of one model of the repository."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def input(self, name: str) -> TensorSpec:
+        """The input called ``name``; raises ``KeyError`` when there is none."""
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"{self.name} has no input {name!r}")
+
+    def output(self, name: str) -> TensorSpec:
+        """The output called ``name``; raises ``KeyError`` when there is none."""
+        for spec in self.outputs:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"{self.name} has no output {name!r}")
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """One step of the ensemble: ``input_map`` / ``output_map`` map step tensor -> ensemble tensor."""
+
+    model_name: str
+    input_map: tuple[tuple[str, str], ...]
+    output_map: tuple[tuple[str, str], ...]
+
+
+def _t(name, dtype, dims, optional=False, reshape=None, doc=""):
+    return TensorSpec(name, dtype, tuple(dims), optional, None if reshape is None else tuple(reshape), doc)
+
+
+_SCALAR = ()  # reshape target of tensorrt_llm's per-request scalars
+
+# --- ensemble (the client-facing model) -----------------------------------------------------------
+
+ENSEMBLE = ModelInterface(
+    name="ensemble",
+    inputs=(
+        _t("text_input", "STRING", [1], doc="prompt text, UTF-8; chat template already applied by the client"),
+        _t("max_tokens", "INT32", [1], doc="new tokens to generate at most (>= 1)"),
+        _t("bad_words", "STRING", [-1], True, doc="strings that must not be generated"),
+        _t("stop_words", "STRING", [-1], True, doc="strings that end generation (not returned)"),
+        _t("exclude_input_in_output", "BOOL", [1], True, doc="non-streamed text_output without the prompt"),
+        _t("end_id", "INT32", [1], True, doc="end-of-sequence token id (default: the tokenizer's EOS)"),
+        _t("pad_id", "INT32", [1], True, doc="padding token id (default: the tokenizer's pad, else EOS)"),
+        _t("top_k", "INT32", [1], True, doc="top-k sampling; 1 = greedy, 0 = off"),
+        _t("top_p", "FP32", [1], True, doc="nucleus mass in (0, 1]"),
+        _t("temperature", "FP32", [1], True, doc="> 0; divides the logits when sampling"),
+        _t("seed", "UINT64", [1], True, doc="seed of the request's random generator"),
+        _t("return_perf_metrics", "BOOL", [1], True, doc="return the speculative-decoding counters"),
+        _t("return_num_input_tokens", "BOOL", [1], True, doc="return num_input_tokens"),
+        _t("return_num_output_tokens", "BOOL", [1], True, doc="return num_output_tokens"),
+        _t("stream", "BOOL", [1], True, doc="one response per engine step instead of one at the end"),
+    ),
+    outputs=(
+        _t("text_output", "STRING", [-1], doc="generated text (a streamed response: the text it adds)"),
+        _t("acceptance_rate", "FP32", [1], doc="accepted / proposed draft tokens so far, in [0, 1]"),
+        _t("total_accepted_draft_tokens", "INT32", [1], doc="draft tokens accepted so far"),
+        _t("total_draft_tokens", "INT32", [1], doc="draft tokens proposed so far"),
+        _t("num_input_tokens", "INT32", [1], doc="prompt length, tokens"),
+        _t("num_output_tokens", "INT32", [1], doc="tokens generated so far"),
+    ),
+)
+
+# --- preprocessing: text -> token ids -------------------------------------------------------------
+
+PREPROCESSING = ModelInterface(
+    name="preprocessing",
+    inputs=(
+        _t("QUERY", "STRING", [1], doc="prompt text"),
+        _t("REQUEST_OUTPUT_LEN", "INT32", [1], doc="max_tokens, passed through"),
+        _t("BAD_WORDS_DICT", "STRING", [-1], True, doc="bad-word strings"),
+        _t("STOP_WORDS_DICT", "STRING", [-1], True, doc="stop-word strings"),
+        _t("END_ID", "INT32", [1], True, doc="end id given by the client"),
+        _t("PAD_ID", "INT32", [1], True, doc="pad id given by the client"),
+    ),
+    outputs=(
+        _t("INPUT_ID", "INT32", [-1], doc="prompt token ids"),
+        _t("REQUEST_INPUT_LEN", "INT32", [1], doc="prompt length, tokens"),
+        _t("BAD_WORDS_IDS", "INT32", [2, -1], doc="bad words in the [2, N] ids/offsets layout"),
+        _t("STOP_WORDS_IDS", "INT32", [2, -1], doc="stop words in the [2, N] ids/offsets layout"),
+        _t("REQUEST_OUTPUT_LEN", "INT32", [-1], doc="max_tokens"),
+        _t("OUT_END_ID", "INT32", [1], doc="end id to use"),
+        _t("OUT_PAD_ID", "INT32", [1], doc="pad id to use"),
+    ),
+)
+
+# --- tensorrt_llm: the engine (decoupled) ----------------------------------------------------------
+
+TENSORRT_LLM = ModelInterface(
+    name="tensorrt_llm",
+    inputs=(
+        _t("input_ids", "INT32", [-1], True, doc="prompt token ids"),
+        _t("input_lengths", "INT32", [1], reshape=_SCALAR, doc="prompt length, tokens"),
+        _t("request_output_len", "INT32", [1], reshape=_SCALAR, doc="new tokens at most"),
+        _t("end_id", "INT32", [1], True, _SCALAR, doc="end-of-sequence token id"),
+        _t("pad_id", "INT32", [1], True, _SCALAR, doc="padding token id"),
+        _t("stop_words_list", "INT32", [2, -1], True, doc="stop words, [2, N] ids/offsets layout"),
+        _t("bad_words_list", "INT32", [2, -1], True, doc="bad words, [2, N] ids/offsets layout"),
+        _t("temperature", "FP32", [1], True, _SCALAR),
+        _t("runtime_top_k", "INT32", [1], True, _SCALAR),
+        _t("runtime_top_p", "FP32", [1], True, _SCALAR),
+        _t("seed", "UINT64", [1], True, _SCALAR),
+        _t("return_perf_metrics", "BOOL", [1], True, _SCALAR),
+        _t("return_num_input_tokens", "BOOL", [1], True, _SCALAR),
+        _t("return_num_output_tokens", "BOOL", [1], True, _SCALAR),
+        _t("exclude_input_in_output", "BOOL", [1], True, _SCALAR),
+        _t("streaming", "BOOL", [1], True, _SCALAR),
+    ),
+    outputs=(
+        _t("output_ids", "INT32", [-1, -1], doc="[beam=1, T]: streamed: the new tokens; else prompt (unless excluded) + output"),
+        _t("sequence_length", "INT32", [-1], doc="[beam=1]: valid tokens in output_ids"),
+        _t("prior_output_ids", "INT32", [-1, -1], doc="specpipe: [beam=1, P] tokens sent in earlier streamed responses"),
+        _t("acceptance_rate", "FP32", [1]),
+        _t("total_accepted_draft_tokens", "INT32", [1]),
+        _t("total_draft_tokens", "INT32", [1]),
+        _t("num_input_tokens", "INT32", [1]),
+        _t("num_output_tokens", "INT32", [1]),
+    ),
+)
+
+# --- postprocessing: token ids -> text ------------------------------------------------------------
+
+POSTPROCESSING = ModelInterface(
+    name="postprocessing",
+    inputs=(
+        _t("TOKENS_BATCH", "INT32", [-1, -1], doc="[beam, T] token ids"),
+        _t("SEQUENCE_LENGTH", "INT32", [-1], doc="[beam] valid tokens per beam"),
+        _t("PRIOR_TOKENS_BATCH", "INT32", [-1, -1], True, doc="specpipe: [beam, P] tokens of earlier chunks"),
+    ),
+    outputs=(_t("OUTPUT", "STRING", [-1], doc="[beam] text"),),
+)
+
+STEP_MODELS: tuple[ModelInterface, ...] = (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING)
+
+# --- the ensemble's wiring (TensorRT-LLM's internal tensor names) ----------------------------------
+
+ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
+    EnsembleStep(
+        "preprocessing",
+        input_map=(
+            ("QUERY", "text_input"),
+            ("REQUEST_OUTPUT_LEN", "max_tokens"),
+            ("BAD_WORDS_DICT", "bad_words"),
+            ("STOP_WORDS_DICT", "stop_words"),
+            ("END_ID", "end_id"),
+            ("PAD_ID", "pad_id"),
+        ),
+        output_map=(
+            ("REQUEST_INPUT_LEN", "_REQUEST_INPUT_LEN"),
+            ("INPUT_ID", "_INPUT_ID"),
+            ("REQUEST_OUTPUT_LEN", "_REQUEST_OUTPUT_LEN"),
+            ("STOP_WORDS_IDS", "_STOP_WORDS_IDS"),
+            ("BAD_WORDS_IDS", "_BAD_WORDS_IDS"),
+            ("OUT_END_ID", "_PREPROCESSOR_END_ID"),
+            ("OUT_PAD_ID", "_PREPROCESSOR_PAD_ID"),
+        ),
+    ),
+    EnsembleStep(
+        "tensorrt_llm",
+        input_map=(
+            ("input_ids", "_INPUT_ID"),
+            ("input_lengths", "_REQUEST_INPUT_LEN"),
+            ("exclude_input_in_output", "exclude_input_in_output"),
+            ("request_output_len", "_REQUEST_OUTPUT_LEN"),
+            ("end_id", "_PREPROCESSOR_END_ID"),
+            ("pad_id", "_PREPROCESSOR_PAD_ID"),
+            ("runtime_top_k", "top_k"),
+            ("runtime_top_p", "top_p"),
+            ("temperature", "temperature"),
+            ("seed", "seed"),
+            ("return_perf_metrics", "return_perf_metrics"),
+            ("return_num_input_tokens", "return_num_input_tokens"),
+            ("return_num_output_tokens", "return_num_output_tokens"),
+            ("streaming", "stream"),
+            ("stop_words_list", "_STOP_WORDS_IDS"),
+            ("bad_words_list", "_BAD_WORDS_IDS"),
+        ),
+        output_map=(
+            ("output_ids", "_TOKENS_BATCH"),
+            ("sequence_length", "_SEQUENCE_LENGTH"),
+            ("prior_output_ids", "_PRIOR_TOKENS_BATCH"),
+            ("acceptance_rate", "acceptance_rate"),
+            ("total_accepted_draft_tokens", "total_accepted_draft_tokens"),
+            ("total_draft_tokens", "total_draft_tokens"),
+            ("num_input_tokens", "num_input_tokens"),
+            ("num_output_tokens", "num_output_tokens"),
+        ),
+    ),
+    EnsembleStep(
+        "postprocessing",
+        input_map=(
+            ("TOKENS_BATCH", "_TOKENS_BATCH"),
+            ("SEQUENCE_LENGTH", "_SEQUENCE_LENGTH"),
+            ("PRIOR_TOKENS_BATCH", "_PRIOR_TOKENS_BATCH"),
+        ),
+        output_map=(("OUTPUT", "text_output"),),
+    ),
+)
+
+#: Ensemble outputs filled only on request (``return_perf_metrics`` and the ``return_num_*`` flags).
+PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens", "num_output_tokens")

@@ -1,0 +1,107 @@
+"""``postprocessing`` Triton model: token ids -> text, exact under streaming.
+
+Tensors (names from TensorRT-LLM's ``inflight_batcher_llm/postprocessing/config.pbtxt`` @ 89fd9b74),
+batch size 1: ``TOKENS_BATCH`` INT32 ``[1, beam, T]``, ``SEQUENCE_LENGTH`` INT32 ``[1, beam]`` ->
+``OUTPUT`` STRING ``[1, beam]``. specpipe adds the optional input ``PRIOR_TOKENS_BATCH`` INT32
+``[1, beam, P]``: the tokens of the same request sent in earlier streamed responses.
+
+Streaming and text boundaries. A token can end in the middle of a multi-byte character, and some
+tokenizers decode a token differently depending on what precedes it, so decoding each streamed
+chunk on its own does not give the text of the whole sequence. This model is stateless and instead
+computes, for prior tokens ``p`` and new tokens ``n``::
+
+    OUTPUT = visible(p + n)[len(visible(p)):]
+    visible(ids) = decode(ids) without trailing U+FFFD (an incomplete character so far)
+
+so the chunks of a stream telescope: their concatenation is ``visible(all tokens)``, which is what a
+non-streamed request returns (``PRIOR_TOKENS_BATCH`` empty). Decoding uses
+``clean_up_tokenization_spaces=False`` so that a later token never changes earlier text, and
+``skip_special_tokens`` from the model parameter of that name (default true). Parameter
+``tokenizer_dir``: absolute path of the Hugging Face tokenizer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specpipe.triton.models.common import error_response, input_array, model_parameters, parse_bool, response
+from specpipe.triton.models.preprocessing import load_tokenizer
+
+REPLACEMENT = "\ufffd"
+
+
+class Detokenizer:
+    """Token ids -> text with the streaming rule above, independent of Triton.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        skip_special_tokens: drop special tokens (EOS ...) from the text.
+    """
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+
+    def visible(self, ids: list[int]) -> str:
+        """Text of ``ids`` without trailing replacement characters."""
+        if not ids:
+            return ""
+        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False)
+        return text.rstrip(REPLACEMENT)
+
+    def delta(self, prior: list[int], new: list[int]) -> str:
+        """Text that ``new`` adds after ``prior`` (all of ``visible(new)`` when ``prior`` is empty)."""
+        now = self.visible(list(prior) + list(new))
+        if not prior:
+            return now
+        before = self.visible(list(prior))
+        if now.startswith(before):
+            return now[len(before):]
+        # A decoder that rewrote earlier text: send from the first differing character (rare; the
+        # concatenation then differs from the non-streamed text there).
+        common = 0
+        for a, b in zip(before, now):
+            if a != b:
+                break
+            common += 1
+        return now[common:]
+
+
+def _rows(tokens: np.ndarray, lengths: np.ndarray | None) -> list[list[int]]:
+    """Beams of request 0: ``tokens`` ``[1, beam, T]`` cut to ``lengths`` ``[1, beam]``."""
+    array = np.asarray(tokens)
+    if array.ndim < 2:
+        array = array.reshape(1, -1)
+    array = array.reshape(int(np.prod(array.shape[:-1])), array.shape[-1])
+    limits = None if lengths is None else np.asarray(lengths).reshape(-1).tolist()
+    rows = []
+    for beam, row in enumerate(array):
+        limit = row.shape[0] if limits is None or beam >= len(limits) else max(0, min(int(limits[beam]), row.shape[0]))
+        rows.append([int(t) for t in row[:limit]])
+    return rows
+
+
+class TritonPythonModel:
+    """Triton entry point (loaded through the repository's ``postprocessing/1/model.py``)."""
+
+    def initialize(self, args):
+        params = model_parameters(args)
+        tokenizer = load_tokenizer(params.get("tokenizer_dir", ""))
+        self.detok = Detokenizer(tokenizer, parse_bool(params.get("skip_special_tokens"), True))
+
+    def execute(self, requests):
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        try:
+            tokens = input_array(request, "TOKENS_BATCH")
+            beams = _rows(tokens, input_array(request, "SEQUENCE_LENGTH"))
+            prior_array = input_array(request, "PRIOR_TOKENS_BATCH")
+            priors = _rows(prior_array, None) if prior_array is not None and prior_array.size else [[] for _ in beams]
+            texts = [self.detok.delta(priors[i] if i < len(priors) else [], ids) for i, ids in enumerate(beams)]
+        except ValueError as exc:
+            return error_response(str(exc))
+        return response({"OUTPUT": np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_)})
+
+    def finalize(self):
+        pass

@@ -1,0 +1,146 @@
+"""``package_engine``: the repository layout, its configs, atomic writes and error cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from specpipe.errors import SpecpipeError
+from specpipe.triton import repository as repo_mod
+from specpipe.triton.config import check_ensemble, find_placeholders, read_config
+from specpipe.triton.repository import package_engine, package_plan, repository_runtime
+from tiny_engine import make_tiny_engine
+
+MODELS = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return make_tiny_engine(tmp_path_factory.mktemp("engines"), "tiny", method="ngram")
+
+
+def test_repository_layout_and_configs(engine, tmp_path):
+    out = package_engine(engine, tmp_path / "triton_repo" / "tiny")
+    assert out == (tmp_path / "triton_repo" / "tiny").absolute()
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == [
+        "ensemble/config.pbtxt",
+        "postprocessing/1/model.py",
+        "postprocessing/config.pbtxt",
+        "preprocessing/1/model.py",
+        "preprocessing/config.pbtxt",
+        "tensorrt_llm/1/model.py",
+        "tensorrt_llm/config.pbtxt",
+    ]
+    assert (out / "ensemble" / "1").is_dir()
+    configs = {name: read_config(out / name / "config.pbtxt") for name in MODELS}
+    assert {name: c.name for name, c in configs.items()} == {name: name for name in MODELS}
+    check_ensemble(configs["ensemble"], {n: c for n, c in configs.items() if n != "ensemble"})
+    assert find_placeholders(out) == []
+
+    trt = configs["tensorrt_llm"]
+    assert trt.backend == "python" and trt.model_transaction_policy.decoupled
+    assert [(g.kind, g.count) for g in trt.instance_group] == [(mc.ModelInstanceGroup.KIND_CPU, 1)]
+    params = {k: v.string_value for k, v in trt.parameters.items()}
+    assert params["gpt_model_path"] == str(engine.resolve())
+    assert params["tokenizer_dir"] == str((engine / "target").resolve())
+    assert params["specpipe_runtime"] == "cpu" and params["engine_name"] == "tiny"
+    for name in ("preprocessing", "postprocessing"):
+        assert configs[name].parameters["tokenizer_dir"].string_value == str((engine / "target").resolve())
+        assert not configs[name].model_transaction_policy.decoupled
+    assert "from specpipe.triton.models.tensorrt_llm_cpu import TritonPythonModel" in (out / "tensorrt_llm/1/model.py").read_text()
+    assert "from specpipe.triton.models.preprocessing import TritonPythonModel" in (out / "preprocessing/1/model.py").read_text()
+    assert repository_runtime(out) == "cpu"
+
+
+def test_model_py_files_import_the_model_classes(engine, tmp_path):
+    out = package_engine(engine, tmp_path / "tiny")
+    for name in ("preprocessing", "tensorrt_llm", "postprocessing"):
+        namespace: dict = {}
+        exec(compile((out / name / "1" / "model.py").read_text(), "model.py", "exec"), namespace)
+        assert callable(namespace["TritonPythonModel"])
+
+
+def test_existing_repository_is_replaced(engine, tmp_path):
+    out = tmp_path / "tiny"
+    package_engine(engine, out)
+    (out / "stale.txt").write_text("old")
+    package_engine(engine, out)
+    assert not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # no temporary or old copies
+
+
+def test_failure_mid_write_leaves_nothing(engine, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = repo_mod.write_config
+
+    def failing(config, model_dir):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full")
+        return real(config, model_dir)
+
+    monkeypatch.setattr(repo_mod, "write_config", failing)
+    with pytest.raises(OSError, match="disk full"):
+        package_engine(engine, tmp_path / "tiny")
+    assert calls["n"] == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failure_keeps_the_previous_repository(engine, tmp_path, monkeypatch):
+    out = package_engine(engine, tmp_path / "tiny")
+    before = (out / "tensorrt_llm" / "config.pbtxt").read_text()
+    monkeypatch.setattr(repo_mod, "check_no_placeholders", lambda root: (_ for _ in ()).throw(SpecpipeError("boom")))
+    with pytest.raises(SpecpipeError, match="boom"):
+        package_engine(engine, out)
+    assert (out / "tensorrt_llm" / "config.pbtxt").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+
+
+def test_missing_engine_dir(tmp_path):
+    with pytest.raises(SpecpipeError, match="does not exist: run 'specpipe build' first"):
+        package_engine(tmp_path / "nope", tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_dir_without_manifest(tmp_path):
+    (tmp_path / "eng").mkdir()
+    with pytest.raises(SpecpipeError, match="has no manifest.json"):
+        package_engine(tmp_path / "eng", tmp_path / "repo")
+
+
+def _copy_with_manifest(engine, tmp_path, **changes):
+    import shutil
+
+    copy = tmp_path / "eng"
+    shutil.copytree(engine, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest.update(changes)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_engine_from_another_specpipe_version(engine, tmp_path):
+    copy = _copy_with_manifest(engine, tmp_path, specpipe_version="0.0.1")
+    with pytest.raises(SpecpipeError, match="built by specpipe 0.0.1"):
+        package_engine(copy, tmp_path / "repo")
+
+
+def test_trtllm_engine_is_refused(engine, tmp_path):
+    copy = _copy_with_manifest(engine, tmp_path, runtime="trtllm")
+    with pytest.raises(SpecpipeError, match="runtime 'trtllm'.*not yet implemented"):
+        package_engine(copy, tmp_path / "repo")
+
+
+def test_engine_without_target_dir(engine, tmp_path):
+    copy = _copy_with_manifest(engine, tmp_path, target={"path": "missing"})
+    with pytest.raises(SpecpipeError, match="no target checkpoint directory"):
+        package_engine(copy, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_package_plan_is_not_there_yet(tmp_path):
+    with pytest.raises(SpecpipeError, match="arrives with the engine-flow repository"):
+        package_plan(tmp_path / "plan.json", "x", tmp_path)
