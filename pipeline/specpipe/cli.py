@@ -173,5 +173,28 @@ def demo(drafts, engines_dir, repo_dir, base_port) -> None:
     sys.exit(0 if ok else 1)
 
 
+@main.command("train-draft")
+@click.option("--target", required=True, help="Target preset (e.g. smollm2-135m) or preset .toml path.")
+@click.option("--method", type=click.Choice(["eagle", "medusa", "draft-model"]), required=True, help="What to train.")
+@click.option("--data", type=click.Path(path_type=Path), default=None, help="Extra data: a JSONL of prompts (the target answers them) or a text file/folder.")
+@click.option("--budget", type=float, default=12.0, show_default=True, help="Training time budget, minutes (data preparation not counted).")
+@click.option("--max-steps", type=int, default=None, callback=_positive, help="Exact number of optimizer steps (reproduces a recipe).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Output folder (default heads/<target>/<method>).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--num-prompts", type=int, default=None, help="Built-in self-distillation prompts to use (default all, 0 for none).")
+@click.option("--stdlib-tokens", type=int, default=None, help="Tokens of standard-library text (default 100000, 0 for none).")
+def train_draft(target, method, data, budget, max_steps, out, seed, num_prompts, stdlib_tokens) -> None:
+    """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
+    from specpipe.training.train import train_draft as run_training
+
+    if budget <= 0:
+        raise click.BadParameter(f"must be a positive number of minutes, got {budget:g}", param_hint="--budget")
+    run_training(
+        target, method, data=str(data) if data else None, budget_minutes=budget, out_dir=out, seed=seed,
+        max_steps=max_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens,
+        command="specpipe " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("specpipe") else "",
+    )
+
+
 if __name__ == "__main__":
     main()

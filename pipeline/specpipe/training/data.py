@@ -293,7 +293,8 @@ def self_distill(
     progress=None,
 ) -> list[dict[str, Any]]:
     """Answer ``prompts`` with the target (greedy) and append ``{"category", "prompt_ids", "answer_ids"}``
-    records to ``out_file`` (JSONL), one batch at a time; records already there are reused (resume).
+    records to ``out_file`` (JSONL), one batch at a time; answers already there (same prompt tokens) are
+    reused, so an interrupted run resumes and a larger prompt set only generates the new ones.
 
     Batches group prompts of similar length (left padding). Answers stop at the end token or after
     ``max_new_tokens`` tokens. Batched greedy decoding may differ from batch-1 decoding in rare near-ties;
@@ -303,28 +304,23 @@ def self_distill(
         one record per prompt, in prompt order.
     """
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    done: list[dict[str, Any]] = []
+    done: dict[tuple[int, ...], dict[str, Any]] = {}
     if out_file.is_file():
         for line in out_file.read_text().splitlines():
             try:
-                done.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
-                break  # a torn last line from an interrupted run: regenerate from there
+                continue  # a torn line from an interrupted run: that answer is generated again
+            done[tuple(record["prompt_ids"])] = record
     encoded = [(p, chat_input_ids(tokenizer, p)) for p in prompts]
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][1]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    by_index: dict[int, dict[str, Any]] = {r["index"]: r for r in done if "index" in r}
+    todo = sorted((i for i in range(len(encoded)) if tuple(encoded[i][1]) not in done), key=lambda i: len(encoded[i][1]))
+    if progress and len(encoded) > len(todo):
+        progress(len(encoded) - len(todo))
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    with open(out_file, "w") as f:
-        for record in by_index.values():
-            f.write(json.dumps(record) + "\n")
-        f.flush()
-        for batch in batches:
-            if all(i in by_index for i in batch):
-                if progress:
-                    progress(len(batch))
-                continue
+    with open(out_file, "a") as f:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
             width = max(len(encoded[i][1]) for i in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -340,13 +336,13 @@ def self_distill(
                 answer = out[row, width:].tolist()
                 if eos in answer:
                     answer = answer[: answer.index(eos) + 1]
-                record = {"index": i, "category": encoded[i][0].category, "prompt_ids": encoded[i][1], "answer_ids": answer}
-                by_index[i] = record
+                record = {"category": encoded[i][0].category, "prompt_ids": encoded[i][1], "answer_ids": answer}
+                done[tuple(encoded[i][1])] = record
                 f.write(json.dumps(record) + "\n")
             f.flush()
             if progress:
                 progress(len(batch))
-    return [by_index[i] for i in range(len(encoded))]
+    return [done[tuple(ids)] for _, ids in encoded]
 
 
 @dataclass
@@ -490,6 +486,7 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
         raise SpecpipeError("the training corpus is empty: give --data, or keep the built-in prompts/text")
     key = hashlib.sha256(json.dumps(spec.__dict__, sort_keys=True).encode()).hexdigest()[:12]
     key = f"{key}-{prompts_key(prompts, spec.max_new_tokens, model_dir)[:8]}"
+    answers_key = prompts_key([], spec.max_new_tokens, model_dir)[:12]
     cache.mkdir(parents=True, exist_ok=True)
     features_file = cache / f"features-{key}.pt"
     if features_file.is_file():
@@ -497,7 +494,7 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
     sequences: list[tuple[list[int], int]] = []
     if prompts:
         bar = progress_factory("Self-distilling chat answers (target, greedy)", len(prompts)) if progress_factory else None
-        records = self_distill(model, tokenizer, prompts, cache / f"chat-{key}.jsonl", spec.max_new_tokens, progress=bar)
+        records = self_distill(model, tokenizer, prompts, cache / f"answers-{answers_key}.jsonl", spec.max_new_tokens, progress=bar)
         sequences += [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in records if r["answer_ids"]]
     sequences += [(c, len(c)) for c in chunks]
     total = sum(len(s) for s, _ in sequences)
