@@ -81,16 +81,17 @@ def _figures(prompt: str, result: GenerationResult) -> RequestFigures:
 
 
 def _interface_problems(metadata: dict) -> list[str]:
-    from specpipe.triton.interface import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
+    from specpipe.triton.interface import ENSEMBLE
 
     problems = []
-    for kind, expected in (("inputs", ENSEMBLE_INPUTS), ("outputs", ENSEMBLE_OUTPUTS)):
+    for kind, expected in (("inputs", ENSEMBLE.inputs), ("outputs", ENSEMBLE.outputs)):
         served = {t["name"]: t["datatype"] for t in metadata.get(kind, [])}
         for tensor in expected:
+            wire_type = "BYTES" if tensor.dtype == "STRING" else tensor.dtype
             if tensor.name not in served:
                 problems.append(f"missing {kind[:-1]} {tensor.name}")
-            elif served[tensor.name] != tensor.datatype:
-                problems.append(f"{tensor.name} is {served[tensor.name]}, expected {tensor.datatype}")
+            elif served[tensor.name] != wire_type:
+                problems.append(f"{tensor.name} is {served[tensor.name]}, expected {wire_type}")
     return problems
 
 

