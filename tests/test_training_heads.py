@@ -168,3 +168,25 @@ def test_bad_training_input(target, features, tmp_path):
     (tmp_path / "good.jsonl").write_text('{"prompt": "Say hi"}\n\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
     prompts, texts = read_user_data(tmp_path / "good.jsonl")
     assert [p.text for p in prompts] == ["Say hi", '[{"role": "user", "content": "Hi"}]'] and texts == []
+
+
+def test_cli_refuses_bad_input_before_writing(tmp_path):
+    from click.testing import CliRunner
+
+    from specpipe.cli import main
+
+    out = tmp_path / "out"
+    (tmp_path / "empty.jsonl").write_text("")
+    cases = [
+        (["--budget", "0"], 2, "must be a positive number of minutes"),
+        (["--data", str(tmp_path / "empty.jsonl")], 1, "is empty"),
+        (["--data", str(tmp_path / "missing.jsonl")], 1, "does not exist"),
+        (["--max-steps", "0"], 2, "must be a positive integer"),
+    ]
+    for args, code, message in cases:
+        result = CliRunner().invoke(main, ["train-draft", "--target", "smollm2-135m", "--method", "medusa", "--out", str(out), *args])
+        assert result.exit_code == code, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert not out.exists()
+    result = CliRunner().invoke(main, ["train-draft", "--target", "smollm2-13m", "--method", "eagle", "--out", str(out)])
+    assert result.exit_code == 1 and "did you mean 'smollm2-135m'" in result.output and not out.exists()

@@ -182,8 +182,10 @@ def demo(drafts, engines_dir, repo_dir, base_port) -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Output folder (default heads/<target>/<method>).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--num-prompts", type=int, default=None, help="Built-in self-distillation prompts to use (default all, 0 for none).")
-@click.option("--stdlib-tokens", type=int, default=None, help="Tokens of standard-library text (default 100000, 0 for none).")
-def train_draft(target, method, data, budget, max_steps, out, seed, num_prompts, stdlib_tokens) -> None:
+@click.option("--stdlib-tokens", type=int, default=None, help="Tokens of standard-library text (default 60000, 0 for none).")
+@click.option("--trtllm-layout/--no-trtllm-layout", default=True, show_default=True,
+              help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")
+def train_draft(target, method, data, budget, max_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
     """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
     from specpipe.training.train import train_draft as run_training
 
@@ -191,7 +193,7 @@ def train_draft(target, method, data, budget, max_steps, out, seed, num_prompts,
         raise click.BadParameter(f"must be a positive number of minutes, got {budget:g}", param_hint="--budget")
     run_training(
         target, method, data=str(data) if data else None, budget_minutes=budget, out_dir=out, seed=seed,
-        max_steps=max_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens,
+        max_steps=max_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
         command="specpipe " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("specpipe") else "",
     )
 

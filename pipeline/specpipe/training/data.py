@@ -454,9 +454,9 @@ class CorpusSpec:
     """
 
     seed: int = 0
-    num_prompts: int = 309
+    num_prompts: int = 240
     max_new_tokens: int = 128
-    stdlib_tokens: int = 100_000
+    stdlib_tokens: int = 60_000
     chunk_len: int = 256
     user_data: str | None = None
 

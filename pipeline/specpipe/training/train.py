@@ -496,6 +496,10 @@ def train_draft(
     cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=max_steps, seed=seed)
     preset = load_target(target_name)
     out_dir = Path(out_dir) if out_dir else Path("heads") / preset.name / ("draft" if method == "draft-model" else method)
+    if data:
+        from specpipe.training.data import read_user_data
+
+        read_user_data(Path(data))  # fail on missing, empty or malformed data before writing anything
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -505,10 +509,6 @@ def train_draft(
         spec = CorpusSpec(**{**spec.__dict__, "num_prompts": num_prompts})
     if stdlib_tokens is not None:
         spec = CorpusSpec(**{**spec.__dict__, "stdlib_tokens": stdlib_tokens})
-    if data:
-        from specpipe.training.data import read_user_data
-
-        read_user_data(Path(data))  # fail on empty/bad data before loading anything heavy
 
     torch.set_num_threads(min(torch.get_num_threads(), 2) or 1)
     model_dir = ensure_target_checkpoint(preset)
