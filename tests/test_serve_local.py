@@ -23,14 +23,8 @@ from specpipe.serve.local import (
     server_environment,
 )
 from specpipe.triton.repository import package_engine
+from conftest import free_port
 from tiny_engine import make_tiny_engine
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
