@@ -179,3 +179,56 @@ def load_draft(name: str) -> DraftPreset:
         architecture=_architecture(data.pop("architecture", None), path),
         extra=data,
     )
+
+
+def architecture_from_hf_config(config: dict[str, Any], where: str = "config.json") -> Architecture:
+    """The :class:`Architecture` of a Hugging Face ``config.json`` (Llama-style keys).
+
+    ``head_dim`` defaults to ``hidden_size // num_attention_heads`` and ``num_key_value_heads`` to
+    ``num_attention_heads``, as in transformers' ``LlamaConfig``.
+
+    Raises:
+        PresetError: a required key is missing.
+    """
+    try:
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        return Architecture(
+            num_layers=int(config["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+    except KeyError as exc:
+        raise PresetError(f"{where} lacks {exc}: it does not describe a decoder-only transformer") from exc
+
+
+def target_from_model_dir(path: Path | str) -> TargetPreset:
+    """A target preset synthesised from a local Hugging Face checkpoint directory (its config.json).
+
+    Raises:
+        PresetError: the directory has no readable config.json or the config lacks a required key.
+    """
+    import json
+
+    directory = Path(path)
+    config_path = directory / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PresetError(f"target directory {directory} has no readable config.json ({exc})") from exc
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return TargetPreset(
+        name=directory.name,
+        description=f"local checkpoint {directory}",
+        family=str(config.get("model_type", "llama")),
+        source={"kind": "local", "path": str(directory.resolve())},
+        architecture=architecture_from_hf_config(config, str(config_path)),
+        path=config_path,
+        extra={"trtllm": {"converter": "llama", "dtype": dtype if dtype in ("float16", "bfloat16") else "bfloat16"}},
+    )

@@ -1,0 +1,228 @@
+"""``specpipe build --runtime trtllm|trtllm-llmapi``: checks, plan, and (unless a dry run) execution.
+
+Order: resolve presets and ``--draft-model`` -> pre-flight checks (no weights downloaded) -> plan ->
+``--dry-run``: print the plan and memory table (or one JSON document with ``--json``) and stop ->
+otherwise: refuse an unfit plan, pick an executor, check the output root is writable, run the steps
+(cached by hash), assemble ``engines/NAME/`` (temporary directory + rename) with its manifest.
+
+Engine directory (``--runtime trtllm``)::
+
+    engines/NAME/manifest.json   TensorRT-LLM version, container image, every step's argv and hash
+    engines/NAME/target/         the target engine (trtllm-build output, hard-linked)
+    engines/NAME/draft/          the draft engine (draft-target only)
+    engines/NAME/tokenizer/      the target's tokenizer files
+
+``--runtime trtllm-llmapi`` downloads the checkpoints and writes the manifest with the LLM API
+settings (model, parallel sizes, speculative_config); the Triton repository is made by ``package``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from specpipe import __version__
+from specpipe.build_request import BuildRequest
+from specpipe.errors import PresetError, SpecpipeError
+from specpipe.manifest import FORMAT_VERSION, write_manifest
+from specpipe.trtllm import release
+from specpipe.trtllm.plan import Plan, make_plan, render_text
+from specpipe.trtllm.preflight import Check, raise_if_unfit, run_preflight
+from specpipe.trtllm.resolve import resolve_draft, resolve_target
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+class OutputRootError(SpecpipeError):
+    """The engines root cannot be written."""
+
+
+def _check_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".specpipe-probe-", dir=directory)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise OutputRootError(
+            f"cannot write to engines directory {directory} ({exc.strerror or exc}): choose another with --engines-dir"
+        ) from exc
+
+
+def _tokenizer_check(target, draft, allow_network: bool) -> Check | None:
+    if draft.method != "draft-model":
+        return None
+    from specpipe.trtllm.tokenizer_check import compare_tokenizers, locate_tokenizer
+
+    t, d = locate_tokenizer(target.source, allow_network), locate_tokenizer(draft.source, allow_network)
+    if t is None or d is None:
+        why = "offline (dry run)" if not allow_network else "tokenizer files not reachable"
+        return Check("tokenizers (content)", "not checked", why)
+    return compare_tokenizers(t, d, target.arch.vocab_size, draft.vocab_size or 0)
+
+
+def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | None, str]:
+    """Resolve, check and plan; returns ``(plan, executor name or None, why no executor)``.
+
+    Raises:
+        SpecpipeError: any failed pre-flight check (memory fit excepted: see ``raise_if_unfit``).
+    """
+    from specpipe.trtllm.executor import choose_executor, local_examples_root, trtllm_importable
+
+    name_check = request.name
+    if name_check is not None and not _NAME.match(name_check):
+        raise PresetError(f"--name {name_check!r} must be a plain name (letters, digits, . _ -), no paths")
+    allow_network = not request.dry_run
+    target = resolve_target(request.target)
+    draft = resolve_draft(request.draft, request.draft_model, target, allow_network)
+    pre = run_preflight(request, target, draft)
+    tok = _tokenizer_check(target, draft, allow_network)
+    if tok is not None:
+        pre.checks.append(tok)
+    executor, why = choose_executor(request.executor, importable=importable or trtllm_importable)
+    examples = (local_examples_root() if executor == "local" else None) or release.CONTAINER_EXAMPLES_ROOT
+    engine_name = request.engine_name(target.name, draft.name)
+    if not _NAME.match(engine_name):
+        raise PresetError(f"engine name {engine_name!r} is not a plain name: give one with --name")
+    plan = make_plan(request, target, draft, pre, engine_name=engine_name, engines_dir=request.engines_dir,
+                     executor=executor or "none", examples_root=examples)
+    return plan, executor, why
+
+
+def build_trtllm(request: BuildRequest, *, importable=None) -> Path | None:
+    """Entry point of ``specpipe build --runtime trtllm|trtllm-llmapi``.
+
+    Returns the engine directory (``None`` for dry runs).
+
+    Raises:
+        SpecpipeError: a failed check (before any step runs), no executor, a failed step.
+    """
+    from specpipe.trtllm.executor import docker_prefix
+
+    plan, executor, why = plan_build(request, importable=importable)
+    if request.dry_run:
+        if request.json_output:
+            doc = plan.as_dict()
+            doc["error"] = plan.preflight.memory_error
+            doc["executor_available"] = executor is not None
+            click.echo(json.dumps(doc, indent=1))
+        else:
+            prefix = docker_prefix(plan.engine_dir.parent) if executor in ("docker", None) else None
+            click.echo(render_text(plan, prefix))
+        raise_if_unfit(plan.preflight)
+        return None
+    click.echo(render_text(plan, docker_prefix(plan.engine_dir.parent) if executor == "docker" else None))
+    if request.gpu is None and request.runtime == "trtllm":
+        raise SpecpipeError("name the GPU with --gpu (e.g. --gpu h100-80gb) so the memory plan is checked before building")
+    raise_if_unfit(plan.preflight)
+    needs_trtllm = any(s.runs_in == "trtllm" for s in plan.steps)
+    if needs_trtllm and executor is None:
+        from specpipe.trtllm.executor import NoExecutorError
+
+        raise NoExecutorError(
+            f"no executor can run TensorRT-LLM here ({why}): install docker with the NVIDIA Container Toolkit "
+            f"(--executor docker pulls {release.CONTAINER_IMAGE}), or run specpipe inside that container "
+            f"(--executor local); the plan above lists every command"
+        )
+    _check_writable(plan.engine_dir.parent)
+    return execute(plan, executor or "local", force=request.force)
+
+
+def _manifest(plan: Plan) -> dict[str, Any]:
+    pre = plan.preflight
+    return {
+        "format_version": FORMAT_VERSION,
+        "specpipe_version": __version__,
+        "name": plan.engine_name,
+        "runtime": plan.runtime,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "inputs_hash": plan.inputs_hash,
+        "target": {"preset": plan.target.name, "source": plan.target.source,
+                   "path": "target" if plan.runtime == "trtllm" else plan.target_path},
+        "draft": None if plan.draft.method in ("none", "ngram", "lookahead") else {
+            "preset": plan.draft.name, "kind": plan.draft.method, "flavour": plan.draft.flavour,
+            "source": plan.draft.source,
+            "path": ("draft" if plan.draft.method == "draft-model" else None) if plan.runtime == "trtllm" else plan.draft_path},
+        "speculative": pre.speculative.as_dict(),
+        "quantization": pre.scheme.name,
+        "parallel": {"tp": plan.request.tp, "pp": plan.request.pp},
+        "limits": {"max_batch_size": plan.request.max_batch_size, "max_input_len": plan.request.max_input_len,
+                   "max_seq_len": plan.request.max_seq_len},
+        "trtllm": {
+            "version": release.TRTLLM_VERSION,
+            "container_image": release.CONTAINER_IMAGE,
+            "executor": plan.executor,
+            "steps": [s.as_dict() for s in plan.steps],
+            "memory": pre.memory.as_dict(),
+            "llmapi": plan.as_dict().get("llmapi"),
+        },
+    }
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    def link_or_copy(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, copy_function=link_or_copy, ignore=shutil.ignore_patterns(".specpipe-step.json"))
+
+
+def _up_to_date(plan: Plan) -> bool:
+    try:
+        manifest = json.loads((plan.engine_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest.get("inputs_hash") == plan.inputs_hash and manifest.get("specpipe_version") == __version__
+
+
+def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
+    """Run the plan's steps and assemble ``engines/NAME`` (temporary directory + rename).
+
+    Raises:
+        StepFailedError: a step failed; nothing is written to ``engines/NAME``.
+    """
+    from specpipe.trtllm.executor import Executor, run_plan
+
+    if not force and _up_to_date(plan):
+        click.echo(f"{plan.engine_dir} is up to date (inputs {plan.inputs_hash[:12]}): nothing to do (--force rebuilds)")
+        return plan.engine_dir
+    executor = Executor(executor_name, plan.examples_root, root=plan.engine_dir.parent, log=click.echo)
+    click.echo(f"running {len(plan.steps)} steps with the {executor_name} executor")
+    run_plan(plan, executor, force=force)
+    root = plan.engine_dir.parent
+    tmp = Path(tempfile.mkdtemp(prefix=f".{plan.engine_name}.tmp-", dir=root))
+    try:
+        if plan.runtime == "trtllm":
+            _link_tree(Path(plan.step("build-target").output), tmp / "target")
+            if plan.preflight.speculative.method == "draft-model":
+                _link_tree(Path(plan.step("build-draft").output), tmp / "draft")
+            tok = tmp / "tokenizer"
+            tok.mkdir()
+            for name in TOKENIZER_FILES:
+                src = Path(plan.target_path) / name
+                if src.is_file():
+                    shutil.copy2(src, tok / name)
+        write_manifest(tmp, _manifest(plan))
+        old = None
+        if plan.engine_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{plan.engine_name}.old-", dir=root))
+            old.rmdir()
+            plan.engine_dir.rename(old)
+        tmp.rename(plan.engine_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    click.echo(f"wrote {plan.engine_dir}")
+    return plan.engine_dir

@@ -1,0 +1,158 @@
+"""Run a plan's steps: locally (``tensorrt_llm`` importable) or in the TensorRT-LLM Triton container.
+
+* ``local``: each step's argv runs as is; the examples root comes from ``$SPECPIPE_TRTLLM_EXAMPLES``
+  (a TensorRT-LLM checkout's ``examples/``, or ``/app/examples`` inside the container).
+* ``docker``: steps that need TensorRT-LLM run as ``docker run --gpus all --rm --ipc=host --ulimit
+  memlock=-1 --ulimit stack=67108864 -v ROOT:ROOT -w ROOT [-e HF_TOKEN] IMAGE <argv>`` (the flags the
+  TensorRT-LLM/Triton docs use for these containers), with the engines root mounted at the same path
+  so every path in the argv is valid inside; downloads run on the host.
+
+Each step writes into ``<output>.partial`` (its output path in the argv is replaced), logs to
+``<work>/logs/<step>-<hash>.log`` and is moved into place only when it succeeds, with a marker
+holding its hash: a rerun skips finished steps and an interrupted build resumes at the first
+unfinished one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from specpipe.errors import SpecpipeError
+from specpipe.trtllm import release
+from specpipe.trtllm.plan import Plan, Step
+
+MARKER = ".specpipe-step.json"
+
+
+class NoExecutorError(SpecpipeError):
+    """Neither executor can run TensorRT-LLM here."""
+
+
+class StepFailedError(SpecpipeError):
+    """A step exited non-zero or produced no output."""
+
+
+def trtllm_importable() -> bool:
+    """Whether ``tensorrt_llm`` can be imported (checked without importing it)."""
+    return importlib.util.find_spec("tensorrt_llm") is not None
+
+
+def local_examples_root() -> str | None:
+    """``$SPECPIPE_TRTLLM_EXAMPLES``, else ``/app/examples`` when it exists (inside the container)."""
+    env = os.environ.get(release.EXAMPLES_ENV)
+    if env:
+        return env
+    return release.CONTAINER_EXAMPLES_ROOT if Path(release.CONTAINER_EXAMPLES_ROOT).is_dir() else None
+
+
+@dataclass
+class Executor:
+    """Runs steps; ``name`` is ``local`` or ``docker``; ``root`` is the mounted engines root (docker)."""
+
+    name: str
+    examples_root: str
+    root: Path | None = None
+    image: str = release.CONTAINER_IMAGE
+    env_passthrough: tuple[str, ...] = ("HF_TOKEN",)
+    log: Callable[[str], None] = field(default=print)
+
+    def command(self, step: Step, argv: list[str]) -> list[str]:
+        """The vector actually executed for ``step`` (``argv`` with its output redirected)."""
+        if self.name == "docker" and step.runs_in == "trtllm":
+            root = str(self.root)
+            prefix = ["docker", "run", "--gpus", "all", "--rm", "--ipc=host", "--ulimit", "memlock=-1",
+                      "--ulimit", "stack=67108864", "-v", f"{root}:{root}", "-w", root]
+            for var in self.env_passthrough:
+                if os.environ.get(var):
+                    prefix += ["-e", var]
+            return [*prefix, self.image, *argv]
+        return argv
+
+
+def docker_prefix(root: Path) -> list[str]:
+    """The docker wrapper, for display."""
+    return ["docker", "run", "--gpus", "all", "--rm", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit",
+            "stack=67108864", "-v", f"{root}:{root}", "-w", str(root), release.CONTAINER_IMAGE]
+
+
+def choose_executor(requested: str, *, importable: Callable[[], bool] = trtllm_importable) -> tuple[str | None, str]:
+    """Pick ``local``/``docker`` for ``--executor requested`` (``auto`` prefers local).
+
+    Returns ``(name or None, reason)``; ``None`` when the requested executor (or, for ``auto``,
+    neither) can run here, with the reason.
+    """
+    has_local = importable() and local_examples_root() is not None
+    has_docker = shutil.which("docker") is not None
+    local_why = ("tensorrt_llm is not importable here" if not importable()
+                 else f"${release.EXAMPLES_ENV} is not set (TensorRT-LLM examples/ directory)")
+    if requested == "local":
+        return ("local", "") if has_local else (None, local_why)
+    if requested == "docker":
+        return ("docker", "") if has_docker else (None, "docker is not on PATH")
+    if has_local:
+        return "local", ""
+    if has_docker:
+        return "docker", ""
+    return None, f"{local_why} and docker is not on PATH"
+
+
+def step_done(step: Step) -> bool:
+    """Whether ``step`` finished before with the same hash."""
+    marker = Path(step.output) / MARKER
+    try:
+        return json.loads(marker.read_text()).get("hash") == step.hash
+    except (OSError, ValueError):
+        return False
+
+
+def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = False) -> str:
+    """Run one step unless done; returns ``"cached"`` or ``"ran"``.
+
+    Raises:
+        StepFailedError: non-zero exit or no output; the message names the log file.
+    """
+    if not force and step_done(step):
+        executor.log(f"  {step.name}: done earlier ({step.hash}), skipped")
+        return "cached"
+    final, partial = Path(step.output), Path(step.output + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    argv = [token.replace(step.output, str(partial)) for token in step.argv]
+    command = executor.command(step, argv)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{step.name}-{step.hash}.log"
+    executor.log(f"  {step.name}: running ({executor.name}), log {log_path}")
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        try:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        except FileNotFoundError as exc:
+            raise StepFailedError(f"step {step.name}: program {command[0]!r} not found ({exc}): install it or use another --executor") from exc
+    if code != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise StepFailedError(f"step {step.name} failed with exit status {code}: see {log_path}")
+    if not partial.is_dir():
+        raise StepFailedError(f"step {step.name} exited 0 but wrote nothing to its output directory: see {log_path}")
+    (partial / MARKER).write_text(json.dumps({"step": step.name, "hash": step.hash, "argv": step.argv}, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    return "ran"
+
+
+def run_plan(plan: Plan, executor: Executor, *, force: bool = False) -> dict[str, str]:
+    """Run every step in order; returns ``{step: "ran" | "cached"}``.
+
+    Raises:
+        StepFailedError: the first failing step (later steps do not run; finished ones stay cached).
+    """
+    log_dir = plan.work_dir / "logs"
+    return {step.name: run_step(step, executor, log_dir, force=force) for step in plan.steps}

@@ -1,0 +1,328 @@
+"""The build plan: ordered steps with the exact argument vectors of TensorRT-LLM's own tools.
+
+Steps (engine flow, ``--runtime trtllm``)::
+
+    download-target   hf download <repo> --revision <rev> --local-dir <out>     (Hugging Face sources)
+    download-draft    the same for EAGLE/Medusa heads or the draft model
+    convert-target    examples/models/core/llama/convert_checkpoint.py | quantization/quantize.py |
+                      eagle/convert_checkpoint.py | medusa/convert_checkpoint.py  -> TensorRT-LLM checkpoint
+    convert-draft     the draft model's checkpoint (draft-target only)
+    build-target      trtllm-build ... [--speculative_decoding_mode M --max_draft_len D]
+    build-draft       trtllm-build for the draft model (draft-target only)
+
+``--runtime trtllm-llmapi`` plans only the downloads (the LLM API builds nothing ahead of time).
+
+Each step's output directory is keyed by a hash of its command template (with the examples root and
+its own output left symbolic), the hashes of the steps it reads and the pinned release, so an
+unchanged step is found done on a rerun. Every argument vector is checked against TensorRT-LLM's flag
+definitions (:mod:`specpipe.trtllm.flagcheck`) when the plan is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specpipe.build_request import BuildRequest
+from specpipe.trtllm import release
+from specpipe.trtllm.flagcheck import check_argv
+from specpipe.trtllm.gpus import GIB
+from specpipe.trtllm.preflight import PreflightResult
+from specpipe.trtllm.resolve import Draft, Target
+
+WORK_DIRNAME = ".trtllm-work"
+PLAN_FORMAT = "specpipe-trtllm-plan/1"
+MODE = {"eagle": "eagle", "medusa": "medusa", "draft-model": "draft_tokens_external", "lookahead": "lookahead_decoding"}
+TOOL_OF_SCRIPT = {
+    release.LLAMA_CONVERT: "llama-convert",
+    release.EAGLE_CONVERT: "eagle-convert",
+    release.MEDUSA_CONVERT: "medusa-convert",
+    release.QUANTIZE: "quantize",
+}
+
+
+@dataclass
+class Step:
+    """One step: ``argv`` (program first), its ``output`` directory, the steps it reads (``inputs``),
+    where it runs (``host`` or ``trtllm``: the TensorRT-LLM environment) and its ``hash``."""
+
+    name: str
+    argv: list[str]
+    output: str
+    inputs: list[str]
+    runs_in: str
+    hash: str
+    tool: str | None = None
+    description: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "argv": self.argv, "output": self.output, "inputs": self.inputs,
+                "runs_in": self.runs_in, "hash": self.hash, "tool": self.tool, "description": self.description}
+
+
+@dataclass
+class Plan:
+    """Everything a build will do, as data (printed by dry runs, executed by an executor)."""
+
+    runtime: str
+    engine_name: str
+    engine_dir: Path
+    work_dir: Path
+    executor: str
+    examples_root: str
+    target: Target
+    draft: Draft
+    preflight: PreflightResult
+    request: BuildRequest
+    steps: list[Step] = field(default_factory=list)
+    target_path: str = ""
+    draft_path: str | None = None
+
+    def step(self, name: str) -> Step:
+        return next(s for s in self.steps if s.name == name)
+
+    @property
+    def inputs_hash(self) -> str:
+        return _digest([s.hash for s in self.steps] + [self.runtime, self.engine_name])
+
+    def as_dict(self) -> dict[str, Any]:
+        pre, req = self.preflight, self.request
+        data: dict[str, Any] = {
+            "format": PLAN_FORMAT,
+            "runtime": self.runtime,
+            "engine_name": self.engine_name,
+            "engine_dir": str(self.engine_dir),
+            "release": release.summary(),
+            "executor": self.executor,
+            "target": {"preset": self.target.name, "source": self.target.source, "dtype": self.target.dtype,
+                       "architecture": vars(self.target.arch) | {}, "path": self.target_path},
+            "draft": {"preset": self.draft.name, "method": self.draft.method, "flavour": self.draft.flavour,
+                      "source": self.draft.source, "path": self.draft_path},
+            "speculative": pre.speculative.as_dict(),
+            "quantization": pre.scheme.name,
+            "parallel": {"tp": req.tp, "pp": req.pp, "gpus": req.tp * req.pp},
+            "limits": {"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len, "max_seq_len": req.max_seq_len},
+            "gpu": pre.gpu.name if pre.gpu else None,
+            "checks": [vars(c) for c in pre.checks],
+            "steps": [s.as_dict() for s in self.steps],
+            "memory": pre.memory.as_dict(),
+            "inputs_hash": self.inputs_hash,
+        }
+        if self.runtime == "trtllm-llmapi":
+            data["llmapi"] = llmapi_settings(self)
+        return data
+
+
+def llmapi_settings(plan: Plan) -> dict[str, Any]:
+    """What the LLM API repository needs (model.yaml keys): model, parallel sizes, speculative_config.
+
+    ``decoding_type`` names follow TensorRT-LLM's ``tensorrt_llm/llmapi/llm_args.py`` decoding configs
+    (``Eagle3``, ``DraftTarget``, ``NGram``); the spelling accepted by 1.2.1 exactly is UNCONFIRMED.
+    """
+    spec = plan.preflight.speculative
+    out: dict[str, Any] = {"model": plan.target_path, "backend": "pytorch", "tensor_parallel_size": plan.request.tp,
+                           "pipeline_parallel_size": plan.request.pp, "max_batch_size": plan.request.max_batch_size,
+                           "max_seq_len": plan.request.max_seq_len}
+    if spec.method == "eagle":
+        out["speculative_config"] = {"decoding_type": "Eagle3", "max_draft_len": spec.max_draft_len,
+                                     "speculative_model": plan.draft_path}
+    elif spec.method == "draft-model":
+        out["speculative_config"] = {"decoding_type": "DraftTarget", "max_draft_len": spec.max_draft_len,
+                                     "speculative_model": plan.draft_path}
+    elif spec.method == "ngram":
+        out["speculative_config"] = {"decoding_type": "NGram", "max_draft_len": spec.max_draft_len,
+                                     "max_matching_ngram_size": int(plan.draft.preset.speculative.get("max_matching_ngram_size", 3))}
+    return out
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class _Builder:
+    def __init__(self, work: Path, examples_root: str):
+        self.work, self.examples_root = work, examples_root
+        self.steps: list[Step] = []
+
+    def add(self, name: str, template: list[str], inputs: list[str], runs_in: str, description: str, slug: str = "") -> Step:
+        """Add a step; ``template`` may hold ``{out}``, ``{examples}`` and ``{step:NAME}`` placeholders."""
+        upstream = {n: self.get(n).hash for n in inputs}
+        digest = _digest({"step": name, "argv": template, "inputs": upstream, "release": release.TRTLLM_VERSION})[:16]
+        out = str(self.work / f"{name}{'-' + slug if slug else ''}-{digest}")
+        argv = []
+        for token in template:
+            token = token.replace("{out}", out).replace("{examples}", self.examples_root)
+            for n in inputs:
+                token = token.replace("{step:" + n + "}", self.get(n).output)
+            argv.append(token)
+        tool = "trtllm-build" if argv[0] == "trtllm-build" else None
+        if argv[0] == "python3":
+            script = next((k for k in TOOL_OF_SCRIPT if argv[1].endswith("/" + k)), None)
+            tool = TOOL_OF_SCRIPT.get(script) if script else None
+        if tool is not None:
+            check_argv(tool, argv)
+        step = Step(name, argv, out, inputs, runs_in, digest, tool, description)
+        self.steps.append(step)
+        return step
+
+    def get(self, name: str) -> Step:
+        return next(s for s in self.steps if s.name == name)
+
+
+def _download(b: _Builder, name: str, source: dict[str, Any], what: str) -> str:
+    """A download step for a Hugging Face source; returns the path placeholder of the weights."""
+    if source["kind"] == "local":
+        return source["path"]
+    repo, rev = source["repo_id"], source.get("revision", "main")
+    b.add(name, ["hf", "download", repo, "--revision", rev, "--local-dir", "{out}"], [], "host",
+          f"download {what} {repo}@{rev}", slug=repo.replace("/", "--").lower())
+    return "{step:" + name + "}"
+
+
+def _resolve(b: _Builder, value: str, inputs: list[str]) -> str:
+    for n in list(inputs):
+        if value == "{step:" + n + "}":
+            return b.get(n).output
+    return value
+
+
+def _convert_argv(script: str, model: str, dtype: str, tp: int, pp: int, extra: list[str]) -> list[str]:
+    return ["python3", "{examples}/" + script, "--model_dir", model, "--output_dir", "{out}", "--dtype", dtype,
+            "--tp_size", str(tp), "--pp_size", str(pp), *extra]
+
+
+def _checkpoint_argv(model: str, scheme, tp: int, pp: int) -> list[str]:
+    """Convert or quantize a plain Llama checkpoint at ``scheme``."""
+    if scheme.tool == "quantize":
+        qformat = {"fp8": "fp8", "int4-awq": "int4_awq"}[scheme.name]
+        extra = ["--qformat", qformat, "--calib_size", "512"]
+        extra += ["--kv_cache_dtype", "fp8"] if scheme.name == "fp8" else ["--awq_block_size", "128"]
+        return _convert_argv(release.QUANTIZE, model, scheme.dtype, tp, pp, extra)
+    extra = ["--workers", str(tp * pp)]
+    if scheme.name in ("int8-wo", "int4-wo"):
+        extra += ["--use_weight_only", "--weight_only_precision", scheme.name[:4]]
+    return _convert_argv(release.LLAMA_CONVERT, model, scheme.dtype, tp, pp, extra)
+
+
+def _build_argv(checkpoint: str, req: BuildRequest, extra: list[str]) -> list[str]:
+    return ["trtllm-build", "--checkpoint_dir", checkpoint, "--output_dir", "{out}", "--gemm_plugin", "auto",
+            "--max_batch_size", str(req.max_batch_size), "--max_input_len", str(req.max_input_len),
+            "--max_seq_len", str(req.max_seq_len), "--max_beam_width", "1", "--use_paged_context_fmha", "enable",
+            "--workers", str(req.tp * req.pp), *extra]
+
+
+def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: PreflightResult, *, engine_name: str,
+              engines_dir: Path, executor: str, examples_root: str) -> Plan:
+    """The ordered steps for ``request`` (see module docstring); every argv is flag-checked.
+
+    Raises:
+        InvalidCommandError: a generated command does not match TensorRT-LLM's flags (a defect).
+    """
+    engines_dir = Path(engines_dir).absolute()
+    work = engines_dir / WORK_DIRNAME
+    b = _Builder(work, examples_root)
+    spec, scheme, tp, pp = pre.speculative, pre.scheme, request.tp, request.pp
+    plan = Plan(request.runtime, engine_name, engines_dir / engine_name, work, executor, examples_root,
+                target, draft, pre, request)
+    model = _download(b, "download-target", target.source, "target")
+    heads = None
+    if draft.source is not None:
+        what = {"eagle": "EAGLE head", "medusa": "Medusa heads", "draft-model": "draft model"}.get(draft.method, "draft")
+        heads = _download(b, "download-draft", draft.source, what)
+    deps = [n for n in ("download-target", "download-draft") if any(s.name == n for s in b.steps)]
+    plan.target_path = _resolve(b, model, deps)
+    plan.draft_path = _resolve(b, heads, deps) if heads else None
+    if request.runtime == "trtllm-llmapi":
+        plan.steps = b.steps
+        return plan
+
+    tdeps = [d for d in deps if d == "download-target" or draft.method in ("eagle", "medusa")]
+    if spec.method == "eagle":
+        template = ["python3", "{examples}/" + release.EAGLE_CONVERT, "--model_dir", model, "--eagle_model_dir", heads,
+                    "--output_dir", "{out}", "--dtype", scheme.dtype, "--max_draft_len", str(spec.max_draft_len),
+                    "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer",
+                    str(spec.max_non_leaves_per_layer), "--tp_size", str(tp), "--pp_size", str(pp), "--workers", str(tp * pp)]
+        desc = "convert target + EAGLE head to a TensorRT-LLM checkpoint"
+    elif spec.method == "medusa":
+        medusa = ["--medusa_model_dir", heads, "--num_medusa_heads", str(spec.num_medusa_heads),
+                  "--num_medusa_layers", str(spec.num_medusa_layers)]
+        if scheme.name == "fp8":
+            template = _convert_argv(release.QUANTIZE, model, scheme.dtype, tp, pp,
+                                     ["--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", "512", *medusa,
+                                      "--max_draft_len", str(spec.max_draft_len)])
+            desc = "quantize target to FP8 (Medusa heads kept 16-bit) into a TensorRT-LLM checkpoint"
+        else:
+            template = _convert_argv(release.MEDUSA_CONVERT, model, scheme.dtype, tp, pp,
+                                     [*medusa, "--max_medusa_token_len", str(spec.max_draft_len), "--model_type", "llama",
+                                      "--workers", str(tp * pp)])
+            desc = "convert target + Medusa heads to a TensorRT-LLM checkpoint"
+    else:
+        template = _checkpoint_argv(model, scheme, tp, pp)
+        desc = f"{'quantize' if scheme.tool == 'quantize' else 'convert'} target ({scheme.name}) to a TensorRT-LLM checkpoint"
+    b.add("convert-target", template, tdeps, "trtllm", desc)
+    if spec.method == "draft-model":
+        b.add("convert-draft", _checkpoint_argv(heads, scheme, tp, pp), [d for d in deps if d == "download-draft"],
+              "trtllm", f"convert draft model ({scheme.name}) to a TensorRT-LLM checkpoint")
+    extra = []
+    if spec.method != "none":
+        extra = ["--speculative_decoding_mode", MODE[spec.method], "--max_draft_len", str(spec.max_draft_len)]
+    b.add("build-target", _build_argv("{step:convert-target}", request, extra), ["convert-target"], "trtllm",
+          f"build the target engine{' (' + MODE[spec.method] + ')' if extra else ''}")
+    if spec.method == "draft-model":
+        b.add("build-draft", _build_argv("{step:convert-draft}", request, []), ["convert-draft"], "trtllm",
+              "build the draft engine")
+    plan.steps = b.steps
+    return plan
+
+
+def render_text(plan: Plan, docker_prefix: list[str] | None = None) -> str:
+    """The human-readable plan: settings, checks, steps (exact command lines) and the memory table."""
+    pre, req = plan.preflight, plan.request
+    lines = [
+        f"specpipe build plan: {plan.engine_name} ({plan.runtime}, TensorRT-LLM {release.TRTLLM_VERSION}, {release.CONTAINER_IMAGE})",
+        f"  target   {plan.target.name}  [{_src(plan.target.source)}]",
+        f"  draft    {plan.draft.name} ({plan.draft.method}{', ' + plan.draft.flavour if plan.draft.flavour else ''})"
+        + (f"  [{_src(plan.draft.source)}]" if plan.draft.source else ""),
+        f"  settings {pre.scheme.name}, TP {req.tp} x PP {req.pp}, batch {req.max_batch_size}, input {req.max_input_len}, "
+        f"seq {req.max_seq_len} tokens, " + ", ".join(f"{k}={v}" for k, v in pre.speculative.as_dict().items()
+                                                       if k not in ("eagle_choices", "medusa_choices", "method")),
+        f"  executor {plan.executor}" + (f" (each TensorRT-LLM step runs as: {shlex.join(docker_prefix)} ...)" if docker_prefix else ""),
+        f"  output   {plan.engine_dir}",
+        "",
+        "checks:",
+    ]
+    lines += [f"  [{c.status}] {c.name}: {c.detail}" for c in pre.checks]
+    lines += ["", "steps:"]
+    for i, step in enumerate(plan.steps, 1):
+        lines.append(f"  {i}. {step.name} ({step.runs_in}): {step.description}")
+        lines.append(f"     {shlex.join(step.argv)}")
+    if not plan.steps:
+        lines.append("  (none: local checkpoints, nothing to download)")
+    lines += ["", render_memory(pre)]
+    return "\n".join(lines)
+
+
+def _src(source: dict[str, Any] | None) -> str:
+    if not source:
+        return "-"
+    return f"{source['repo_id']}@{source.get('revision', 'main')}" if source["kind"] == "hf" else source["path"]
+
+
+def render_memory(pre: PreflightResult) -> str:
+    """The memory table per GPU (GiB; bytes in the JSON)."""
+    m = pre.memory
+    rows = [("target weights", m.target_weights), ("draft weights", m.draft_weights),
+            ("target KV cache", m.target_kv_cache), ("draft KV cache", m.draft_kv_cache),
+            ("activations (est.)", m.activations), ("runtime overhead (est.)", m.runtime_overhead)]
+    lines = [f"memory per GPU ({m.tp * m.pp} GPUs, {pre.scheme.name}):"]
+    lines += [f"  {name:<24}{value / GIB:>9.2f} GiB" for name, value in rows]
+    lines.append(f"  {'total':<24}{m.total / GIB:>9.2f} GiB")
+    if m.gpu:
+        verdict = "fits" if m.fits else "DOES NOT FIT"
+        lines.append(f"  {m.gpu:<24}{m.gpu_memory / GIB:>9.2f} GiB ({m.usable / GIB:.2f} usable): {verdict}")
+    lines += [f"  note: {n}" for n in m.notes]
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""Executors, with stand-in programs on PATH that record their argv and write the expected outputs."""
+
+import json
+import os
+import stat
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from specpipe.build_request import BuildRequest
+from specpipe.cli import main
+from specpipe.trtllm import release
+from specpipe.trtllm.build import build_trtllm
+from specpipe.trtllm.executor import NoExecutorError, StepFailedError
+
+STANDIN = textwrap.dedent("""\
+    #!{python}
+    import json, os, sys
+    from pathlib import Path
+    argv = [os.path.basename(sys.argv[0])] + sys.argv[1:]
+    with open(os.environ["STANDIN_LOG"], "a") as f:
+        f.write(json.dumps(argv) + "\\n")
+    inner = argv
+    if argv[0] == "docker":
+        inner = argv[argv.index("{image}") + 1:]
+    if os.environ.get("STANDIN_FAIL") and os.environ["STANDIN_FAIL"] in " ".join(inner):
+        sys.exit(3)
+    for flag in ("--output_dir", "--local-dir"):
+        if flag in inner:
+            out = Path(inner[inner.index(flag) + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps({{"made_by": inner[:2]}}))
+            if flag == "--local-dir":
+                (out / "tokenizer.json").write_text("{{}}")
+            else:
+                (out / "rank0.engine").write_bytes(b"engine")
+""")
+
+
+@pytest.fixture
+def standins(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("hf", "trtllm-build", "python3", "docker"):
+        path = bin_dir / name
+        path.write_text(STANDIN.format(python=sys.executable, image=release.CONTAINER_IMAGE))
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "argv.jsonl"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv(release.EXAMPLES_ENV, str(tmp_path / "trtllm" / "examples"))
+    return lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def request(tmp_path, **kw):
+    base = dict(target="llama3.1-8b", draft="llama3.2-1b", runtime="trtllm", gpu="h100-80gb", quantization="fp8",
+                engines_dir=tmp_path / "engines", executor="local")
+    base.update(kw)
+    return BuildRequest(**base)
+
+
+def test_local_build_runs_every_step_then_skips_them(tmp_path, standins):
+    engine = build_trtllm(request(tmp_path), importable=lambda: True)
+    calls = standins()
+    assert [c[0] for c in calls] == ["hf", "hf", "python3", "python3", "trtllm-build", "trtllm-build"]
+    examples = str(tmp_path / "trtllm" / "examples")
+    assert calls[2][1] == f"{examples}/quantization/quantize.py" and "--qformat" in calls[2]
+    assert all(".partial" in c[c.index("--output_dir") + 1] for c in calls if "--output_dir" in c)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["trtllm"]["version"] == "1.2.1"
+    assert manifest["trtllm"]["container_image"] == release.CONTAINER_IMAGE
+    assert [s["name"] for s in manifest["trtllm"]["steps"]] == [
+        "download-target", "download-draft", "convert-target", "convert-draft", "build-target", "build-draft"]
+    assert all(len(s["hash"]) == 16 and s["argv"][0] in ("hf", "python3", "trtllm-build") for s in manifest["trtllm"]["steps"])
+    assert manifest["speculative"] == {"method": "draft-model", "max_draft_len": 4}
+    assert (engine / "target" / "rank0.engine").read_bytes() == b"engine"
+    assert (engine / "draft" / "rank0.engine").is_file() and (engine / "tokenizer" / "tokenizer.json").is_file()
+    logs = list((tmp_path / "engines" / ".trtllm-work" / "logs").glob("*.log"))
+    assert len(logs) == 6
+
+    build_trtllm(request(tmp_path), importable=lambda: True)  # unchanged: nothing runs
+    assert len(standins()) == 6
+    build_trtllm(request(tmp_path, max_batch_size=16), importable=lambda: True)  # only the engine builds change
+    assert [c[0] for c in standins()[6:]] == ["trtllm-build", "trtllm-build"]
+
+
+def test_interrupted_build_resumes_and_writes_nothing_half_done(tmp_path, standins, monkeypatch):
+    monkeypatch.setenv("STANDIN_FAIL", "trtllm-build")
+    with pytest.raises(StepFailedError, match=r"step build-target failed with exit status 3: see .*build-target-.*\.log"):
+        build_trtllm(request(tmp_path), importable=lambda: True)
+    engines = tmp_path / "engines"
+    assert sorted(p.name for p in engines.iterdir()) == [".trtllm-work"]
+    assert not list((engines / ".trtllm-work").glob("*.partial"))
+    monkeypatch.delenv("STANDIN_FAIL")
+    build_trtllm(request(tmp_path), importable=lambda: True)
+    assert [c[0] for c in standins()[5:]] == ["trtllm-build", "trtllm-build"]  # 4 steps ran + 1 failed before
+    assert (engines / "llama3.1-8b-llama3.2-1b" / "manifest.json").is_file()
+
+
+def test_docker_executor_wraps_trtllm_steps(tmp_path, standins):
+    build_trtllm(request(tmp_path, executor="docker", draft="lookahead", quantization="bf16"), importable=lambda: False)
+    calls = standins()
+    assert [c[0] for c in calls] == ["hf", "docker", "docker"]
+    root = str((tmp_path / "engines").absolute())
+    prefix = ["docker", "run", "--gpus", "all", "--rm", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+              "-v", f"{root}:{root}", "-w", root, release.CONTAINER_IMAGE]
+    assert calls[1][:len(prefix)] == prefix
+    inner = calls[1][len(prefix):]
+    assert inner[:2] == ["python3", "/app/examples/models/core/llama/convert_checkpoint.py"]
+    build = calls[2][len(prefix):]
+    assert build[0] == "trtllm-build" and build[build.index("--speculative_decoding_mode") + 1] == "lookahead_decoding"
+
+
+def test_no_executor_prints_the_plan_then_says_how_to_get_one(tmp_path, standins, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(NoExecutorError, match=r"tensorrt_llm is not importable here and docker is not on PATH\): install docker"):
+        build_trtllm(request(tmp_path, executor="auto"), importable=lambda: False)
+    assert not (tmp_path / "engines").exists()
+
+
+def test_real_build_needs_gpu_and_a_fitting_plan(tmp_path, standins):
+    runner = CliRunner()
+    result = runner.invoke(main, ["build", "--target", "llama3-8b", "--draft", "lookahead", "--runtime", "trtllm",
+                                  "--engines-dir", str(tmp_path / "e"), "--executor", "docker"])
+    assert result.exit_code == 1 and "name the GPU with --gpu" in result.output
+    result = runner.invoke(main, ["build", "--target", "llama3-70b", "--draft", "none", "--runtime", "trtllm", "--gpu",
+                                  "a100-80gb", "--engines-dir", str(tmp_path / "e"), "--executor", "docker"])
+    assert result.exit_code == 1 and "a100-80gb has 80.0 GiB" in result.output and "--tp 4" in result.output
+    assert standins() == [] and not (tmp_path / "e").exists()
+
+
+def test_read_only_output_root(tmp_path, standins):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "lookahead", "--runtime", "trtllm",
+                                       "--gpu", "h100-80gb", "--engines-dir", str(blocker / "engines"), "--executor", "docker"])
+    assert result.exit_code == 1
+    assert "cannot write to engines directory" in result.output and "--engines-dir" in result.output
+    assert standins() == []
