@@ -140,3 +140,17 @@ def test_read_only_output_root(tmp_path, standins):
     assert result.exit_code == 1
     assert "cannot write to engines directory" in result.output and "--engines-dir" in result.output
     assert standins() == []
+
+
+def test_llmapi_build_downloads_and_records_the_speculative_config(tmp_path, standins):
+    engine = build_trtllm(request(tmp_path, runtime="trtllm-llmapi", draft="eagle", quantization="auto", executor="auto"),
+                          importable=lambda: False)
+    calls = standins()
+    assert [c[:3] for c in calls] == [["hf", "download", "meta-llama/Llama-3.1-8B-Instruct"],
+                                      ["hf", "download", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"]]
+    manifest = json.loads((engine / "manifest.json").read_text())
+    llmapi = manifest["trtllm"]["llmapi"]
+    assert manifest["runtime"] == "trtllm-llmapi" and llmapi["backend"] == "pytorch"
+    assert llmapi["speculative_config"]["decoding_type"] == "Eagle3" and llmapi["speculative_config"]["max_draft_len"] == 3
+    assert llmapi["speculative_config"]["speculative_model"] == manifest["draft"]["path"]
+    assert (tmp_path / "engines" / ".trtllm-work").is_dir() and sorted(p.name for p in engine.iterdir()) == ["manifest.json"]

@@ -2,7 +2,7 @@
 
 Steps (engine flow, ``--runtime trtllm``)::
 
-    download-target   hf download <repo> --revision <rev> --local-dir <out>     (Hugging Face sources)
+    download-target   hf download <repo> --revision <rev> --exclude original/* --local-dir <out>
     download-draft    the same for EAGLE/Medusa heads or the draft model
     convert-target    examples/models/core/llama/convert_checkpoint.py | quantization/quantize.py |
                       eagle/convert_checkpoint.py | medusa/convert_checkpoint.py  -> TensorRT-LLM checkpoint
@@ -178,7 +178,8 @@ def _download(b: _Builder, name: str, source: dict[str, Any], what: str) -> str:
     if source["kind"] == "local":
         return source["path"]
     repo, rev = source["repo_id"], source.get("revision", "main")
-    b.add(name, ["hf", "download", repo, "--revision", rev, "--local-dir", "{out}"], [], "host",
+    # Meta's repos also carry the original consolidated .pth weights under original/: not needed.
+    b.add(name, ["hf", "download", repo, "--revision", rev, "--exclude", "original/*", "--local-dir", "{out}"], [], "host",
           f"download {what} {repo}@{rev}", slug=repo.replace("/", "--").lower())
     return "{step:" + name + "}"
 
