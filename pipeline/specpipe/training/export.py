@@ -44,6 +44,7 @@ from specpipe.errors import CompatibilityError, SpecpipeError
 
 COMPACT_FILES = {"eagle": "eagle_heads.safetensors", "medusa": "medusa_heads.safetensors", "draft-model": "draft_layers.safetensors"}
 RECIPE_FILE = "recipe.json"
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # beside a distilled draft checkpoint: its frequent tokens
 FORMAT = "specpipe-heads-1"
 
 
@@ -218,6 +219,8 @@ def write_draft_model(out_dir: Path, layers: dict[str, torch.Tensor], target_dir
     if getattr(model.config, "layer_types", None):
         model.config.layer_types = model.config.layer_types[:num_layers]
     own = model.state_dict()
+    vocab = layers.get("draft_vocab")
+    layers = {k: v for k, v in layers.items() if k != "draft_vocab"}
     for name, value in layers.items():
         if name not in own or tuple(own[name].shape) != tuple(value.shape):
             raise CompatibilityError(
@@ -228,4 +231,8 @@ def write_draft_model(out_dir: Path, layers: dict[str, torch.Tensor], target_dir
     model.load_state_dict(own)
     model.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(target_dir).save_pretrained(out_dir)
+    if vocab is not None:
+        from safetensors.torch import save_file
+
+        save_file({"draft_vocab": vocab.to(torch.int64).contiguous()}, str(Path(out_dir) / DRAFT_VOCAB_FILE))
     return out_dir

@@ -97,7 +97,7 @@ class TrainConfig:
         if method == "eagle":
             base.update(batch=16, window=64, lr=5e-4)
         elif method == "draft-model":
-            base.update(batch=8, window=128, lr=2e-4, draft_vocab_size=0)
+            base.update(batch=8, window=128, lr=2e-4)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -376,7 +376,7 @@ def train(
     torch.manual_seed(cfg.seed)
     train_set, held = features.split(holdout_fraction, cfg.seed)
     vocab_size = target.config.vocab_size
-    vocab, inverse = _vocab_maps(train_set, vocab_size, cfg.draft_vocab_size if cfg.method != "draft-model" else 0, end_ids)
+    vocab, inverse = _vocab_maps(train_set, vocab_size, cfg.draft_vocab_size, end_ids)  # the draft model trains on the full vocabulary; it only ships the list
     task = _TASKS[cfg.method](target, train_set, cfg, vocab, inverse)
     params = task.parameters() if hasattr(task, "parameters") else list(task.module.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
