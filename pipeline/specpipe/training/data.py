@@ -454,7 +454,7 @@ class CorpusSpec:
     """
 
     seed: int = 0
-    num_prompts: int = 240
+    num_prompts: int = 180
     max_new_tokens: int = 128
     stdlib_tokens: int = 60_000
     chunk_len: int = 256
