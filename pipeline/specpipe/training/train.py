@@ -13,9 +13,9 @@ EAGLE also regresses the target's next hidden state.
   2024, arXiv:2310.08461, on-policy data): the truncated target's decoder layers and final norm are
   trained with cross-entropy on the target's greedy tokens; embeddings and the tied lm_head stay frozen.
 
-Cross-entropy for the heads runs over the reduced draft vocabulary they score at run time (FR-Spec,
-arXiv:2502.14856): positions whose label is outside it only contribute the feature loss (EAGLE) or
-nothing (Medusa).
+Cross-entropy runs over the reduced draft vocabulary scored at run time by greedy drafting (FR-Spec,
+arXiv:2502.14856; ``draft_vocab_size`` 0 for the full vocabulary): positions whose label is outside it
+only contribute the feature loss (EAGLE) or nothing (Medusa, draft model).
 
 Determinism and resumption: batches are drawn from a generator seeded by ``(seed, step)``; the learning
 rate schedule is defined over a step count fixed when training starts (``--max-steps``, or the budget
@@ -293,6 +293,10 @@ class _DraftModelTask:
         self.draft = draft.train()
         self.module = draft
         self.sampler = _PositionSampler(features, cfg.window, cfg.answer_weight)
+        # Cross-entropy over the draft vocabulary (the tokens greedy drafting scores at run time):
+        # 1/6 of the full lm_head's cost per step, so several times more steps fit the budget.
+        self.inverse = inverse if vocab is not None else None
+        self.lm = ReducedLMHead(target.get_output_embeddings().weight, vocab) if vocab is not None else None
 
     def parameters(self):
         return [p for p in self.draft.parameters() if p.requires_grad]
@@ -301,10 +305,14 @@ class _DraftModelTask:
         cfg = self.cfg
         starts = self.sampler.sample(cfg.batch, generator)
         idx = starts[:, None] + torch.arange(cfg.window)[None, :]
+        labels = self.features.labels[idx]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             hidden = self.draft.model(input_ids=self.features.tokens[idx]).last_hidden_state
-            logits = self.draft.lm_head(hidden)
-        return F.cross_entropy(logits.float().flatten(0, 1), self.features.labels[idx].flatten())
+            if self.lm is not None:
+                logits, labels = self.lm.logits(hidden), self.inverse[labels]
+            else:
+                logits = self.draft.lm_head(hidden)
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
 
     @torch.no_grad()
     def evaluate(self, held: Features, gamma: int = 4) -> dict[str, Any]:
@@ -315,7 +323,11 @@ class _DraftModelTask:
         if starts.numel() == 0:
             return {"positions": 0}
         idx = starts[:, None] + torch.arange(self.cfg.window)[None, :]
-        best = self.draft(input_ids=held.tokens[idx]).logits.argmax(-1)
+        hidden = self.draft.model(input_ids=held.tokens[idx]).last_hidden_state
+        if self.lm is not None:  # as greedy drafting runs: argmax over the draft vocabulary
+            best = self.lm.to_target_ids(self.lm.logits(hidden).argmax(-1))
+        else:
+            best = self.draft.lm_head(hidden).argmax(-1)
         correct = best == held.labels[idx]
         mask = held.is_answer[idx]
         if not bool(mask.any()):
@@ -376,7 +388,7 @@ def train(
     torch.manual_seed(cfg.seed)
     train_set, held = features.split(holdout_fraction, cfg.seed)
     vocab_size = target.config.vocab_size
-    vocab, inverse = _vocab_maps(train_set, vocab_size, cfg.draft_vocab_size, end_ids)  # the draft model trains on the full vocabulary; it only ships the list
+    vocab, inverse = _vocab_maps(train_set, vocab_size, cfg.draft_vocab_size, end_ids)
     task = _TASKS[cfg.method](target, train_set, cfg, vocab, inverse)
     params = task.parameters() if hasattr(task, "parameters") else list(task.module.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
