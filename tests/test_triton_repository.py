@@ -128,10 +128,11 @@ def test_engine_from_another_specpipe_version(engine, tmp_path):
         package_engine(copy, tmp_path / "repo")
 
 
-def test_trtllm_engine_is_refused(engine, tmp_path):
+def test_cpu_engine_relabelled_trtllm_is_refused(engine, tmp_path):
     copy = _copy_with_manifest(engine, tmp_path, runtime="trtllm")
-    with pytest.raises(SpecpipeError, match="runtime 'trtllm'.*not yet implemented"):
+    with pytest.raises(SpecpipeError, match="manifest.json lacks 'trtllm': rebuild the engine"):
         package_engine(copy, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
 
 
 def test_engine_without_target_dir(engine, tmp_path):
@@ -141,6 +142,7 @@ def test_engine_without_target_dir(engine, tmp_path):
     assert not (tmp_path / "repo").exists()
 
 
-def test_package_plan_is_not_there_yet(tmp_path):
-    with pytest.raises(SpecpipeError, match="arrives with the engine-flow repository"):
+def test_package_plan_needs_a_readable_plan(tmp_path):
+    with pytest.raises(SpecpipeError, match="cannot read plan .*plan.json.*--dry-run --json"):
         package_plan(tmp_path / "plan.json", "x", tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -90,7 +90,7 @@ def build(**kwargs) -> None:
 @click.option("--from-plan", type=click.Path(path_type=Path, exists=True), default=None, help="Package a plan (build --dry-run --json) instead of a built engine.")
 @click.option("--name", "plan_name", default=None, help="Repository name with --from-plan.")
 def package(name, engines_dir, repo_dir, from_plan, plan_name) -> None:
-    """Write the Triton model repository triton_repo/NAME/ for engine NAME."""
+    """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
     from specpipe.triton.repository import package_engine, package_plan
 
     if from_plan is not None:
@@ -110,7 +110,9 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name) -> None:
 @click.option("--metrics-port", type=int, default=8002, show_default=True)
 @click.option("--runtime", type=click.Choice(["auto", *RUNTIMES]), default="auto", show_default=True)
 @click.option("--print", "print_only", is_flag=True, help="Print the launch command instead of running it.")
-def serve(name, repo_dir, grpc_port, http_port, metrics_port, runtime, print_only) -> None:
+@click.option("--container", default=None, help="TensorRT-LLM runtimes: Triton TensorRT-LLM image (default: the engine's).")
+@click.option("--gpus", default=None, help="TensorRT-LLM runtimes: GPU ids, TP x PP of them (default 0..TPxPP-1), e.g. 0,1,2,3.")
+def serve(name, repo_dir, grpc_port, http_port, metrics_port, runtime, print_only, container, gpus) -> None:
     """Start Triton on triton_repo/NAME and wait until it is ready; Ctrl-C stops it."""
     from specpipe.serve import serve_repository
 
@@ -121,6 +123,8 @@ def serve(name, repo_dir, grpc_port, http_port, metrics_port, runtime, print_onl
         metrics_port=metrics_port,
         runtime=runtime,
         print_only=print_only,
+        container=container,
+        gpus=gpus,
     )
 
 
@@ -196,6 +200,25 @@ def train_draft(target, method, data, budget, max_steps, out, seed, num_prompts,
         max_steps=max_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
         command="specpipe " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("specpipe") else "",
     )
+
+
+@main.group()
+def deploy() -> None:
+    """Manifests that run a packaged TensorRT-LLM deployment on a cluster."""
+
+
+@deploy.command("k8s")
+@click.argument("name")
+@click.option("--repo-dir", type=click.Path(path_type=Path), default=Path("triton_repo"), show_default=True)
+@click.option("--out-dir", type=click.Path(path_type=Path), default=None, help="Output folder (default k8s/NAME).")
+@click.option("--replicas", type=int, default=1, show_default=True, callback=_positive, help="Pods, each with TP x PP GPUs.")
+@click.option("--container", default=None, help="Triton TensorRT-LLM image (default: the engine's).")
+def deploy_k8s(name, repo_dir, out_dir, replicas, container) -> None:
+    """Write a Kubernetes Deployment and Service for triton_repo/NAME."""
+    from specpipe.deploy.k8s import write_k8s
+
+    out = write_k8s(repo_dir / name, out_dir or Path("k8s") / name, replicas=replicas, container=container)
+    click.echo(f"wrote {out / 'deployment.yaml'} and {out / 'service.yaml'}")
 
 
 if __name__ == "__main__":

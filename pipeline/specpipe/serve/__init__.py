@@ -1,8 +1,8 @@
 """``specpipe serve``: start Triton on a model repository and keep it running until Ctrl-C.
 
 The CPU runtime runs the Triton server of the ``nvidia-pytriton`` wheel on this machine
-(:mod:`specpipe.serve.local`). TensorRT-LLM runtimes are served from their containers; that launcher
-arrives with the TensorRT-LLM repository writer.
+(:mod:`specpipe.serve.local`). TensorRT-LLM runtimes (engine flow and LLM API) are served from their
+container (:mod:`specpipe.serve.trtllm`).
 """
 
 from __future__ import annotations
@@ -24,29 +24,34 @@ def resolve_runtime(repo_dir: Path, runtime: str) -> str:
         SpecpipeError: no repository at ``repo_dir``, or ``auto`` cannot tell its runtime.
     """
     repo_dir = Path(repo_dir)
-    if not (repo_dir / "ensemble").is_dir():
+    if not (repo_dir / "ensemble").is_dir() and not (repo_dir / "specpipe.json").is_file():
         raise SpecpipeError(f"no Triton model repository at {repo_dir}: run 'specpipe package NAME' first")
     if runtime != "auto":
         return runtime
     from specpipe.triton.repository import repository_runtime
 
-    found = repository_runtime(repo_dir) if (repo_dir / "tensorrt_llm" / "config.pbtxt").is_file() else None
+    found = repository_runtime(repo_dir)
     if found is None:
         raise SpecpipeError(f"cannot tell which runtime {repo_dir} was written for: pass --runtime cpu or --runtime trtllm")
     return found
 
 
 def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
-                     runtime: str = "auto", print_only: bool = False) -> None:
+                     runtime: str = "auto", print_only: bool = False, container: str | None = None,
+                     gpus: str | None = None) -> None:
     """Serve ``repo_dir`` until Ctrl-C or SIGTERM (or, with ``print_only``, print how to).
 
     For the CPU runtime: start ``tritonserver``, wait until it is ready, print the endpoints, block,
     then stop the server cleanly. With ``print_only``: print the environment and the exact command
     line, start nothing.
 
+    TensorRT-LLM runtimes: the serving container (``container`` overrides the Triton TensorRT-LLM image
+    recorded in the repository; ``gpus`` names the GPU ids, TP x PP of them).
+
     Raises:
-        SpecpipeError: no repository, a busy port, a server that fails to start or dies, or a
-            TensorRT-LLM runtime (not yet served by specpipe).
+        SpecpipeError: no repository, a busy port, a server that fails to start or dies; for
+            TensorRT-LLM: a container of another or unknown release, a GPU count other than TP x PP,
+            an engine not built yet.
     """
     from rich.console import Console
 
@@ -55,10 +60,9 @@ def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 800
     console = Console()
     runtime = resolve_runtime(repo_dir, runtime)
     if runtime != "cpu":
-        raise SpecpipeError(
-            f"serving a '{runtime}' repository arrives with the TensorRT-LLM repository issue; "
-            f"for now serve CPU repositories (build with '--runtime cpu')"
-        )
+        _serve_container(console, Path(repo_dir), runtime, {"http": http_port, "grpc": grpc_port, "metrics": metrics_port},
+                         print_only, container, gpus)
+        return
     server = LocalTritonServer(repo_dir, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port)
     if print_only:
         for line in server.shell_lines():
@@ -82,6 +86,28 @@ def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 800
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_container(console, repo_dir: Path, runtime: str, ports: dict[str, int], print_only: bool,
+                     container: str | None, gpus: str | None) -> None:
+    from specpipe.serve.trtllm import check_engine_built, container_launch, run_container
+    from specpipe.triton.repo_meta import read_meta
+
+    meta = read_meta(repo_dir)
+    if meta is None:
+        raise SpecpipeError(f"{repo_dir} was not written for a TensorRT-LLM runtime (no specpipe.json): serve it with --runtime cpu")
+    if meta["runtime"] != runtime:
+        raise SpecpipeError(f"{repo_dir} was written for --runtime {meta['runtime']}, not {runtime}: pass --runtime {meta['runtime']}")
+    launch = container_launch(repo_dir, meta, container=container, gpus=gpus, ports=ports)
+    if print_only:
+        for line in launch.shell_lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    check_engine_built(meta)
+    console.print(f"starting {launch.image} (build it first with: {launch.shell_lines()[0]})", markup=False, highlight=False)
+    code = run_container(launch)
+    if code != 0:
+        raise SpecpipeError(f"the serving container exited with status {code}: see its output above")
 
 
 def _print_endpoints(console, server) -> None:

@@ -31,7 +31,8 @@ def data_type(dtype: str) -> int:
 
 def model_input(spec: TensorSpec) -> mc.ModelInput:
     """A ``ModelInput`` for ``spec`` (name, data type, dims, optional, reshape)."""
-    message = mc.ModelInput(name=spec.name, data_type=data_type(spec.dtype), dims=list(spec.dims), optional=spec.optional)
+    message = mc.ModelInput(name=spec.name, data_type=data_type(spec.dtype), dims=list(spec.dims), optional=spec.optional,
+                            allow_ragged_batch=spec.ragged)
     if spec.reshape is not None:
         message.reshape.SetInParent()  # an empty shape (a scalar) must still be present
         message.reshape.shape.extend(spec.reshape)
@@ -71,13 +72,13 @@ def python_model_config(
     return config
 
 
-def ensemble_model_config(max_batch_size: int = MAX_BATCH_SIZE) -> mc.ModelConfig:
+def ensemble_model_config(max_batch_size: int = MAX_BATCH_SIZE, steps=ENSEMBLE_STEPS) -> mc.ModelConfig:
     """Config of the ``ensemble`` model: :data:`~specpipe.triton.interface.ENSEMBLE` tensors wired
-    through :data:`~specpipe.triton.interface.ENSEMBLE_STEPS` (``platform: "ensemble"``)."""
+    through ``steps`` (default :data:`~specpipe.triton.interface.ENSEMBLE_STEPS`; ``platform: "ensemble"``)."""
     config = mc.ModelConfig(name=ENSEMBLE.name, platform="ensemble", max_batch_size=max_batch_size)
     config.input.extend(model_input(s) for s in ENSEMBLE.inputs)
     config.output.extend(model_output(s) for s in ENSEMBLE.outputs)
-    for step in ENSEMBLE_STEPS:
+    for step in steps:
         message = config.ensemble_scheduling.step.add(model_name=step.model_name, model_version=-1)
         for key, value in step.input_map:
             message.input_map[key] = value

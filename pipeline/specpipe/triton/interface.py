@@ -52,6 +52,8 @@ class TensorSpec:
         reshape: shape the model sees instead of ``dims`` (``()`` = a scalar per batch entry), or
             ``None`` for no reshape.
         doc: what the tensor holds, with units.
+        ragged: ``allow_ragged_batch`` (requests of different lengths batched without padding; the
+            tensorrtllm backend's variable-length inputs).
     """
 
     name: str
@@ -60,6 +62,7 @@ class TensorSpec:
     optional: bool = False
     reshape: tuple[int, ...] | None = None
     doc: str = ""
+    ragged: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,8 @@ class EnsembleStep:
     output_map: tuple[tuple[str, str], ...]
 
 
-def _t(name, dtype, dims, optional=False, reshape=None, doc=""):
-    return TensorSpec(name, dtype, tuple(dims), optional, None if reshape is None else tuple(reshape), doc)
+def _t(name, dtype, dims, optional=False, reshape=None, doc="", ragged=False):
+    return TensorSpec(name, dtype, tuple(dims), optional, None if reshape is None else tuple(reshape), doc, ragged)
 
 
 _SCALAR = ()  # reshape target of tensorrt_llm's per-request scalars
@@ -175,6 +178,7 @@ TENSORRT_LLM = ModelInterface(
         _t("return_num_output_tokens", "BOOL", [1], True, _SCALAR),
         _t("exclude_input_in_output", "BOOL", [1], True, _SCALAR),
         _t("streaming", "BOOL", [1], True, _SCALAR),
+        _t("draft_input_ids", "INT32", [-1], True, doc="draft tokens to verify in one target step (draft-target)"),
     ),
     outputs=(
         _t("output_ids", "INT32", [-1, -1], doc="[beam=1, T]: streamed: the new tokens; else prompt (unless excluded) + output"),
@@ -269,3 +273,52 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
 
 #: Ensemble outputs filled only on request (``return_perf_metrics`` and the ``return_num_*`` flags).
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens", "num_output_tokens")
+
+
+# --- the TensorRT-LLM engine flow ----------------------------------------------------------------------
+#
+# ``tensorrt_llm`` served by the C++ backend (``backend: "tensorrtllm"``): the tensors specpipe's models
+# send or read, with names, types, dims, ``optional``, ``reshape`` and ``allow_ragged_batch`` as in
+# NVIDIA/TensorRT-LLM ``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``
+# @ 0c8de69a1ca6213eebb20a51873890ff128666c2. It has no ``prior_output_ids``: the engine-flow ensemble
+# decodes each streamed chunk on its own (as upstream's does); ``tensorrt_llm_bls`` streams exact text.
+
+_DRAFT_TARGET_INPUTS = (
+    _t("draft_logits", "FP32", [-1, -1], True, doc="draft model logits of the draft tokens (use_draft_logits)", ragged=True),
+    _t("draft_acceptance_threshold", "FP32", [1], True, _SCALAR, doc="acceptance threshold with draft logits"),
+    _t("return_generation_logits", "BOOL", [1], True, _SCALAR, doc="return generation_logits (draft model, use_draft_logits)"),
+)
+_RAGGED = {"input_ids", "draft_input_ids", "stop_words_list", "bad_words_list"}
+
+TENSORRT_LLM_ENGINE = ModelInterface(
+    name="tensorrt_llm",
+    inputs=tuple(
+        TensorSpec(s.name, s.dtype, s.dims, s.optional, s.reshape, s.doc, s.name in _RAGGED) for s in TENSORRT_LLM.inputs
+    ) + _DRAFT_TARGET_INPUTS,
+    outputs=tuple(s for s in TENSORRT_LLM.outputs if s.name != "prior_output_ids")
+    + (_t("generation_logits", "FP32", [-1, -1, -1], doc="[beam, T, vocab] logits of generated tokens (on request)"),),
+)
+
+ENGINE_ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = tuple(
+    EnsembleStep(
+        step.model_name,
+        input_map=tuple(m for m in step.input_map if m[0] != "PRIOR_TOKENS_BATCH"),
+        output_map=tuple(m for m in step.output_map if m[0] != "prior_output_ids"),
+    )
+    for step in ENSEMBLE_STEPS
+)
+
+# --- tensorrt_llm_bls: specpipe's Python BLS model (draft-target) --------------------------------------
+#
+# The ensemble's inputs and outputs plus the two per-request draft-target inputs of TensorRT-LLM's
+# ``tensorrt_llm_bls`` (``num_draft_tokens`` INT32 [1], ``use_draft_logits`` BOOL [1]; tensorrtllm_backend
+# ``all_models/inflight_batcher_llm/tensorrt_llm_bls/config.pbtxt`` @ c2e65b8).
+
+TENSORRT_LLM_BLS = ModelInterface(
+    name="tensorrt_llm_bls",
+    inputs=ENSEMBLE.inputs + (
+        _t("num_draft_tokens", "INT32", [1], True, doc="draft tokens per step (<= the engine's max_draft_len)"),
+        _t("use_draft_logits", "BOOL", [1], True, doc="verify with the draft model's logits (draft engine built with gather_generation_logits)"),
+    ),
+    outputs=ENSEMBLE.outputs,
+)

@@ -1,4 +1,7 @@
-"""``specpipe package``: write the Triton model repository of a built engine.
+"""``specpipe package``: write the Triton model repository of a built engine (or of a build plan).
+
+TensorRT-LLM engines go to :mod:`specpipe.triton.trtllm_repository` (engine flow) and
+:mod:`specpipe.triton.llmapi` (LLM API flow), chosen by the manifest's ``runtime``.
 
 Layout for a CPU-runtime engine (the model names and ensemble wiring of TensorRT-LLM's
 ``inflight_batcher_llm`` repository, NVIDIA/TensorRT-LLM @ 2a9abd95)::
@@ -21,9 +24,6 @@ renamed into place; on any failure nothing is left behind and an existing reposi
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 from specpipe import __version__
@@ -69,10 +69,7 @@ def _engine_paths(engine_dir: Path) -> tuple[dict, Path, Path]:
     engine_dir = Path(engine_dir).resolve()
     runtime = manifest.get("runtime")
     if runtime != "cpu":
-        raise SpecpipeError(
-            f"engine {engine_dir} is for runtime '{runtime}': packaging TensorRT-LLM engines arrives with the "
-            f"TensorRT-LLM repository (not yet implemented); build with '--runtime cpu' for a CPU deployment"
-        )
+        raise SpecpipeError(f"engine {engine_dir} is for runtime '{runtime}', not the CPU runtime: package it with 'specpipe package'")
     target = (manifest.get("target") or {}).get("path")
     tokenizer_dir = (engine_dir / target).resolve() if target else None
     if tokenizer_dir is None or not tokenizer_dir.is_dir():
@@ -115,53 +112,67 @@ def _write_repository(root: Path, manifest: dict, engine_dir: Path, tokenizer_di
 
 
 def package_engine(engine_dir: Path, out_dir: Path) -> Path:
-    """Write the Triton model repository for the CPU engine in ``engine_dir`` to ``out_dir``.
+    """Write the Triton model repository for the engine in ``engine_dir`` to ``out_dir``.
 
-    ``out_dir`` is replaced as a whole (written beside it, then renamed into place).
+    ``out_dir`` is replaced as a whole (written beside it, then renamed into place). The writer is
+    chosen by the manifest's ``runtime``: CPU, TensorRT-LLM engine flow or LLM API.
 
     Returns:
         the absolute path of the repository (``out_dir``).
 
     Raises:
         SpecpipeError: the engine directory is missing, has no manifest, was built by another
-            specpipe version, is not a CPU engine, or the written repository fails its checks.
+            specpipe version or TensorRT-LLM release, or the written repository fails its checks.
     """
+    from specpipe.triton.atomic import write_dir_atomically
+
+    runtime = read_manifest(engine_dir).get("runtime")
+    if runtime in ("trtllm", "trtllm-llmapi"):
+        from specpipe.triton.deployment import from_manifest
+
+        return write_trtllm_repository(from_manifest(engine_dir), out_dir)
     manifest, engine_dir, tokenizer_dir = _engine_paths(Path(engine_dir))
-    out_dir = Path(out_dir).absolute()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
-    old = out_dir.parent / f".{out_dir.name}.old-{tag}"
-    try:
-        tmp.mkdir()
-        _write_repository(tmp, manifest, engine_dir, tokenizer_dir)
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:
-            if old.exists():
-                os.replace(old, out_dir)  # put the previous repository back
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-    return out_dir
+    return write_dir_atomically(out_dir, lambda root: _write_repository(root, manifest, engine_dir, tokenizer_dir))
 
 
-def package_plan(plan_path: Path, name: str, repo_dir: Path) -> Path:
-    """Package a TensorRT-LLM build plan (not yet implemented).
+def write_trtllm_repository(deployment, out_dir: Path) -> Path:
+    """The engine-flow or LLM API repository of a :class:`~specpipe.triton.deployment.Deployment`."""
+    if deployment.runtime == "trtllm":
+        from specpipe.triton.trtllm_repository import write_engine_repository
+
+        return write_engine_repository(deployment, out_dir)
+    from specpipe.triton.llmapi import write_llmapi_repository
+
+    return write_llmapi_repository(deployment, out_dir)
+
+
+def package_plan(plan_path: Path, name: str | None, repo_dir: Path) -> Path:
+    """Write the repository a TensorRT-LLM build plan will need, to ``repo_dir/name``, before building.
+
+    Args:
+        plan_path: output of ``specpipe build ... --dry-run --json``.
+        name: repository name (default: the plan's engine name).
+        repo_dir: repositories root (``triton_repo``).
 
     Raises:
-        SpecpipeError: always, until the engine-flow repository writer lands.
+        SpecpipeError: not a plan, another release, inconsistent settings, or no GPU in its memory plan.
     """
-    raise SpecpipeError("packaging a TensorRT-LLM plan arrives with the engine-flow repository (not yet implemented)")
+    from specpipe.triton.deployment import from_plan
+
+    deployment = from_plan(plan_path)
+    return write_trtllm_repository(deployment, Path(repo_dir) / (name or deployment.name))
 
 
 def repository_runtime(repo_dir: Path) -> str | None:
-    """The runtime a repository was written for (``"cpu"``), read from its ``tensorrt_llm`` config;
-    ``None`` when the config does not say (e.g. a TensorRT-LLM repository)."""
+    """The runtime a repository was written for: ``specpipe.json``'s (TensorRT-LLM repositories), else
+    ``"cpu"`` from the ``tensorrt_llm`` config of a CPU repository; ``None`` when neither says."""
+    from specpipe.triton.repo_meta import read_meta
+
+    meta = read_meta(repo_dir)
+    if meta is not None:
+        return meta["runtime"]
+    if not (Path(repo_dir) / TENSORRT_LLM.name / "config.pbtxt").is_file():
+        return None
     config = read_config(Path(repo_dir) / TENSORRT_LLM.name / "config.pbtxt")
     if RUNTIME_PARAMETER in config.parameters:
         return config.parameters[RUNTIME_PARAMETER].string_value

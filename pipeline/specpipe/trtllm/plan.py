@@ -120,21 +120,20 @@ class Plan:
 def llmapi_settings(plan: Plan) -> dict[str, Any]:
     """What the LLM API repository needs (model.yaml keys): model, parallel sizes, speculative_config.
 
-    ``decoding_type`` names follow TensorRT-LLM's ``tensorrt_llm/llmapi/llm_args.py`` decoding configs
-    (``Eagle3``, ``DraftTarget``, ``NGram``); the spelling accepted by 1.2.1 exactly is UNCONFIRMED.
+    ``decoding_type`` spellings and key names follow the pinned release's ``llm_args.py``
+    (:mod:`specpipe.trtllm.llmapi_schema`).
     """
+    from specpipe.trtllm.llmapi_schema import DECODING_TYPE
+
     spec = plan.preflight.speculative
     out: dict[str, Any] = {"model": plan.target_path, "backend": "pytorch", "tensor_parallel_size": plan.request.tp,
                            "pipeline_parallel_size": plan.request.pp, "max_batch_size": plan.request.max_batch_size,
                            "max_seq_len": plan.request.max_seq_len}
-    if spec.method == "eagle":
-        out["speculative_config"] = {"decoding_type": "Eagle3", "max_draft_len": spec.max_draft_len,
-                                     "speculative_model": plan.draft_path}
-    elif spec.method == "draft-model":
-        out["speculative_config"] = {"decoding_type": "DraftTarget", "max_draft_len": spec.max_draft_len,
+    if spec.method in ("eagle", "draft-model"):
+        out["speculative_config"] = {"decoding_type": DECODING_TYPE[spec.method], "max_draft_len": spec.max_draft_len,
                                      "speculative_model": plan.draft_path}
     elif spec.method == "ngram":
-        out["speculative_config"] = {"decoding_type": "NGram", "max_draft_len": spec.max_draft_len,
+        out["speculative_config"] = {"decoding_type": DECODING_TYPE["ngram"], "max_draft_len": spec.max_draft_len,
                                      "max_matching_ngram_size": int(plan.draft.preset.speculative.get("max_matching_ngram_size", 3))}
     return out
 

@@ -18,6 +18,10 @@ Sources:
 
 from __future__ import annotations
 
+import re
+
+from specpipe.errors import SpecpipeError
+
 TRTLLM_VERSION = "1.2.1"
 """TensorRT-LLM release the generated commands are valid for."""
 
@@ -50,3 +54,82 @@ def summary() -> dict[str, str]:
         "container_image": CONTAINER_IMAGE,
         "examples_root_in_container": CONTAINER_EXAMPLES_ROOT,
     }
+
+
+# --- Triton container tags and the TensorRT-LLM release each ships -----------------------------------
+
+CONTAINER_REPOSITORY = "nvcr.io/nvidia/tritonserver"
+CONTAINER_FLAVOUR = "trtllm-python-py3"
+
+#: Triton release (``YY.MM``) -> TensorRT-LLM release in its ``trtllm-python-py3`` image. Source:
+#: triton-inference-server/server ``docs/introduction/compatibility.md`` @ 0f963c9a8c6913aa4cd9b57ee04f9c2b76ee8d2a
+#: ("Container Name: trtllm-python-py3" table, column "TensorRT-LLM version"), every row of it.
+CONTAINER_RELEASES: dict[str, str] = {
+    "24.04": "0.9.0", "24.05": "0.9.0", "24.06": "0.10.0", "24.07": "0.11.0", "24.08": "0.12.0",
+    "24.09": "0.13.0", "24.10": "0.14.0", "24.11": "0.15.0", "24.12": "0.16.0", "25.01": "0.17.0",
+    "25.02": "0.17.0.post1", "25.03": "0.18.0", "25.04": "0.18.2", "25.05": "0.19.0", "25.06": "0.20.0",
+    "25.07": "0.20.0", "25.08": "0.21.0", "25.09": "1.0.0", "25.10": "1.0.0", "25.11": "1.0.3.2510",
+    "25.12": "1.1.0", "26.01": "1.1.0", "26.02": "1.1.0", "26.03": "1.2.0", "26.04": "1.2.1",
+    "26.05": "1.2.1", "26.06": "1.2.1", "26.07": "1.2.1",
+}
+
+CONTAINER_LLMAPI_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"
+"""Where the Triton TensorRT-LLM image keeps the LLM-API Python model (``model.py`` + ``helpers.py``):
+TensorRT-LLM's ``triton_backend/all_models`` is copied to ``/app/all_models``
+(tensorrtllm_backend ``dockerfile/Dockerfile.triton.trt_llm_backend`` @ e1611ce8612ae4973a45f2bdc5e928061ff7d7e2)."""
+
+_TAG = re.compile(r"^(?:.+/)?tritonserver:(\d\d\.\d\d)-trtllm-python-py3$")
+
+
+class UnknownContainerError(SpecpipeError):
+    """A container tag whose TensorRT-LLM release specpipe does not know."""
+
+
+class ReleaseMismatchError(SpecpipeError):
+    """Container and engine were made with different TensorRT-LLM releases."""
+
+
+def container_image(triton_release: str) -> str:
+    """``nvcr.io/nvidia/tritonserver:<YY.MM>-trtllm-python-py3``."""
+    return f"{CONTAINER_REPOSITORY}:{triton_release}-{CONTAINER_FLAVOUR}"
+
+
+def container_trtllm_release(image: str) -> str:
+    """TensorRT-LLM release shipped in the Triton container ``image``.
+
+    Raises:
+        UnknownContainerError: not a ``tritonserver:<YY.MM>-trtllm-python-py3`` tag, or a Triton
+            release missing from :data:`CONTAINER_RELEASES`.
+    """
+    match = _TAG.match(image.strip())
+    if match is None:
+        raise UnknownContainerError(
+            f"container {image!r} is not a Triton TensorRT-LLM image ({CONTAINER_REPOSITORY}:<YY.MM>-{CONTAINER_FLAVOUR}): "
+            f"use {CONTAINER_IMAGE}"
+        )
+    triton = match.group(1)
+    if triton not in CONTAINER_RELEASES:
+        raise UnknownContainerError(
+            f"container {image} is Triton {triton}, whose TensorRT-LLM release specpipe does not know (known: "
+            f"{min(CONTAINER_RELEASES)} to {max(CONTAINER_RELEASES)}): use {CONTAINER_IMAGE}"
+        )
+    return CONTAINER_RELEASES[triton]
+
+
+def check_container_for_engine(image: str, engine_release: str, engine: str) -> None:
+    """Refuse to serve an engine built with TensorRT-LLM ``engine_release`` in ``image``.
+
+    TensorRT engines load only in the TensorRT-LLM/TensorRT release that built them.
+
+    Raises:
+        UnknownContainerError: see :func:`container_trtllm_release`.
+        ReleaseMismatchError: the container ships another TensorRT-LLM release than the engine's.
+    """
+    shipped = container_trtllm_release(image)
+    if shipped != engine_release:
+        matching = sorted(t for t, r in CONTAINER_RELEASES.items() if r == engine_release)
+        fix = (f"use {container_image(matching[0])}" if matching
+               else f"rebuild the engine with TensorRT-LLM {shipped}")
+        raise ReleaseMismatchError(
+            f"container {image} ships TensorRT-LLM {shipped}, engine {engine} was built with {engine_release}: {fix}"
+        )

@@ -34,6 +34,8 @@ class EngineRequest:
         return_perf_metrics: fill the speculative-decoding counters (and the token counts).
         return_num_input_tokens: fill ``num_input_tokens``.
         return_num_output_tokens: fill ``num_output_tokens``.
+        draft_input_ids: draft tokens to verify in one target step (``draft_input_ids`` input of
+            TensorRT-LLM's draft-target mode), or ``None`` for ordinary generation.
     """
 
     input_ids: list[int]
@@ -43,6 +45,7 @@ class EngineRequest:
     return_perf_metrics: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    draft_input_ids: tuple[int, ...] | None = None
 
 
 def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_default: bool = False) -> EngineRequest:
@@ -109,7 +112,9 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
         value = scalar(get(name), name)
         return default if value is None else bool(value)
 
+    drafts = get("draft_input_ids")
     return EngineRequest(
+        draft_input_ids=None if drafts is None else tuple(int(t) for t in np.asarray(drafts).reshape(-1)),
         input_ids=input_ids,
         params=params,
         streaming=flag("streaming"),

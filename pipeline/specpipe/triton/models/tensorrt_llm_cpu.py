@@ -12,6 +12,11 @@ Bad requests (empty prompt, ``max_tokens`` < 1, negative ``top_k``, ``top_p`` ou
 prompt longer than the context ...) get one final response holding a ``TritonError``
 (``INVALID_ARG``); an engine failure gets ``INTERNAL``. The model keeps serving either way.
 
+A request carrying ``draft_input_ids`` (draft-target through ``tensorrt_llm_bls``) is not generated
+but verified: one target forward over prompt + drafts commits the accepted drafts + 1 target token
+(:class:`~specpipe.runtime.cpu.external_drafts.DraftVerifier`), as TensorRT-LLM's
+``draft_tokens_external`` mode does without draft logits.
+
 Model parameters: ``gpt_model_path`` (absolute engine directory, TensorRT-LLM's name for it),
 ``exclude_input_in_output`` (default for requests that do not set it; default false).
 """
@@ -87,7 +92,12 @@ class RequestWorker:
     def serve(self, request: EngineRequest, sender) -> None:
         """Run one request to completion, sending its responses; never raises."""
         try:
-            run_request(self.engine, request, sender.data, sender.cancelled)
+            engine = self.engine
+            if request.draft_input_ids is not None:
+                from specpipe.runtime.cpu.external_drafts import DraftVerifier
+
+                engine = DraftVerifier(self.engine, list(request.draft_input_ids))
+            run_request(engine, request, sender.data, sender.cancelled)
         except Cancelled:
             self._quietly(sender.finish)
         except ValueError as exc:

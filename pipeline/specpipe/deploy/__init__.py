@@ -1,0 +1,1 @@
+"""``specpipe deploy``: manifests that run a packaged deployment on a cluster."""

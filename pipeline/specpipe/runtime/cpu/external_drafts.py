@@ -1,0 +1,86 @@
+"""Verify draft tokens proposed outside the engine (draft-target through a BLS model) with one target forward.
+
+TensorRT-LLM's ``draft_tokens_external`` mode takes the draft tokens of a request in its
+``draft_input_ids`` input and, without draft logits, accepts them while each equals the token the
+target picks at that position (TensorRT-LLM ``examples/draft_target_model/README.md`` @ 567239f:
+"greedy" acceptance). :class:`DraftVerifier` does the same on the CPU engine's target: one forward
+pass over ``prompt + drafts`` (K + 1 next-token rows after the prompt), accept the longest prefix of
+drafts matching the target's choices, then add the target's own next token; so a request commits
+``accepted + 1`` tokens (1 .. K + 1). Greedy requests pick the argmax; sampling requests draw each
+position from the request's processed distribution, as the target would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from specpipe.runtime.cpu.api import RequestStats, SamplingParams, StepOutput
+from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.stopping import StopConditions
+from specpipe.runtime.cpu.validation import validate_request
+
+
+class DraftVerifier:
+    """Has the ``generate(input_ids, params)`` shape of the CPU engine, for one request whose drafts
+    come from outside: yields exactly one final :class:`StepOutput`.
+
+    Args:
+        engine: a loaded :class:`~specpipe.runtime.cpu.engine.SpeculativeEngine` (its target is used;
+            its own drafter is not). One request at a time, like the engine itself.
+        draft_ids: the K draft tokens (K >= 0).
+    """
+
+    def __init__(self, engine, draft_ids: list[int]):
+        self.engine = engine
+        self.draft_ids = [int(t) for t in draft_ids]
+
+    def generate(self, input_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
+        """Verify the drafts after ``input_ids``; see the module docstring.
+
+        Drafts beyond ``max_tokens - 1`` or beyond the context limit are dropped (the step must also
+        fit its own target token).
+
+        Raises:
+            ValueError: an invalid request (as the engine's) or draft ids outside the vocabulary.
+        """
+        target = self.engine.target
+        input_ids = [int(t) for t in input_ids]
+        validate_request(input_ids, params, vocab_size=target.vocab_size, max_context=self.engine.max_context)
+        outside = [t for t in self.draft_ids if not 0 <= t < target.vocab_size]
+        if outside:
+            raise ValueError(f"draft_input_ids contains ids outside the vocabulary [0, {target.vocab_size}): {outside[:5]}")
+        room = min(params.max_tokens - 1, self.engine.max_context - len(input_ids) - 1)
+        drafts = self.draft_ids[: max(0, room)]
+        return self._step(input_ids, drafts, params)
+
+    def _step(self, input_ids: list[int], drafts: list[int], params: SamplingParams) -> Iterator[StepOutput]:
+        generator = torch.Generator()
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        sampler = TokenSampler(params, generator)
+        target = self.engine.target
+        with torch.inference_mode():
+            target.reset()
+            logits = target.forward(input_ids + drafts)[len(input_ids) - 1:]  # [K + 1, vocab]
+            target.reset()
+        committed: list[int] = []
+        accepted = 0
+        for position in range(len(drafts) + 1):
+            token, _ = sampler.choose(logits[position: position + 1])
+            committed.append(token)
+            if position < len(drafts) and token == drafts[position]:
+                accepted += 1
+                continue
+            break
+        end_ids = self.engine.default_end_ids if params.end_id is None else frozenset((params.end_id,))
+        stop = StopConditions(end_ids, params.stop_words, params.max_tokens)
+        tokens, reason = stop.push(committed)
+        if reason is None:
+            tokens += stop.finish()
+        stats = RequestStats(num_input_tokens=len(input_ids), num_output_tokens=len(tokens),
+                             total_draft_tokens=len(drafts), total_accepted_draft_tokens=accepted, target_forwards=1)
+        yield StepOutput(tokens, True, reason or "length", stats)

@@ -1,0 +1,45 @@
+"""Write a directory as a whole: into a temporary sibling, then renamed into place.
+
+On any failure (an exception, Ctrl-C) the temporary directory is removed and an existing directory
+at the destination is left as it was; readers never see a half-written directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> Path:
+    """Call ``fill(tmp)`` on an empty temporary directory beside ``out_dir``, then replace ``out_dir`` by it.
+
+    Returns:
+        ``out_dir`` as an absolute path.
+
+    Raises:
+        whatever ``fill`` raises (nothing is left behind), or ``OSError`` from the renames.
+    """
+    out_dir = Path(out_dir).absolute()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
+    old = out_dir.parent / f".{out_dir.name}.old-{tag}"
+    try:
+        tmp.mkdir()
+        fill(tmp)
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if old.exists():
+                os.replace(old, out_dir)  # put the previous directory back
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir

@@ -1,0 +1,221 @@
+"""The Triton model repository of an LLM API (PyTorch backend) deployment (``--runtime trtllm-llmapi``).
+
+Layout (TensorRT-LLM's ``triton_backend/all_models/llmapi``; in the container ``/app/all_models/llmapi``)::
+
+    triton_repo/NAME/
+      specpipe.json                  runtime, release, container, GPUs (read by the launcher)
+      tensorrt_llm/config.pbtxt      backend "python", one KIND_CPU instance; no max_batch_size and no
+                                     decoupled (the model sets them from model.yaml's triton_config)
+      tensorrt_llm/1/model.yaml      the LLM(...) arguments + triton_config
+      tensorrt_llm/1/model.py        loads the container's own LLM-API Python model (one implementation)
+      trtllm-serve.yaml              the same LLM arguments for ``trtllm-serve --extra_llm_api_options``
+
+``model.yaml`` keys and ``decoding_type`` spellings follow the pinned release
+(:mod:`specpipe.trtllm.llmapi_schema`): every key except ``triton_config`` is passed to ``LLM(...)``
+(the container's model.py reads ``model.yaml`` from its model version directory and merges it with
+``update_llm_args_with_extra_dict``; tensorrtllm_backend ``all_models/llmapi/tensorrt_llm/1/model.py``
+@ c2e65b8). ``triton_config.max_batch_size`` must be 0 (that model does not batch);
+``decoupled: true`` enables streaming.
+
+Tensor interface of ``config.pbtxt``: TensorRT-LLM ``triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt``
+(index copy @ 0a71057313ec0626527e164a8fc0205c5822e2f5; the 1.2 subset listed in :data:`LLMAPI`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tritonclient.grpc import model_config_pb2 as mc
+
+from specpipe import __version__
+from specpipe.errors import CompatibilityError, SpecpipeError
+from specpipe.triton.atomic import write_dir_atomically
+from specpipe.triton.config import check_no_placeholders, model_input, model_output, write_config
+from specpipe.triton.deployment import Deployment
+from specpipe.triton.interface import ModelInterface, _t
+from specpipe.triton.kv_fraction import kv_cache_fractions
+from specpipe.triton.repo_meta import deployment_meta, write_meta
+from specpipe.trtllm import release
+from specpipe.trtllm.llmapi_schema import ACCEPTED_KEYS, DECODING_TYPE, ENGINE_ONLY, NEEDS_MODEL
+
+MODEL = "tensorrt_llm"
+MODEL_YAML = "model.yaml"
+SERVE_OPTIONS = "trtllm-serve.yaml"
+
+LLMAPI = ModelInterface(
+    name=MODEL,
+    inputs=(
+        _t("text_input", "STRING", [-1], doc="prompt text"),
+        _t("streaming", "BOOL", [1], True),
+        _t("sampling_param_temperature", "FP32", [1], True),
+        _t("sampling_param_top_k", "INT32", [1], True),
+        _t("sampling_param_top_p", "FP32", [1], True),
+        _t("sampling_param_frequency_penalty", "FP32", [1], True),
+        _t("sampling_param_presence_penalty", "FP32", [1], True),
+        _t("sampling_param_max_tokens", "INT32", [1], True),
+        _t("sampling_param_stop", "STRING", [-1], True),
+        _t("sampling_param_seed", "UINT64", [1], True),
+        _t("sampling_param_exclude_input_from_output", "BOOL", [1], True),
+        _t("sampling_param_return_perf_metrics", "BOOL", [1], True),
+        _t("return_finish_reason", "BOOL", [1], True),
+        _t("return_stop_reason", "BOOL", [1], True),
+        _t("return_cumulative_logprob", "BOOL", [1], True),
+    ),
+    outputs=(
+        _t("text_output", "STRING", [-1]),
+        _t("finish_reason", "STRING", [-1]),
+        _t("stop_reason", "STRING", [-1]),
+        _t("cumulative_logprob", "FP32", [-1]),
+        _t("kv_cache_reused_block", "INT32", [-1]),
+        _t("kv_cache_missed_block", "INT32", [-1]),
+        _t("kv_cache_alloc_new_blocks", "INT32", [-1]),
+        _t("kv_cache_alloc_total_blocks", "INT32", [-1]),
+        _t("kv_cache_hit_rate", "FP32", [-1]),
+        _t("arrival_time_ns", "INT64", [1]),
+        _t("first_scheduled_time_ns", "INT64", [1]),
+        _t("first_token_time_ns", "INT64", [1]),
+        _t("last_token_time_ns", "INT64", [1]),
+        _t("acceptance_rate", "FP32", [1]),
+        _t("total_accepted_draft_tokens", "INT32", [1]),
+        _t("total_draft_tokens", "INT32", [1]),
+    ),
+)
+
+
+def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
+    """The ``speculative_config`` mapping for the deployment's method (``None`` without speculation).
+
+    Raises:
+        CompatibilityError: an engine-flow-only method (Medusa, lookahead), EAGLE-3/MTP with PP > 1,
+            or a method that needs a draft checkpoint without one.
+    """
+    spec, method = deployment.speculative, deployment.method
+    if method == "none":
+        return None
+    if method in ENGINE_ONLY or method not in DECODING_TYPE:
+        raise CompatibilityError(
+            f"{method} does not run on TensorRT-LLM's LLM API (PyTorch backend) in {release.TRTLLM_VERSION}: "
+            f"build with --runtime trtllm for the engine flow"
+        )
+    decoding_type = DECODING_TYPE[method]
+    if decoding_type in ("Eagle3", "MTP") and deployment.pp > 1:
+        raise CompatibilityError(
+            f"{decoding_type} does not support pipeline parallelism on the LLM API (TensorRT-LLM feature-combination "
+            f"matrix): use --pp 1 and a larger --tp"
+        )
+    config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": deployment.max_draft_len}
+    if decoding_type in NEEDS_MODEL:
+        if deployment.draft_path is None:
+            raise CompatibilityError(f"{decoding_type} needs a draft checkpoint, engine {deployment.name} has none: rebuild with --draft-model")
+        config["speculative_model"] = deployment.container_path(deployment.draft_path)
+    if decoding_type == "Eagle3":
+        config["eagle3_one_model"] = True
+        if spec.get("eagle_choices"):
+            config["eagle_choices"] = [list(p) for p in spec["eagle_choices"]]
+    elif decoding_type == "NGram":
+        ngram = (deployment.llmapi.get("speculative_config") or {}).get("max_matching_ngram_size",
+                                                                         spec.get("max_matching_ngram_size", 3))
+        config.update(max_matching_ngram_size=int(ngram), is_keep_all=True, is_use_oldest=True, is_public_pool=True)
+    elif decoding_type == "MTP":
+        config = {"decoding_type": "MTP", "num_nextn_predict_layers": int(spec.get("num_nextn_predict_layers", 1))}
+    unknown = set(config) - ACCEPTED_KEYS[decoding_type]
+    if unknown:
+        raise SpecpipeError(f"speculative_config keys {sorted(unknown)} are not {decoding_type} options in {release.TRTLLM_VERSION}: report this as a bug")
+    return config
+
+
+def llm_arguments(deployment: Deployment) -> dict[str, Any]:
+    """The ``LLM(...)`` arguments (model.yaml without ``triton_config``)."""
+    fraction, _ = kv_cache_fractions(deployment.memory, False)
+    args: dict[str, Any] = {
+        "model": deployment.container_path(deployment.target_path),
+        "backend": "pytorch",
+        "tensor_parallel_size": deployment.tp,
+        "pipeline_parallel_size": deployment.pp,
+        "max_batch_size": int(deployment.limits["max_batch_size"]),
+        "max_seq_len": int(deployment.limits["max_seq_len"]),
+        "kv_cache_config": {"free_gpu_memory_fraction": fraction, "enable_block_reuse": True},
+    }
+    spec = speculative_config(deployment)
+    if spec is not None:
+        args["speculative_config"] = spec
+        if spec["decoding_type"] == "Draft_Target":
+            args["disable_overlap_scheduler"] = True  # two-model speculation
+    return args
+
+
+def model_yaml(deployment: Deployment) -> dict[str, Any]:
+    """model.yaml: the LLM arguments + ``triton_config``."""
+    return {**llm_arguments(deployment), "triton_config": {"max_batch_size": 0, "decoupled": True}}
+
+
+def serve_options(deployment: Deployment) -> dict[str, Any]:
+    """The ``trtllm-serve --extra_llm_api_options`` file: the LLM arguments without ``model`` (given
+    on the command line) and ``backend`` (``--backend pytorch``)."""
+    return {k: v for k, v in llm_arguments(deployment).items() if k not in ("model", "backend")}
+
+
+def serve_command(deployment: Deployment, options_path: str) -> list[str]:
+    """The equivalent ``trtllm-serve`` command (container paths)."""
+    return ["trtllm-serve", deployment.container_path(deployment.target_path), "--backend", "pytorch",
+            "--tp_size", str(deployment.tp), "--pp_size", str(deployment.pp),
+            "--extra_llm_api_options", options_path]
+
+
+def model_config() -> mc.ModelConfig:
+    """config.pbtxt: Python backend, one CPU instance, the :data:`LLMAPI` tensors."""
+    config = mc.ModelConfig(name=MODEL, backend="python")
+    config.input.extend(model_input(s) for s in LLMAPI.inputs)
+    config.output.extend(model_output(s) for s in LLMAPI.outputs)
+    config.instance_group.append(mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU))
+    return config
+
+
+def model_py() -> str:
+    """A ``model.py`` that loads the container's LLM-API model from :data:`release.CONTAINER_LLMAPI_MODEL_DIR`."""
+    where = release.CONTAINER_LLMAPI_MODEL_DIR
+    return (
+        f'"""Triton Python-backend entry point written by specpipe {__version__}: the LLM API model of the\n'
+        f'TensorRT-LLM container ({where}/model.py), which reads model.yaml from this directory."""\n'
+        "import importlib.util\n"
+        "import sys\n\n"
+        f"_DIR = {where!r}\n"
+        "sys.path.insert(0, _DIR)  # its helpers module\n"
+        "_spec = importlib.util.spec_from_file_location('trtllm_llmapi_model', _DIR + '/model.py')\n"
+        "_module = importlib.util.module_from_spec(_spec)\n"
+        "_spec.loader.exec_module(_module)\n"
+        "TritonPythonModel = _module.TritonPythonModel\n"
+    )
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def _fill(root: Path, deployment: Deployment) -> None:
+    version = root / MODEL / "1"
+    version.mkdir(parents=True)
+    write_config(model_config(), root / MODEL)
+    (version / MODEL_YAML).write_text(
+        f"# LLM API arguments for {deployment.name}, written by specpipe {__version__} for TensorRT-LLM "
+        f"{deployment.trtllm_version}\n" + _dump(model_yaml(deployment)))
+    (version / "model.py").write_text(model_py())
+    options = f"/models/{SERVE_OPTIONS}"
+    (root / SERVE_OPTIONS).write_text(
+        f"# {' '.join(serve_command(deployment, options))}\n" + _dump(serve_options(deployment)))
+    write_meta(root, deployment_meta(deployment, [MODEL]))
+    check_no_placeholders(root)
+
+
+def write_llmapi_repository(deployment: Deployment, out_dir: Path) -> Path:
+    """Write the LLM API repository of ``deployment`` to ``out_dir`` (replaced as a whole).
+
+    Raises:
+        SpecpipeError: see :func:`speculative_config` and :func:`~specpipe.triton.kv_fraction.kv_cache_fractions`;
+            nothing is written then.
+    """
+    if deployment.runtime != "trtllm-llmapi":
+        raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the engine-flow repository writer")
+    return write_dir_atomically(out_dir, lambda root: _fill(root, deployment))
