@@ -1,0 +1,166 @@
+"""Container launch: the exact command for TP 1 and TP 4, version pairing, GPUs, the image's entry
+point, the Dockerfile and the compose file (validated against the Compose specification)."""
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from specpipe.cli import main
+from specpipe.errors import SpecpipeError
+from specpipe.serve.container_entry import command as entry_command
+from specpipe.serve.trtllm import parse_gpus, server_command
+from specpipe.triton.repo_meta import read_meta
+from specpipe.triton.repository import package_plan
+from specpipe.trtllm import release
+from trtllm_deployments import plan_json
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+
+
+def packaged(tmp_path, name, runtime="trtllm", **kw):
+    return package_plan(plan_json(tmp_path, f"{name}.json", runtime=runtime, **kw), name, tmp_path / "repos")
+
+
+def printed(tmp_path, name, *extra):
+    result = CliRunner().invoke(main, ["serve", name, "--repo-dir", str(tmp_path / "repos"), "--print", *extra])
+    return result
+
+
+def test_tp1_is_one_tritonserver(tmp_path):
+    repo = packaged(tmp_path, "tp1", target="llama3-8b", draft="eagle")
+    result = printed(tmp_path, "tp1")
+    assert result.exit_code == 0, result.output
+    build, run = [shlex.split(line) for line in result.output.strip().splitlines()]
+    assert build[:2] == ["docker", "build"] and f"BASE_IMAGE={release.CONTAINER_IMAGE}" in build
+    image = run[run.index("specpipe-triton:0.1.0-26.04")]
+    inner = run[run.index(image) + 1:]
+    assert inner == ["tritonserver", "--model-repository=/models", "--grpc-port=8001", "--http-port=8000",
+                     "--metrics-port=8002", "--disable-auto-complete-config",
+                     "--backend-config=python,shm-region-prefix-name=prefix0_"]
+    assert run[run.index("--gpus") + 1] == '"device=0"'
+    assert f"{repo}:/models:ro" in run and f"{tmp_path / 'engines'}:/engines:ro" in run
+    assert ["-p", "8000:8000"] == run[run.index("8000:8000") - 1: run.index("8000:8000") + 1]
+
+
+def test_tp4_is_mpirun_with_one_rank_per_gpu(tmp_path):
+    packaged(tmp_path, "tp4", target="llama3-70b", draft="none", tp=4)
+    result = printed(tmp_path, "tp4", "--gpus", "4,5,6,7")
+    assert result.exit_code == 0, result.output
+    run = shlex.split(result.output.strip().splitlines()[1])
+    inner = run[run.index("specpipe-triton:0.1.0-26.04") + 1:]
+    assert inner[:2] == ["mpirun", "--allow-run-as-root"]
+    ranks = " ".join(inner[2:]).split(" : ")
+    assert len(ranks) == 4 == read_meta(tmp_path / "repos" / "tp4")["world_size"]
+    for i, rank in enumerate(ranks):
+        argv = rank.split()
+        assert argv[:3] == ["-n", "1", "tritonserver"]
+        assert argv[-1] == f"--backend-config=python,shm-region-prefix-name=prefix{i}_"
+        assert ("--model-control-mode=explicit" in argv) == (i > 0)
+        assert ("--load-model=tensorrt_llm" in argv) == (i > 0)
+    assert run[run.index("--gpus") + 1] == '"device=4,5,6,7"'
+
+
+def test_draft_target_ranks_load_both_engines(tmp_path):
+    packaged(tmp_path, "dt", target="llama3.1-8b", draft="llama3.2-1b", tp=2, gpu="h100-80gb")
+    command = server_command(read_meta(tmp_path / "repos" / "dt"))
+    assert command.count("tritonserver") == 2
+    second = command[command.index(":"):]
+    assert "--load-model=tensorrt_llm" in second and "--load-model=tensorrt_llm_draft" in second
+
+
+def test_llmapi_is_one_server_with_auto_complete(tmp_path):
+    packaged(tmp_path, "api", runtime="trtllm-llmapi", target="llama3.1-8b", draft="eagle", tp=2)
+    meta = read_meta(tmp_path / "repos" / "api")
+    assert server_command(meta) == ["tritonserver", "--model-repository=/models", "--grpc-port=8001",
+                                    "--http-port=8000", "--metrics-port=8002"]
+    assert meta["gpus"] == 2 and meta["world_size"] == 1
+    run = shlex.split(printed(tmp_path, "api").output.strip().splitlines()[1])
+    assert run[run.index("--gpus") + 1] == '"device=0,1"'
+
+
+def test_container_release_must_match_the_engine(tmp_path):
+    packaged(tmp_path, "e", target="llama3-8b", draft="lookahead")
+    result = printed(tmp_path, "e", "--container", "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == ("error: container nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3 ships TensorRT-LLM "
+                                     "1.2.0, engine llama3-8b-lookahead was built with 1.2.1: use "
+                                     "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
+    for tag, why in (("nvcr.io/nvidia/tritonserver:27.01-trtllm-python-py3", "whose TensorRT-LLM release specpipe does not know"),
+                     ("myregistry/triton:latest", "is not a Triton TensorRT-LLM image")):
+        result = printed(tmp_path, "e", "--container", tag)
+        assert result.exit_code == 1 and why in result.stderr
+    assert printed(tmp_path, "e", "--container", "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3").exit_code == 0
+
+
+def test_gpus_must_be_tp_times_pp(tmp_path):
+    packaged(tmp_path, "tp4", target="llama3-70b", draft="none", tp=4)
+    result = printed(tmp_path, "tp4", "--gpus", "0,1")
+    assert result.exit_code == 1
+    assert "the engine runs on TP x PP = 4 GPUs but --gpus names 2 (0,1): give exactly 4 ids" in result.stderr
+    with pytest.raises(SpecpipeError, match="distinct non-negative GPU ids"):
+        parse_gpus("0,0", 2)
+    assert parse_gpus(None, 3) == [0, 1, 2]
+
+
+def test_serving_a_plan_before_the_build_is_refused(tmp_path):
+    packaged(tmp_path, "e", target="llama3-8b", draft="eagle")
+    result = CliRunner().invoke(main, ["serve", "e", "--repo-dir", str(tmp_path / "repos")])
+    assert result.exit_code == 1 and "engine llama3-8b-eagle is not built" in result.stderr
+
+
+def test_container_entry_runs_the_same_command(tmp_path):
+    repo = packaged(tmp_path, "tp4", target="llama3-70b", draft="none", tp=4)
+    assert entry_command(repo) == server_command(read_meta(repo))
+    with pytest.raises(SpecpipeError, match="no specpipe TensorRT-LLM repository at"):
+        entry_command(tmp_path)
+
+
+def test_release_table_and_pin():
+    assert release.container_trtllm_release(release.CONTAINER_IMAGE) == release.TRTLLM_VERSION
+    assert [t for t, r in sorted(release.CONTAINER_RELEASES.items()) if r == "1.2.1"] == ["26.04", "26.05", "26.06", "26.07"]
+    assert release.container_trtllm_release("nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3") == "0.18.0"
+
+
+def test_dockerfile_is_pinned_and_starts_the_entry_point():
+    text = (DOCKER / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1) == release.CONTAINER_IMAGE
+    assert 'CMD ["python3", "-m", "specpipe.serve.container_entry"]' in text
+    assert "pip install --no-cache-dir --no-deps ." in text and "/v2/health/ready" in text
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} substitution."""
+    def replace(match):
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise KeyError(f"{name}: {arg}")
+        return arg or ""
+    return re.sub(r"\$\{([A-Z_]+)(?:(:-|:\?)([^}]*))?\}", replace, text)
+
+
+def test_compose_file_validates_against_the_compose_specification(tmp_path):
+    from compose_spec import PyCompose
+
+    text = (DOCKER / "compose.yaml").read_text()
+    with pytest.raises(KeyError, match="SPECPIPE_REPO"):
+        _interpolate(text, {})
+    resolved = _interpolate(text, {"SPECPIPE_REPO": str(tmp_path / "repo"), "SPECPIPE_ENGINES": str(tmp_path / "engines"),
+                                   "SPECPIPE_GPUS": "4"})
+    PyCompose.from_yaml(resolved)  # raises on anything outside the specification
+    with pytest.raises(ValueError):
+        PyCompose.from_yaml(resolved.replace("shm_size:", "shm_sizes:"))
+    service = yaml.safe_load(resolved)["services"]["triton"]
+    assert service["build"]["args"]["BASE_IMAGE"] == release.CONTAINER_IMAGE
+    assert service["ports"] == ["8000:8000", "8001:8001", "8002:8002"]
+    assert {(v["target"], v["read_only"]) for v in service["volumes"]} == {("/models", True), ("/engines", True)}
+    device = service["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device == {"driver": "nvidia", "count": 4, "capabilities": ["gpu"]}
+    assert "http://localhost:8000/v2/health/ready" in service["healthcheck"]["test"][-1]
+    assert service["shm_size"] == "16gb"
