@@ -1,7 +1,6 @@
 """Container launch: the exact command for TP 1 and TP 4, version pairing, GPUs, the image's entry
 point, the Dockerfile and the compose file (validated against the Compose specification)."""
 
-import os
 import re
 import shlex
 from pathlib import Path
