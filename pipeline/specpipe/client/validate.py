@@ -95,11 +95,19 @@ def _interface_problems(metadata: dict) -> list[str]:
     return problems
 
 
-def _stop_word_for(text: str) -> str | None:
-    words = text.split(" ")
-    for word in words[3:]:
-        if word.isalpha() and len(word) >= 3:
-            return " " + word
+def _stop_word_for(text: str) -> tuple[str, int] | None:
+    """A whole word of ``text`` (with its leading space) whose first occurrence is well inside it.
+
+    Returns the stop word and the character index where the output must end, or ``None``.
+    """
+    for word in text.split(" ")[3:]:
+        if not (word.isalpha() and len(word) >= 3):
+            continue
+        stop = " " + word
+        index = text.find(stop)
+        end = index + len(stop)
+        if index >= 8 and (end == len(text) or not text[end].isalnum()):
+            return stop, index
     return None
 
 
@@ -150,11 +158,13 @@ async def _run(url: str, baseline_url: str | None, model: str, max_tokens: int, 
 
         if greedy:
             prompt, text = next(iter(greedy.items()))
-            stop = _stop_word_for(text)
-            if stop:
+            found = _stop_word_for(text)
+            if found:
+                stop, end = found
                 stopped = await client.generate(GenerationRequest(prompt, max_tokens=max_tokens, stop_words=(stop,)))
-                ok = stopped.error is None and stop not in stopped.text and text.startswith(stopped.text) and len(stopped.text) < len(text)
-                report.add("stop word ends the output", ok, f"stop {stop!r}: {stopped.error or repr(stopped.text[-40:])}")
+                ok = stopped.error is None and stopped.text == text[:end]
+                report.add("stop word ends the output before it", ok,
+                           f"stop {stop!r}: {stopped.error or repr(stopped.text[-40:])}")
 
         sampled = [
             await client.generate(GenerationRequest(prompts[0], max_tokens=16, temperature=0.8, top_p=0.9, seed=1234))
@@ -190,8 +200,9 @@ def print_report(report: ValidationReport) -> None:
     console.print(checks)
     if report.requests:
         figures = Table(title="per-request acceptance (greedy)")
-        for column in ("prompt", "tokens", "acceptance rate", "accepted/draft", "mean accepted length", "latency ms"):
-            figures.add_column(column, justify="left" if column == "prompt" else "right")
+        figures.add_column("prompt", no_wrap=True, max_width=24)
+        for column in ("tokens", "acceptance", "accepted/draft", "mean acc. len", "latency ms"):
+            figures.add_column(column, justify="right", no_wrap=True)
         for r in report.requests:
             figures.add_row(r.prompt, str(r.output_tokens), f"{r.acceptance_rate:.2f}",
                             f"{r.accepted_draft_tokens}/{r.draft_tokens}", f"{r.mean_accepted_length:.2f}", f"{r.latency_ms:.0f}")
