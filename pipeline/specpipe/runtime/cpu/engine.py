@@ -64,6 +64,12 @@ class SpeculativeEngine:
         ValueError: a negative ``max_draft_len``, ``max_context < 2``, or a drafter whose vocabulary
             size differs from the target's.
 
+    Attributes:
+        target: the target wrapped with its KV cache (:class:`CachedLM`); between steps it holds the
+            committed tokens but the newest.
+        drafter, max_draft_len, max_context: as given (``max_context`` resolved).
+        default_end_ids: end ids used when a request gives no ``end_id``.
+
     One engine serves one request at a time, from one thread; starting a request abandons the
     previous one (resuming its generator raises ``RuntimeError``).
     """
