@@ -81,8 +81,10 @@ class StepOutput:
     """What one engine step produced for a request.
 
     Attributes:
-        token_ids: tokens newly committed by this step (1 .. max_draft_len + 1 of them), after
-            stop-word trimming; may be empty on the final step when a stop word was trimmed.
+        token_ids: tokens released by this step, after stop-word handling. A step commits 1 ..
+            max_draft_len + 1 tokens, but trailing tokens that could still grow into a stop word
+            are held back until they cannot (so a stop word spanning two steps never leaks); a step
+            may therefore release fewer tokens than it committed, or none.
         finished: the request is complete after this step.
         finish_reason: ``"length"``, ``"stop"`` (end id or stop word) or ``None`` while running.
         stats: cumulative counters of the request so far.
