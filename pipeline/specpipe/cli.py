@@ -112,7 +112,8 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name) -> None:
 @click.option("--print", "print_only", is_flag=True, help="Print the launch command instead of running it.")
 @click.option("--container", default=None, help="TensorRT-LLM runtimes: Triton TensorRT-LLM image (default: the engine's).")
 @click.option("--gpus", default=None, help="TensorRT-LLM runtimes: GPU ids, TP x PP of them (default 0..TPxPP-1), e.g. 0,1,2,3.")
-def serve(name, repo_dir, grpc_port, http_port, metrics_port, runtime, print_only, container, gpus) -> None:
+@click.option("--openai-port", type=int, default=None, help="Also serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions, /metrics) on this port.")
+def serve(name, repo_dir, grpc_port, http_port, metrics_port, runtime, print_only, container, gpus, openai_port) -> None:
     """Start Triton on triton_repo/NAME and wait until it is ready; Ctrl-C stops it."""
     from specpipe.serve import serve_repository
 
@@ -125,6 +126,7 @@ def serve(name, repo_dir, grpc_port, http_port, metrics_port, runtime, print_onl
         print_only=print_only,
         container=container,
         gpus=gpus,
+        openai_port=openai_port,
     )
 
 
@@ -183,13 +185,14 @@ def demo(drafts, engines_dir, repo_dir, base_port) -> None:
 @click.option("--data", type=click.Path(path_type=Path), default=None, help="Extra data: a JSONL of prompts (the target answers them) or a text file/folder.")
 @click.option("--budget", type=float, default=12.0, show_default=True, help="Training time budget, minutes (data preparation not counted).")
 @click.option("--max-steps", type=int, default=None, callback=_positive, help="Exact number of optimizer steps (reproduces a recipe).")
+@click.option("--schedule-steps", type=int, default=None, callback=_positive, help="Steps of the learning-rate schedule (default: fitted to the budget; recorded in recipe.json).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Output folder (default heads/<target>/<method>).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--num-prompts", type=int, default=None, help="Built-in self-distillation prompts to use (default all, 0 for none).")
 @click.option("--stdlib-tokens", type=int, default=None, help="Tokens of standard-library text (default 60000, 0 for none).")
 @click.option("--trtllm-layout/--no-trtllm-layout", default=True, show_default=True,
               help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")
-def train_draft(target, method, data, budget, max_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
+def train_draft(target, method, data, budget, max_steps, schedule_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
     """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
     from specpipe.training.train import train_draft as run_training
 
@@ -197,7 +200,7 @@ def train_draft(target, method, data, budget, max_steps, out, seed, num_prompts,
         raise click.BadParameter(f"must be a positive number of minutes, got {budget:g}", param_hint="--budget")
     run_training(
         target, method, data=str(data) if data else None, budget_minutes=budget, out_dir=out, seed=seed,
-        max_steps=max_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
+        max_steps=max_steps, schedule_steps=schedule_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
         command="specpipe " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("specpipe") else "",
     )
 
@@ -219,6 +222,53 @@ def deploy_k8s(name, repo_dir, out_dir, replicas, container) -> None:
 
     out = write_k8s(repo_dir / name, out_dir or Path("k8s") / name, replicas=replicas, container=container)
     click.echo(f"wrote {out / 'deployment.yaml'} and {out / 'service.yaml'}")
+
+
+@main.command()
+@click.option("--url", "urls", multiple=True, required=True,
+              help="Deployment NAME=HOST:PORT (Triton gRPC) or NAME=openai://HOST:PORT/v1 (OpenAI-compatible); repeat it. "
+                   "The one named 'baseline' is the reference for speed-ups.")
+@click.option("--prompts", default="chat", show_default=True, help="Built-in set (chat, code, summarize) or a JSONL file of {\"prompt\": ...}.")
+@click.option("--concurrency", default="1,2,4,8", show_default=True, help="Requests in flight, one load level each.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="New tokens per request.")
+@click.option("--num-requests", type=int, default=None, help="Requests per level (default 4 x concurrency, at least 8).")
+@click.option("--duration", type=float, default=None, help="Seconds per level, instead of --num-requests.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Requests per deployment before measuring (not recorded).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Output folder (default bench-results/<UTC time>).")
+@click.option("--chat", is_flag=True, help="Wrap prompts in the chat template (Triton: the deployment's tokenizer; OpenAI: /chat/completions).")
+@click.option("--metrics", "metrics", multiple=True, help="NAME=URL of a deployment's Prometheus metrics (default: gRPC port + 1), or NAME=none.")
+@click.option("--tokenizer", default=None, help="Tokenizer (folder or Hugging Face id) to count output tokens when the server does not.")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Per-request timeout, seconds.")
+@click.option("--baseline", default="baseline", show_default=True, help="Name of the reference deployment.")
+@click.option("--model", default="ensemble", show_default=True, help="Triton model to drive.")
+def bench(urls, prompts, concurrency, max_tokens, num_requests, duration, warmup, out, chat, metrics, tokenizer, timeout, baseline, model) -> None:
+    """Benchmark deployments side by side: throughput, TTFT, ITL, latency, acceptance, memory; table + JSON, CSV, PNG."""
+    from specpipe.bench.command import bench_command
+
+    ok = bench_command(urls=list(urls), metrics=list(metrics), prompts=prompts, concurrency=concurrency, max_tokens=max_tokens,
+                       num_requests=num_requests, duration=duration, warmup=warmup, out=out, chat=chat, timeout=timeout,
+                       tokenizer=tokenizer, baseline=baseline, model=model)
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--prompts", default="chat", show_default=True, help="Built-in set (chat, code, summarize) or a JSONL file of {\"prompt\": ...}.")
+@click.option("--max-draft-len", default="1,2,3,4,6,8", show_default=True, help="Draft lengths to try (tree methods: tree nodes / chain depth).")
+@click.option("--concurrency", type=int, default=1, show_default=True, help="Requests in flight while measuring.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="New tokens per request.")
+@click.option("--num-requests", type=int, default=8, show_default=True, help="Measured requests per setting.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Requests per setting before measuring.")
+@click.option("--engines-dir", type=click.Path(path_type=Path), default=Path("engines"), show_default=True)
+@click.option("--draft", default=None, help="Draft preset the engine was built from (default: from its manifest).")
+@click.option("--keep", is_flag=True, help="Keep the candidates' engines, repositories and logs (ENGINES_DIR/.tune-NAME).")
+def tune(name, prompts, max_draft_len, concurrency, max_tokens, num_requests, warmup, engines_dir, draft, keep) -> None:
+    """Measure CPU engine NAME at each draft length, print the curve, record the best for the next build."""
+    from specpipe.bench.command import tune_command
+
+    ok = tune_command(name=name, engines_dir=engines_dir, prompts=prompts, max_draft_len=max_draft_len, concurrency=concurrency,
+                      max_tokens=max_tokens, num_requests=num_requests, warmup=warmup, draft=draft, keep=keep)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,9 @@ class TrainConfig:
         noise: EAGLE's uniform input-feature noise, as a fraction of the features' RMS.
         answer_weight: sampling weight of self-distilled answer positions against other positions.
         checkpoint_seconds: interval between resumable checkpoints.
+        schedule_steps: steps of the learning-rate schedule (warm-up + cosine); ``None``: fixed after 50
+            steps from the measured speed so that the schedule fills the budget. After it the rate stays
+            at its final value (10 % of ``lr``) while budget remains.
     """
 
     method: str
@@ -81,6 +84,7 @@ class TrainConfig:
     noise: float = 0.1
     answer_weight: float = 3.0
     checkpoint_seconds: float = 60.0
+    schedule_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -396,7 +400,7 @@ def train(
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
     cfg_key = json.dumps({**asdict(cfg), "checkpoint_seconds": None, "budget_minutes": None}, sort_keys=True)
-    step, total_steps, elapsed, history = 0, cfg.max_steps, 0.0, []
+    step, total_steps, elapsed, history = 0, cfg.schedule_steps or cfg.max_steps, 0.0, []
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, weights_only=False)
         if state.get("config") == cfg_key:
@@ -414,15 +418,16 @@ def train(
         tmp.replace(ckpt_path)
 
     budget = cfg.budget_minutes * 60.0
-    calibration = 10
+    calibration, calibration_start = 50, 25
+    mark = 0.0
     last_save = time.monotonic()
     while True:
-        if total_steps is not None and step >= total_steps:
+        if cfg.max_steps is not None and step >= cfg.max_steps:
             break
         if cfg.max_steps is None and elapsed >= budget:
             break
         t0 = time.monotonic()
-        planned = total_steps if total_steps is not None else max(calibration * 10, 1000)
+        planned = total_steps if total_steps is not None else 1000
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, planned, cfg.lr)
         loss = task.loss(_step_generator(cfg.seed, step))
@@ -432,9 +437,13 @@ def train(
         optimizer.step()
         step += 1
         elapsed += time.monotonic() - t0
+        if step == calibration_start:
+            mark = elapsed
         if total_steps is None and step == calibration:
-            # Fix the schedule: the steps that fit the budget at the speed measured so far.
-            total_steps = max(step + 1, int(budget / (elapsed / step)))
+            # Fix the schedule: the steps that fit the budget at the speed of steps 25..50 (the first
+            # steps are slower: memory is still being touched).
+            per_step = (elapsed - mark) / (calibration - calibration_start)
+            total_steps = max(step + 1, step + int((budget - elapsed) / per_step))
         if step % 50 == 0 or step == 1:
             history.append({"step": step, "seconds": round(elapsed, 1), "loss": round(float(loss.detach()), 4)})
         if progress:
@@ -454,6 +463,7 @@ def train(
     if vocab is not None:
         tensors["draft_vocab"] = vocab
         meta["draft_vocab_size"] = int(vocab.numel())
+    meta["schedule_steps"] = int(total_steps or step)
     result = TrainResult(tensors, meta, metrics, step, round(elapsed, 1), history)
     return result
 
@@ -481,6 +491,7 @@ def train_draft(
     out_dir: Path | None = None,
     seed: int = 0,
     max_steps: int | None = None,
+    schedule_steps: int | None = None,
     num_prompts: int | None = None,
     stdlib_tokens: int | None = None,
     export_trtllm: bool = True,
@@ -505,7 +516,7 @@ def train_draft(
     from specpipe.training import export
     from specpipe.training.data import CorpusSpec, build_corpus
 
-    cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=max_steps, seed=seed)
+    cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=max_steps, seed=seed, schedule_steps=schedule_steps)
     preset = load_target(target_name)
     out_dir = Path(out_dir) if out_dir else Path("heads") / preset.name / ("draft" if method == "draft-model" else method)
     if data:
@@ -556,7 +567,7 @@ def train_draft(
             export.write_medusa_layout(layout, result.tensors, target, cfg.num_heads, cfg.num_layers)
     recipe = {
         "command": command or f"specpipe train-draft --target {preset.name} --method {method} --budget {budget_minutes:g} --seed {seed}",
-        "reproduce_exactly": f"add --max-steps {result.steps} (same seed, same corpus)",
+        "reproduce_exactly": f"add --max-steps {result.steps} --schedule-steps {result.meta['schedule_steps']} (same seed, same corpus)",
         "target": preset.name,
         "method": method,
         "seed": seed,
