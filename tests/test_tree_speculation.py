@@ -1,0 +1,178 @@
+"""Tree speculation in the CPU engine: choices parsing, tree masks, KV compaction, greedy output identical
+to plain decoding (Medusa, EAGLE static and dynamic trees, an oracle tree), and the sampling rule keeps
+the target's distribution."""
+
+import pytest
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.runtime.cpu.drafters import NoDrafter
+from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.heads import EagleConfig, EagleHead, MedusaHeads, ReducedLMHead
+from specpipe.runtime.cpu.tiny import tiny_llama
+from specpipe.runtime.cpu.tree import (
+    CPU_DEFAULT_CHOICES, DraftTree, EagleTreeDrafter, MedusaTreeDrafter, TreeDrafter, TreeSpec,
+    TreeSpeculativeEngine, greedy_tree_accept, parse_choices, sampled_tree_accept, tree_attention,
+)
+
+
+def test_choices_parse_and_order():
+    assert parse_choices("{0, 0, 0}, {0, 1}") == [[0, 0, 0], [0, 1]]
+    spec = TreeSpec.from_choices("[[1], [0, 0], [0]]")
+    assert spec.paths == ((0,), (1,), (0, 0))
+    assert spec.parents == (-1, -1, 0) and spec.depths == (1, 1, 2) and spec.ranks == (0, 1, 0)
+    assert spec.max_rank() == 2 and spec.depth == 2
+    assert TreeSpec.from_choices(CPU_DEFAULT_CHOICES).num_nodes == 11
+
+
+@pytest.mark.parametrize(
+    "choices, kw, message",
+    [
+        ("[[0], [1, 0]]", {}, "path [1, 0] lacks its parent path [1]"),
+        ("[[0], [0]]", {}, "lists a path twice"),
+        ("[[0], [0, 0], [0, 0, 0]]", {"max_depth": 2}, "3 deep but the draft heads predict only 2"),
+        ("[[0], [1], [2]]", {"max_nodes": 2}, "3 nodes, more than max_draft_len=2"),
+        ("[[0], [-1]]", {}, "non-negative integers"),
+        ("not a tree", {}, "is not a list of paths"),
+    ],
+)
+def test_bad_choices_are_refused(choices, kw, message):
+    with pytest.raises(SpecpipeError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        TreeSpec.from_choices(choices, **kw)
+
+
+def test_tree_mask_and_positions():
+    mask, depth = tree_attention([-1, -1, 0, 2], context=3)
+    assert depth.tolist() == [0, 1, 1, 2, 3]
+    rows = mask[0, 0].int().tolist()
+    assert rows[0] == [1, 1, 1, 1, 0, 0, 0, 0]      # root: context + itself
+    assert rows[2] == [1, 1, 1, 1, 0, 1, 0, 0]      # second child of the root
+    assert rows[4] == [1, 1, 1, 1, 1, 0, 1, 1]      # node 3: root, node 0, node 2, itself
+
+
+def test_greedy_acceptance_follows_the_argmax():
+    tree = DraftTree(tokens=[5, 7, 9, 4], parents=[-1, -1, 1, 2])
+    # root argmax 7 -> node 1; node 1 argmax 9 -> node 2; node 2 argmax 3 (node 3 has 4) -> stop.
+    best = torch.tensor([7, 0, 9, 3, 0])
+    assert greedy_tree_accept(best, tree) == ([1, 2], 3)
+    assert greedy_tree_accept(torch.tensor([1, 0, 0, 0, 0]), tree) == ([], 1)
+
+
+def test_tree_sampling_preserves_the_target_distribution():
+    p = torch.tensor([0.1, 0.4, 0.2, 0.3])
+    probs = torch.stack([p, torch.tensor([0.25] * 4), torch.tensor([0.25] * 4)])
+    tree = DraftTree(tokens=[1, 3], parents=[-1, -1])  # two candidates for the first token
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    trials = 20000
+    for _ in range(trials):
+        path, token = sampled_tree_accept(probs, tree, g)
+        first = tree.tokens[path[0]] if path else token
+        counts[first] += 1
+    assert torch.allclose(counts / trials, p, atol=0.015), counts / trials
+
+
+class OracleDrafter(TreeDrafter):
+    """Proposes a tree whose second root child starts the true greedy continuation (with a wrong sibling
+    and a wrong branch), so accepted nodes must be moved in the KV cache."""
+
+    def __init__(self, reference):
+        self.reference = reference
+
+    def propose(self, context_ids, max_nodes, max_depth):
+        done = len(context_ids)
+        truth = self.reference[done : done + 3]
+        if not truth:
+            return DraftTree([], [])
+        tokens = [(truth[0] + 1) % 64, truth[0], (truth[0] + 2) % 64]
+        parents = [-1, -1, 0]
+        for t in truth[1:]:
+            tokens.append(t)
+            parents.append(len(tokens) - 2 if len(tokens) > 3 else 1)
+        parents[3:] = [1] + list(range(3, len(tokens) - 1))
+        return DraftTree(tokens, parents).prune(max_depth, max_nodes)
+
+
+def _baseline(model, prompt, n):
+    engine = SpeculativeEngine(model, NoDrafter(), max_draft_len=0)
+    tokens, _ = engine.generate_all(prompt, SamplingParams(max_tokens=n))
+    return tokens
+
+
+def _heads_for(model, seed=0):
+    torch.manual_seed(seed)
+    cfg = EagleConfig.from_target(model.config)
+    eagle = EagleHead(cfg).eval()
+    medusa = MedusaHeads(model.config.hidden_size, 3).eval()
+    for p in medusa.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return eagle, medusa
+
+
+@pytest.mark.parametrize("kind", ["oracle", "medusa", "eagle", "eagle-dynamic"])
+def test_greedy_tree_output_is_identical_to_plain_decoding(kind):
+    model = tiny_llama(3, vocab_size=64)
+    prompt = [3, 17, 9, 41, 5, 22, 8]
+    n = 40
+    reference = _baseline(model, prompt, n)
+    eagle, medusa = _heads_for(model)
+    lm = ReducedLMHead(model.lm_head.weight, torch.arange(0, 64, 2))  # half the vocabulary
+    if kind == "oracle":
+        drafter = OracleDrafter(prompt + reference)
+    elif kind == "medusa":
+        drafter = MedusaTreeDrafter(medusa, lm, TreeSpec.from_choices(CPU_DEFAULT_CHOICES[:10]))
+    elif kind == "eagle":
+        drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, TreeSpec.from_choices(CPU_DEFAULT_CHOICES))
+    else:
+        drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, dynamic=True, top_k=3, depth=4)
+    engine = TreeSpeculativeEngine(model, drafter, max_draft_len=11)
+    tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=n))
+    assert tokens == reference
+    assert stats.num_output_tokens == n
+    assert engine.target.length == len(prompt) + n - 1  # every committed token but the newest is cached
+    if kind == "oracle":
+        assert stats.total_accepted_draft_tokens >= n // 2  # the oracle path is accepted
+        assert stats.target_forwards < n
+
+
+def test_tree_engine_samples_with_a_seed_reproducibly():
+    model = tiny_llama(4, vocab_size=64)
+    eagle, _ = _heads_for(model, 1)
+    lm = ReducedLMHead(model.lm_head.weight)
+    params = SamplingParams(max_tokens=24, greedy=False, temperature=1.0, seed=11)
+    runs = []
+    for _ in range(2):
+        drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, TreeSpec.from_choices("[[0],[1],[0,0]]"))
+        engine = TreeSpeculativeEngine(model, drafter, max_draft_len=3)
+        runs.append(engine.generate_all([1, 2, 3], params)[0])
+    assert runs[0] == runs[1] and len(runs[0]) == 24
+
+
+def test_medusa_tree_deeper_than_heads_is_refused():
+    model = tiny_llama(0, vocab_size=64)
+    _, medusa = _heads_for(model)
+    with pytest.raises(SpecpipeError, match="only 3 Medusa heads"):
+        MedusaTreeDrafter(medusa, ReducedLMHead(model.lm_head.weight), TreeSpec.from_choices("[[0],[0,0],[0,0,0],[0,0,0,0]]"))
+
+
+def test_reduced_vocab_draft_model_keeps_greedy_output():
+    from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
+
+    model = tiny_llama(5, vocab_size=64)
+    draft = tiny_llama(5, vocab_size=64, num_layers=1)
+    prompt = [4, 8, 15, 16, 23, 42]
+    reference = _baseline(model, prompt, 30)
+    drafter = ReducedVocabDraftModelDrafter(draft, torch.arange(0, 64, 3))
+    engine = SpeculativeEngine(model, drafter, max_draft_len=3)
+    tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=30))
+    assert tokens == reference
+    assert stats.total_draft_tokens > 0
+    # Proposals only come from the list.
+    assert all(t % 3 == 0 for t in drafter.propose(prompt + reference[:5], 3, engine_sampler()).tokens)
+
+
+def engine_sampler():
+    from specpipe.runtime.cpu.sampling import TokenSampler
+
+    return TokenSampler(SamplingParams(max_tokens=1), torch.Generator())
