@@ -105,10 +105,17 @@ def test_missing_draft_checkpoint(tmp_path, checkpoints):
         load_engine(engine_dir)
 
 
-@pytest.mark.parametrize("method", ["eagle", "medusa", None])
+@pytest.mark.parametrize("method", ["lookahead", None])
 def test_unsupported_method(method, tmp_path, checkpoints):
     engine_dir = write_engine(tmp_path, checkpoints, {"method": method, "max_draft_len": 3})
     with pytest.raises(SpecpipeError, match="not supported by the CPU runtime"):
+        load_engine(engine_dir)
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_head_method_without_draft_entry(method, tmp_path, checkpoints):
+    engine_dir = write_engine(tmp_path, checkpoints, {"method": method, "max_draft_len": 3})
+    with pytest.raises(ManifestError, match=f"method '{method}' needs a 'draft' entry"):
         load_engine(engine_dir)
 
 

@@ -176,3 +176,37 @@ def engine_sampler():
     from specpipe.runtime.cpu.sampling import TokenSampler
 
     return TokenSampler(SamplingParams(max_tokens=1), torch.Generator())
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_engine_directory_with_heads_loads_a_tree_engine(tmp_path, method):
+    from specpipe import __version__
+    from specpipe.errors import CompatibilityError
+    from specpipe.manifest import FORMAT_VERSION, write_manifest
+    from specpipe.runtime.cpu.loader import load_engine
+    from specpipe.training import export
+
+    model = tiny_llama(6, vocab_size=64)
+    model.save_pretrained(tmp_path / "engine" / "target")
+    eagle, medusa = _heads_for(model, 2)
+    tensors = medusa.state_dict_flat() if method == "medusa" else dict(eagle.state_dict())
+    tensors["draft_vocab"] = torch.arange(0, 64, 2)
+    meta = {"hidden_size": 32, "vocab_size": 64, "num_heads": 3, "num_layers": 1}
+    export.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)
+    speculative = {"method": method, "max_draft_len": 6, "choices": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 1]]}
+    manifest = {
+        "format_version": FORMAT_VERSION, "specpipe_version": __version__, "name": "tiny", "runtime": "cpu",
+        "target": {"preset": "tiny", "source": {}, "path": "target", "files": {}},
+        "draft": {"preset": method, "kind": method, "source": {}, "path": "draft", "files": {}},
+        "speculative": speculative,
+    }
+    write_manifest(tmp_path / "engine", manifest)
+    engine, _ = load_engine(tmp_path / "engine")
+    assert isinstance(engine, TreeSpeculativeEngine)
+    prompt = [5, 9, 13, 2, 7]
+    assert engine.generate_all(prompt, SamplingParams(max_tokens=20))[0] == _baseline(model, prompt, 20)
+    # Heads made for another target are refused.
+    meta["hidden_size"] = 48
+    export.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)
+    with pytest.raises(CompatibilityError, match="hidden size 48"):
+        load_engine(tmp_path / "engine")

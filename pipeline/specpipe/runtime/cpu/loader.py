@@ -13,7 +13,8 @@ from specpipe.manifest import read_manifest
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 
-METHODS = ("none", "ngram", "draft-model")
+METHODS = ("none", "ngram", "draft-model", "eagle", "medusa")
+HEAD_METHODS = ("eagle", "medusa")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -52,7 +53,12 @@ def _drafter(engine_dir: Path, manifest: dict[str, Any], speculative: dict[str, 
                 f"{engine_dir}: speculative method 'draft-model' needs a 'draft' entry of kind 'draft-model' "
                 f"with a 'path': rebuild the engine with 'specpipe build --force'"
             )
-        return DraftModelDrafter(load_checkpoint(engine_dir / draft["path"], "draft"))
+        draft_dir = engine_dir / draft["path"]
+        from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter, load_draft_vocab
+
+        vocab = load_draft_vocab(draft_dir) if speculative.get("draft_vocab", True) else None
+        model = load_checkpoint(draft_dir, "draft")
+        return ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
     raise SpecpipeError(
         f"{engine_dir}: speculative method {method!r} is not supported by the CPU runtime "
         f"(supported: {', '.join(METHODS)}): build the engine with one of those drafts"
@@ -83,6 +89,8 @@ def load_engine(engine_dir: Path) -> tuple[SpeculativeEngine, dict[str, Any]]:
             f"{engine_dir}/manifest.json lacks a valid target path or speculative settings ({exc!r}): "
             f"rebuild the engine with 'specpipe build --force'"
         ) from exc
+    if speculative.get("method") in HEAD_METHODS:
+        return _load_tree_engine(engine_dir, manifest, speculative, target_path, max_draft_len), manifest
     target = load_checkpoint(target_path, "target")
     drafter = _drafter(engine_dir, manifest, speculative)
     try:
@@ -90,3 +98,21 @@ def load_engine(engine_dir: Path) -> tuple[SpeculativeEngine, dict[str, Any]]:
     except ValueError as exc:
         raise CompatibilityError(f"{engine_dir}: {exc}") from exc
     return engine, manifest
+
+
+def _load_tree_engine(engine_dir: Path, manifest: dict[str, Any], speculative: dict[str, Any], target_path: Path, max_draft_len: int):
+    """EAGLE/Medusa: the heads read the target's features, so the target loads first; tree steps."""
+    from specpipe.runtime.cpu.tree import TreeSpeculativeEngine, load_tree_drafter
+
+    draft = manifest.get("draft")
+    if not draft or draft.get("kind") != speculative["method"] or "path" not in draft:
+        raise ManifestError(
+            f"{engine_dir}: speculative method {speculative['method']!r} needs a 'draft' entry of that kind with a "
+            f"'path': rebuild the engine with 'specpipe build --force'"
+        )
+    target = load_checkpoint(target_path, "target")
+    drafter = load_tree_drafter(engine_dir / draft["path"], speculative["method"], target, speculative)
+    try:
+        return TreeSpeculativeEngine(target, drafter, max_draft_len, acceptance=speculative.get("acceptance", "exact"))
+    except ValueError as exc:
+        raise CompatibilityError(f"{engine_dir}: {exc}") from exc
