@@ -27,7 +27,8 @@ from specpipe.manifest import FORMAT_VERSION, canonical_hash, read_manifest, sha
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import console
 
-CPU_METHODS = ("none", "ngram", "draft-model")
+CPU_METHODS = ("none", "ngram", "draft-model", "eagle", "medusa")
+HEAD_METHODS = ("eagle", "medusa")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -51,6 +52,40 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None) -> dict[s
     return settings
 
 
+def resolve_cpu_tree(draft: DraftPreset, max_draft_len: int | None, choices: str | None) -> dict[str, Any]:
+    """The ``speculative`` block of an EAGLE/Medusa engine for the CPU runtime.
+
+    The tree comes from ``--choices``, else the preset's ``[cpu]`` table (``choices``,
+    ``max_draft_len``, ``dynamic_tree``, ``dynamic_top_k``, ``dynamic_depth``, ``acceptance``), else a
+    small CPU default; the GPU presets' large trees (``mc_sim_7b_63``) cost too much to verify on CPU.
+    Depth against the heads is checked once the heads are known (:func:`_make_draft`).
+
+    Raises:
+        SpecpipeError: malformed choices, or more nodes than ``max_draft_len``.
+    """
+    from specpipe.runtime.cpu.tree import CPU_DEFAULT_CHOICES, TreeSpec
+
+    cpu = dict(draft.extra.get("cpu", {}))
+    dynamic = bool(cpu.get("dynamic_tree", False)) and choices is None
+    paths = choices or cpu.get("choices") or CPU_DEFAULT_CHOICES
+    limit = max_draft_len or cpu.get("max_draft_len")
+    spec = TreeSpec.from_choices(paths, max_nodes=limit, what=f"{draft.kind}_choices")
+    settings: dict[str, Any] = {
+        "method": draft.kind,
+        "choices": [list(p) for p in spec.paths],
+        "max_draft_len": int(limit or spec.num_nodes),
+        "tree_depth": spec.depth,
+        "dynamic_tree": dynamic,
+        "acceptance": cpu.get("acceptance", "exact"),
+        "draft_vocab": bool(cpu.get("draft_vocab", True)),
+    }
+    if dynamic:
+        settings.update(dynamic_top_k=int(cpu.get("dynamic_top_k", 4)), dynamic_depth=int(cpu.get("dynamic_depth", 4)))
+    if draft.kind == "eagle":
+        settings["num_eagle_layers"] = settings.get("dynamic_depth", spec.depth)
+    return settings
+
+
 def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
     """Refuse drafts the CPU runtime cannot run, or that were made for another target.
 
@@ -63,6 +98,8 @@ def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
             f"draft '{draft.name}' ({draft.kind}) is not available on the CPU runtime yet: use one of "
             f"{', '.join(CPU_METHODS)} methods (e.g. --draft ngram), or --runtime trtllm"
         )
+    if draft.kind in HEAD_METHODS:
+        return  # heads are matched to the target by their shapes when the engine is built
     if draft.for_targets and target.name not in draft.for_targets:
         raise CompatibilityError(
             f"draft '{draft.name}' was made for {', '.join(draft.for_targets)}, not for target "
@@ -91,9 +128,18 @@ def build_cpu(request: BuildRequest) -> Path:
     target = load_target(request.target)
     draft = load_draft(request.draft)
     check_cpu_pairing(target, draft)
-    if request.draft_model and draft.kind != "draft-model":
-        raise PresetError(f"--draft-model only applies to draft-model drafts, not '{draft.name}' ({draft.kind})")
-    speculative = resolve_speculative(draft, request.max_draft_len)
+    from specpipe.bench.tuned import apply_tuned
+
+    request = apply_tuned(request, target.name, draft.name)  # the setting 'specpipe tune' recorded, if any
+    if request.draft_model and draft.kind not in ("draft-model", *HEAD_METHODS):
+        raise PresetError(f"--draft-model only applies to draft-model, eagle and medusa drafts, not '{draft.name}' ({draft.kind})")
+    if draft.kind in HEAD_METHODS:
+        from specpipe.models.heads import resolve_heads_dir
+
+        speculative = resolve_cpu_tree(draft, request.max_draft_len, request.choices)
+        resolve_heads_dir(target.name, draft.kind, request.draft_model)  # fail before fetching anything
+    else:
+        speculative = resolve_speculative(draft, request.max_draft_len)
     name = request.engine_name(target.name, draft.name)
     if not _NAME.match(name):
         raise SpecpipeError(f"engine name {name!r} must be letters, digits, '.', '_' or '-' (no paths)")
@@ -102,6 +148,9 @@ def build_cpu(request: BuildRequest) -> Path:
     dest = engines_dir / name
 
     inputs = build_inputs(target, draft, speculative, request.draft_model)
+    shipped = _shipped_weights(target, draft, request.draft_model)
+    if shipped is not None:
+        inputs["draft"]["weights_sha256"] = sha256_file(shipped)  # retrained weights trigger a rebuild
     inputs_hash = canonical_hash(inputs)
     if not request.force and _up_to_date(dest, inputs_hash):
         console.print(f"[green]✓[/green] engine {dest} is up to date (inputs unchanged): nothing rebuilt")
@@ -117,6 +166,8 @@ def build_cpu(request: BuildRequest) -> Path:
         draft_entry = None
         if draft.kind == "draft-model":
             draft_entry = _make_draft(draft, request.draft_model, tmp / "target", tmp / "draft")
+        elif draft.kind in HEAD_METHODS:
+            draft_entry = _make_heads(target, draft, request.draft_model, speculative, tmp / "target", tmp / "draft")
         manifest = {
             "format_version": FORMAT_VERSION,
             "specpipe_version": __version__,
@@ -152,6 +203,19 @@ def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, o
         check_same_vocabulary(target_dir, source_dir)
         shutil.copytree(source_dir, out)
         source = {"kind": "local", "path": str(source_dir.resolve())}
+    elif draft.source.get("kind") == "distilled":
+        from specpipe.models.heads import make_distilled_draft, shipped_dir
+
+        shipped = shipped_dir(str(draft.source["target"]), "draft-model")
+        if shipped is None:
+            raise PresetError(
+                f"draft preset '{draft.name}': no distilled draft ships for {draft.source['target']}: run "
+                f"'specpipe train-draft --target {draft.source['target']} --method draft-model' and pass "
+                f"--draft-model with the rebuilt checkpoint"
+            )
+        facts = make_distilled_draft(shipped, target_dir, out)
+        check_same_vocabulary(target_dir, out)
+        source = {**draft.source, "weights": shipped.name, **facts}
     elif draft.source.get("kind") == "truncate-target":
         truncate_target(target_dir, out, int(draft.source["num_layers"]))
         check_same_vocabulary(target_dir, out)
@@ -162,6 +226,42 @@ def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, o
             f"the CPU runtime (use truncate-target, or pass --draft-model DIR)"
         )
     return {"preset": draft.name, "kind": draft.kind, "source": source, "path": "draft"}
+
+
+def _shipped_weights(target: TargetPreset, draft: DraftPreset, draft_model: str | None) -> Path | None:
+    """The compact weights file a head/distilled build reads, or ``None``."""
+    from specpipe.models.heads import resolve_heads_dir, shipped_dir
+    from specpipe.training.export import COMPACT_FILES
+
+    if draft.kind in HEAD_METHODS:
+        return resolve_heads_dir(target.name, draft.kind, draft_model) / COMPACT_FILES[draft.kind]
+    if draft.kind == "draft-model" and not draft_model and draft.source.get("kind") == "distilled":
+        found = shipped_dir(str(draft.source.get("target")), "draft-model")
+        return found / COMPACT_FILES["draft-model"] if found else None
+    return None
+
+
+def _make_heads(target: TargetPreset, draft: DraftPreset, draft_model: str | None, speculative: dict[str, Any],
+                target_dir: Path, out: Path) -> dict[str, Any]:
+    """Place EAGLE/Medusa heads (shipped or ``--draft-model``) into ``out`` and check the tree against them.
+
+    Raises:
+        CompatibilityError: heads trained for another target. SpecpipeError: corrupt heads, a tree deeper
+        than the Medusa heads.
+    """
+    from specpipe.models.heads import place_heads, recipe, resolve_heads_dir
+    from specpipe.runtime.cpu.tree import TreeSpec
+
+    source_dir = resolve_heads_dir(target.name, draft.kind, draft_model)
+    facts = place_heads(draft.kind, source_dir, target_dir, out)
+    if draft.kind == "medusa":
+        TreeSpec.from_choices(speculative["choices"], max_depth=int(facts["num_heads"]), what="medusa_choices")
+        speculative["num_medusa_heads"] = int(facts["num_heads"])
+        speculative["num_medusa_layers"] = int(facts["num_layers"])
+    made_by = recipe(source_dir) or {}
+    source = {"kind": "local" if draft_model else "shipped", "path": str(source_dir.resolve()) if draft_model else source_dir.name,
+              "command": made_by.get("command"), "heldout_metrics": made_by.get("heldout_metrics")}
+    return {"preset": draft.name, "kind": draft.kind, "source": source, "path": "draft", "heads": facts}
 
 
 def _check_writable(directory: Path) -> None:
