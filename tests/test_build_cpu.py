@@ -129,7 +129,7 @@ def test_corrupt_cached_checkpoint_is_named(tmp_path, monkeypatch):
     from specpipe.models import fetch
 
     final = tmp_path / "ckpt"
-    fetch._atomic_dir(final, lambda d: (d / "model.safetensors").write_bytes(b"weights"))
+    fetch._write_cache_entry(final, lambda d: (d / "model.safetensors").write_bytes(b"weights"))
     assert fetch.verify_cached_checkpoint(final) == {"model.safetensors": sha256_file(final / "model.safetensors")}
     (final / "model.safetensors").write_bytes(b"truncat")
     with pytest.raises(SpecpipeError, match="model.safetensors is corrupt .* delete"):

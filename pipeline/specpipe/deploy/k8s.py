@@ -24,7 +24,7 @@ import yaml
 
 from specpipe.errors import SpecpipeError
 from specpipe.serve.trtllm import CONTAINER_PORTS, SHM_SIZE, serving_image, server_command
-from specpipe.triton.atomic import write_dir_atomically
+from specpipe.fsutil import write_dir_atomically
 from specpipe.triton.deployment import CONTAINER_ENGINES, CONTAINER_REPO
 from specpipe.triton.repo_meta import read_meta
 from specpipe.trtllm import release

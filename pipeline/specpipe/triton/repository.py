@@ -124,7 +124,7 @@ def package_engine(engine_dir: Path, out_dir: Path) -> Path:
         SpecpipeError: the engine directory is missing, has no manifest, was built by another
             specpipe version or TensorRT-LLM release, or the written repository fails its checks.
     """
-    from specpipe.triton.atomic import write_dir_atomically
+    from specpipe.fsutil import write_dir_atomically
 
     runtime = read_manifest(engine_dir).get("runtime")
     if runtime in ("trtllm", "trtllm-llmapi"):

@@ -26,7 +26,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe.errors import SpecpipeError
-from specpipe.triton.atomic import write_dir_atomically
+from specpipe.fsutil import write_dir_atomically
 from specpipe.triton.backend_parameters import value_problems
 from specpipe.triton.choices_param import choices_text
 from specpipe.triton.config import (

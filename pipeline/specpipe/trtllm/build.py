@@ -32,6 +32,7 @@ import click
 from specpipe import __version__
 from specpipe.build_request import BuildRequest
 from specpipe.errors import PresetError, SpecpipeError
+from specpipe.fsutil import link_tree, write_dir_atomically
 from specpipe.manifest import FORMAT_VERSION, write_manifest
 from specpipe.trtllm import release
 from specpipe.trtllm.plan import Plan, make_plan, render_text
@@ -167,14 +168,7 @@ def _manifest(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    def link_or_copy(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-
-    shutil.copytree(src, dst, copy_function=link_or_copy, ignore=shutil.ignore_patterns(".specpipe-step.json"))
+_STEP_RECORD = shutil.ignore_patterns(".specpipe-step.json")
 
 
 def _up_to_date(plan: Plan) -> bool:
@@ -199,13 +193,12 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
     executor = Executor(executor_name, plan.examples_root, root=plan.engine_dir.parent, log=click.echo)
     click.echo(f"running {len(plan.steps)} steps with the {executor_name} executor")
     run_plan(plan, executor, force=force)
-    root = plan.engine_dir.parent
-    tmp = Path(tempfile.mkdtemp(prefix=f".{plan.engine_name}.tmp-", dir=root))
-    try:
+
+    def assemble(tmp: Path) -> None:
         if plan.runtime == "trtllm":
-            _link_tree(Path(plan.step("build-target").output), tmp / "target")
+            link_tree(Path(plan.step("build-target").output), tmp / "target", ignore=_STEP_RECORD)
             if plan.preflight.speculative.method == "draft-model":
-                _link_tree(Path(plan.step("build-draft").output), tmp / "draft")
+                link_tree(Path(plan.step("build-draft").output), tmp / "draft", ignore=_STEP_RECORD)
             tok = tmp / "tokenizer"
             tok.mkdir()
             for name in TOKENIZER_FILES:
@@ -213,16 +206,7 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
                 if src.is_file():
                     shutil.copy2(src, tok / name)
         write_manifest(tmp, _manifest(plan))
-        old = None
-        if plan.engine_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{plan.engine_name}.old-", dir=root))
-            old.rmdir()
-            plan.engine_dir.rename(old)
-        tmp.rename(plan.engine_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_dir_atomically(plan.engine_dir, assemble)
     click.echo(f"wrote {plan.engine_dir}")
     return plan.engine_dir

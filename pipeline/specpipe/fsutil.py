@@ -1,7 +1,8 @@
-"""Write a directory as a whole: into a temporary sibling, then renamed into place.
+"""Filesystem helpers: whole-directory writes and hard-linked copies.
 
-On any failure (an exception, Ctrl-C) the temporary directory is removed and an existing directory
-at the destination is left as it was; readers never see a half-written directory.
+A directory is written into a temporary sibling, then renamed into place. On any failure (an
+exception, Ctrl-C) the temporary directory is removed and an existing directory at the destination
+is left as it was; readers never see a half-written directory.
 """
 
 from __future__ import annotations
@@ -43,3 +44,19 @@ def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> Path:
         raise
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+def link_tree(src: Path, dst: Path, ignore: Callable | None = None) -> None:
+    """Copy the directory ``src`` to ``dst``, hard-linking files where the filesystem allows it.
+
+    Hard links make engine directories cheap (the weights are not duplicated on disk); across
+    filesystems the files are copied. ``ignore`` is passed to :func:`shutil.copytree`.
+    """
+
+    def link_or_copy(source: str, destination: str) -> None:
+        try:
+            os.link(source, destination)
+        except OSError:
+            shutil.copy2(source, destination)
+
+    shutil.copytree(src, dst, copy_function=link_or_copy, ignore=ignore)
