@@ -1,6 +1,10 @@
+import os
 import socket
 
 import pytest
+
+# Tests never reach a model hub: huggingface_hub reads this when first imported, so set it before.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def free_port() -> int:
