@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from specpipe import __version__
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, ManifestError, PresetError, SpecpipeError
+from specpipe.fsutil import link_tree, write_dir_atomically
 from specpipe.manifest import FORMAT_VERSION, canonical_hash, read_manifest, sha256_file, write_manifest
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import console
@@ -159,16 +159,14 @@ def build_cpu(request: BuildRequest) -> Path:
     from specpipe.models.fetch import ensure_target_checkpoint, hash_tree
 
     target_ckpt = ensure_target_checkpoint(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=engines_dir))
-    tmp.chmod(0o755)
-    try:
-        _link_tree(target_ckpt, tmp / "target")
+    def assemble(tmp: Path) -> None:
+        link_tree(target_ckpt, tmp / "target", ignore=shutil.ignore_patterns(".*"))
         draft_entry = None
         if draft.kind == "draft-model":
             draft_entry = _make_draft(draft, request.draft_model, tmp / "target", tmp / "draft")
         elif draft.kind in HEAD_METHODS:
             draft_entry = _make_heads(target, draft, request.draft_model, speculative, tmp / "target", tmp / "draft")
-        manifest = {
+        write_manifest(tmp, {
             "format_version": FORMAT_VERSION,
             "specpipe_version": __version__,
             "name": name,
@@ -183,12 +181,9 @@ def build_cpu(request: BuildRequest) -> Path:
             },
             "draft": draft_entry and {**draft_entry, "files": hash_tree(tmp / "draft")},
             "speculative": speculative,
-        }
-        write_manifest(tmp, manifest)
-        _replace_dir(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        })
+
+    write_dir_atomically(dest, assemble)
     console.print(f"[green]✓[/green] built engine {dest} ({draft.kind}, max_draft_len={speculative['max_draft_len']})")
     return dest
 
@@ -290,25 +285,3 @@ def _up_to_date(dest: Path, inputs_hash: str) -> bool:
                 console.print(f"[yellow]![/yellow] {path} is missing or changed since the build: rebuilding")
                 return False
     return True
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    """Copy a checkpoint directory, hard-linking files where the filesystem allows it."""
-
-    def link_or_copy(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-
-    shutil.copytree(src, dst, copy_function=link_or_copy, ignore=shutil.ignore_patterns(".*"))
-
-
-def _replace_dir(new: Path, dest: Path) -> None:
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        dest.rename(old)
-        new.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        new.rename(dest)
