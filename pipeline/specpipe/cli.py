@@ -261,13 +261,14 @@ def bench(urls, prompts, concurrency, max_tokens, num_requests, duration, warmup
 @click.option("--warmup", type=int, default=1, show_default=True, help="Requests per setting before measuring.")
 @click.option("--engines-dir", type=click.Path(path_type=Path), default=Path("engines"), show_default=True)
 @click.option("--draft", default=None, help="Draft preset the engine was built from (default: from its manifest).")
+@click.option("--chat", is_flag=True, help="Wrap prompts in the engine's chat template.")
 @click.option("--keep", is_flag=True, help="Keep the candidates' engines, repositories and logs (ENGINES_DIR/.tune-NAME).")
-def tune(name, prompts, max_draft_len, concurrency, max_tokens, num_requests, warmup, engines_dir, draft, keep) -> None:
+def tune(name, prompts, max_draft_len, concurrency, max_tokens, num_requests, warmup, engines_dir, draft, chat, keep) -> None:
     """Measure CPU engine NAME at each draft length, print the curve, record the best for the next build."""
     from specpipe.bench.command import tune_command
 
     ok = tune_command(name=name, engines_dir=engines_dir, prompts=prompts, max_draft_len=max_draft_len, concurrency=concurrency,
-                      max_tokens=max_tokens, num_requests=num_requests, warmup=warmup, draft=draft, keep=keep)
+                      max_tokens=max_tokens, num_requests=num_requests, warmup=warmup, draft=draft, keep=keep, chat=chat)
     sys.exit(0 if ok else 1)
 
 

@@ -28,6 +28,9 @@ class GenerationRequest:
 
     ``temperature``/``top_k``/``top_p``/``seed`` left as ``None`` are not sent, which makes the
     request greedy (as in TensorRT-LLM). ``stop_words`` are strings; the server stops before them.
+    ``return_perf_metrics=None`` leaves the flag out (for ensembles that do not declare it);
+    ``return_num_tokens=True`` also sends ``return_num_input_tokens``/``return_num_output_tokens``
+    (upstream ensembles return the token counts only when asked).
     """
 
     prompt: str
@@ -41,7 +44,8 @@ class GenerationRequest:
     bad_words: tuple[str, ...] = ()
     end_id: int | None = None
     exclude_input_in_output: bool = True
-    return_perf_metrics: bool = True
+    return_perf_metrics: bool | None = True
+    return_num_tokens: bool | None = None
 
 
 @dataclass
@@ -87,8 +91,12 @@ def build_inputs(request: GenerationRequest, batched: bool) -> list:
         _input("max_tokens", np.array([request.max_tokens], dtype=np.int32), batched),
         _input("stream", np.array([request.stream], dtype=bool), batched),
         _input("exclude_input_in_output", np.array([request.exclude_input_in_output], dtype=bool), batched),
-        _input("return_perf_metrics", np.array([request.return_perf_metrics], dtype=bool), batched),
     ]
+    if request.return_perf_metrics is not None:
+        tensors.append(_input("return_perf_metrics", np.array([request.return_perf_metrics], dtype=bool), batched))
+    if request.return_num_tokens is not None:
+        for name in ("return_num_input_tokens", "return_num_output_tokens"):
+            tensors.append(_input(name, np.array([request.return_num_tokens], dtype=bool), batched))
     optional = {
         "temperature": (request.temperature, np.float32),
         "top_k": (request.top_k, np.int32),

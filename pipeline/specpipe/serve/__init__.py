@@ -38,7 +38,7 @@ def resolve_runtime(repo_dir: Path, runtime: str) -> str:
 
 def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
                      runtime: str = "auto", print_only: bool = False, container: str | None = None,
-                     gpus: str | None = None) -> None:
+                     gpus: str | None = None, openai_port: int | None = None) -> None:
     """Serve ``repo_dir`` until Ctrl-C or SIGTERM (or, with ``print_only``, print how to).
 
     For the CPU runtime: start ``tritonserver``, wait until it is ready, print the endpoints, block,
@@ -47,6 +47,10 @@ def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 800
 
     TensorRT-LLM runtimes: the serving container (``container`` overrides the Triton TensorRT-LLM image
     recorded in the repository; ``gpus`` names the GPU ids, TP x PP of them).
+
+    ``openai_port``: also serve the OpenAI-compatible API (``/v1/models``, ``/v1/completions``,
+    ``/v1/chat/completions``, ``/metrics``) on that port, translating to the ensemble over gRPC
+    (:mod:`specpipe.openai`).
 
     Raises:
         SpecpipeError: no repository, a busy port, a server that fails to start or dies; for
@@ -60,8 +64,13 @@ def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 800
     console = Console()
     runtime = resolve_runtime(repo_dir, runtime)
     if runtime != "cpu":
-        _serve_container(console, Path(repo_dir), runtime, {"http": http_port, "grpc": grpc_port, "metrics": metrics_port},
-                         print_only, container, gpus)
+        gateway = None if print_only or openai_port is None else _start_gateway(console, Path(repo_dir).name, grpc_port, openai_port)
+        try:
+            _serve_container(console, Path(repo_dir), runtime, {"http": http_port, "grpc": grpc_port, "metrics": metrics_port},
+                             print_only, container, gpus)
+        finally:
+            if gateway is not None:
+                gateway.stop()
         return
     server = LocalTritonServer(repo_dir, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port)
     if print_only:
@@ -72,18 +81,27 @@ def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 800
     def _terminate(signum, frame):
         raise KeyboardInterrupt
 
+    if openai_port is not None:
+        from specpipe.serve.local import check_ports
+
+        check_ports({"gRPC": grpc_port, "HTTP": http_port, "metrics": metrics_port, "openai": openai_port})
     previous = signal.signal(signal.SIGTERM, _terminate)
+    gateway = None
     try:
         server.start()
         console.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
         server.wait_ready()
-        _print_endpoints(console, server)
+        if openai_port is not None:
+            gateway = _start_gateway(console, server.repo_dir.name, grpc_port, openai_port)
+        _print_endpoints(console, server, gateway)
         while server.process.poll() is None:
             time.sleep(0.5)
         raise server.failure(f"tritonserver exited unexpectedly with status {server.process.returncode}")
     except KeyboardInterrupt:
         console.print("stopping Triton ...")
     finally:
+        if gateway is not None:
+            gateway.stop()
         server.stop()
         signal.signal(signal.SIGTERM, previous)
 
@@ -110,7 +128,18 @@ def _serve_container(console, repo_dir: Path, runtime: str, ports: dict[str, int
         raise SpecpipeError(f"the serving container exited with status {code}: see its output above")
 
 
-def _print_endpoints(console, server) -> None:
+def _start_gateway(console, name: str, grpc_port: int, openai_port: int):
+    """Start the OpenAI-compatible gateway for deployment ``name`` (see :mod:`specpipe.openai`)."""
+    from specpipe.openai.server import Gateway, GatewayServer
+
+    gateway = GatewayServer(Gateway(f"localhost:{grpc_port}", name), openai_port)
+    gateway.start()
+    console.print(f"OpenAI-compatible API for {name}: {gateway.url} (metrics: http://localhost:{openai_port}/metrics)",
+                  markup=False, highlight=False)
+    return gateway
+
+
+def _print_endpoints(console, server, gateway=None) -> None:
     from rich.table import Table
 
     table = Table(title=f"Triton is serving {server.repo_dir.name}", show_header=False)
@@ -118,6 +147,8 @@ def _print_endpoints(console, server) -> None:
     table.add_row("HTTP", server.http_url)
     table.add_row("metrics", server.metrics_url)
     table.add_row("model", "ensemble (text_input, max_tokens, stream ... -> text_output)")
+    if gateway is not None:
+        table.add_row("OpenAI API", f"{gateway.url} (model '{server.repo_dir.name}'; /metrics beside it)")
     table.add_row("log", str(server.log_path))
     console.print(table)
     console.print("Ctrl-C stops the server.")

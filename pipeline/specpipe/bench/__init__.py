@@ -1,0 +1,15 @@
+"""``specpipe bench`` and ``specpipe tune``: measured comparisons of deployments.
+
+Modules, one job each:
+
+- :mod:`~specpipe.bench.prompts`: the built-in prompt sets (``chat``, ``code``, ``summarize``) and JSONL files;
+- :mod:`~specpipe.bench.endpoints`: ``--url NAME=HOST:PORT`` / ``NAME=openai://HOST:PORT/v1``;
+- :mod:`~specpipe.bench.backends`: Triton gRPC streaming and OpenAI-compatible streaming clients;
+- :mod:`~specpipe.bench.load`: closed-loop load at one concurrency;
+- :mod:`~specpipe.bench.records`, :mod:`~specpipe.bench.stats`: per-request records and their statistics
+  (GenAI-Perf / AIPerf definitions);
+- :mod:`~specpipe.bench.metrics`: memory and speculative-decoding counters from Prometheus metrics;
+- :mod:`~specpipe.bench.runner`, :mod:`~specpipe.bench.command`: the whole run and the command;
+- :mod:`~specpipe.bench.report`: table, JSON, CSV, plot;
+- :mod:`~specpipe.bench.tune`, :mod:`~specpipe.bench.tuned`: draft-length tuning and its record.
+"""

@@ -1,0 +1,146 @@
+"""Closed-loop load for one deployment at one concurrency (the load level).
+
+``concurrency`` workers each send a request, wait for its last response, and send the next, so
+exactly ``concurrency`` requests are in flight until the level ends (GenAI-Perf's and AIPerf's
+``--concurrency`` mode). The level ends after ``num_requests`` requests, or once ``duration_s``
+seconds have passed since it started (requests already in flight then are completed and counted).
+Request ``i`` of a level uses prompt ``i mod len(prompts)``, so every deployment and level sees the
+same prompts in the same order.
+
+A request that fails is recorded with its error; the deployment's server is then asked whether it
+is still live, and if not the level stops at once and is marked incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from specpipe.bench.prompts import Prompt
+from specpipe.bench.records import CounterAcceptance, LevelResult, RequestRecord
+from specpipe.client.llm import GenerationResult
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """How much load one level applies.
+
+    Attributes:
+        concurrency: requests kept in flight (>= 1).
+        max_tokens: new tokens asked for per request.
+        num_requests: requests in the level; ``None`` when the level is timed.
+        duration_s: length of a timed level, seconds; ``None`` when it is counted.
+        memory_interval_s: seconds between two scrapes of the server's memory figure.
+    """
+
+    concurrency: int
+    max_tokens: int
+    num_requests: int | None = None
+    duration_s: float | None = None
+    memory_interval_s: float = 1.0
+
+
+def make_record(deployment: str, concurrency: int, index: int, prompt: Prompt, start_s: float,
+                result: GenerationResult, tokens: int | None, source: str) -> RequestRecord:
+    """A :class:`RequestRecord` from one backend answer (draft counters from the perf outputs)."""
+    perf = result.perf
+    drafts = perf.get("total_draft_tokens")
+    accepted = perf.get("total_accepted_draft_tokens")
+    return RequestRecord(
+        deployment=deployment,
+        concurrency=concurrency,
+        index=index,
+        prompt_id=prompt.id,
+        start_s=start_s,
+        latency_s=result.latency_s,
+        ttft_s=result.ttft_s,
+        output_tokens=tokens if result.error is None else None,
+        output_tokens_source=source,
+        input_tokens=int(perf["num_input_tokens"]) if "num_input_tokens" in perf else None,
+        chunks=len(result.chunks),
+        acceptance_rate=float(perf["acceptance_rate"]) if "acceptance_rate" in perf and drafts else None,
+        accepted_draft_tokens=None if accepted is None else int(accepted),
+        draft_tokens=None if drafts is None else int(drafts),
+        text=result.text,
+        error=result.error,
+    )
+
+
+def counter_delta(before: dict | None, after: dict | None) -> CounterAcceptance | None:
+    """The increase of a server's speculative-decoding counters between two scrapes."""
+    if not before or not after or before.get("source") != after.get("source"):
+        return None
+    diff = lambda key: None if before.get(key) is None or after.get(key) is None else after[key] - before[key]  # noqa: E731
+    return CounterAcceptance(draft_tokens=diff("draft_tokens") or 0.0, accepted_draft_tokens=diff("accepted_draft_tokens") or 0.0,
+                             output_tokens=diff("output_tokens"), requests=diff("requests"), source=str(after["source"]))
+
+
+async def _sample_memory(backend, level: LevelResult, interval_s: float, session) -> None:
+    from specpipe.bench.metrics import memory_used, scrape
+
+    url = backend.endpoint.metrics_url
+    if not url:
+        return
+    while True:
+        samples = await scrape(session, url, timeout_s=max(interval_s, 2.0))
+        found = memory_used(samples) if samples else None
+        if found is not None:
+            value, kind = found
+            if level.memory_peak_bytes is None or value > level.memory_peak_bytes:
+                level.memory_peak_bytes, level.memory_kind = value, kind
+        await asyncio.sleep(interval_s)
+
+
+async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: LevelResult,
+                    on_record: Callable[[RequestRecord], None] = lambda record: None) -> LevelResult:
+    """Apply ``plan`` to ``backend``, appending each request's record to ``level`` as it completes.
+
+    ``level`` is filled in place, so a caller interrupted mid-level still holds what was measured.
+    """
+    import aiohttp
+
+    origin = time.perf_counter()
+    indices = itertools.count()
+    stop = asyncio.Event()
+    counters = getattr(backend, "counters", None)
+    before = await counters() if counters else None
+
+    async def worker() -> None:
+        while not stop.is_set():
+            index = next(indices)
+            if plan.num_requests is not None and index >= plan.num_requests:
+                return
+            if plan.duration_s is not None and time.perf_counter() - origin >= plan.duration_s:
+                return
+            prompt = prompts[index % len(prompts)]
+            start = time.perf_counter() - origin
+            try:
+                result, tokens, source = await backend.send(prompt.text, plan.max_tokens)
+            except Exception as exc:  # a client-side failure still becomes a record
+                result = GenerationResult(latency_s=time.perf_counter() - origin - start, error=f"{type(exc).__name__}: {exc}")
+                tokens, source = None, "server"
+            record = make_record(level.deployment, plan.concurrency, index, prompt, start, result, tokens, source)
+            level.records.append(record)
+            on_record(record)
+            if record.error is not None and not stop.is_set() and not await backend.alive():
+                level.incomplete = True
+                level.reason = f"the server stopped answering during the run ({record.error.splitlines()[0][:200]})"
+                stop.set()
+
+    async with aiohttp.ClientSession() as session:
+        sampler = asyncio.create_task(_sample_memory(backend, level, plan.memory_interval_s, session))
+        try:
+            await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
+        finally:
+            sampler.cancel()
+            try:
+                await sampler
+            except (asyncio.CancelledError, Exception):
+                pass
+    if counters and not level.incomplete:
+        level.counters = counter_delta(before, await counters())
+    level.records.sort(key=lambda r: r.index)
+    return level

@@ -1,0 +1,136 @@
+"""What ``specpipe bench`` measures, as plain data: one record per request, one result per load level.
+
+Times are seconds on a monotonic clock whose origin is the start of the load level, so records of
+one level can be placed on one time line (throughput windows, see :mod:`specpipe.bench.stats`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Where a request's output token count came from, best first.
+TOKEN_SOURCES = ("server", "usage", "tokenizer", "chunks")
+
+
+@dataclass
+class RequestRecord:
+    """One measured request.
+
+    Attributes:
+        deployment: the deployment's name (``--url NAME=...``).
+        concurrency: requests kept in flight during the level.
+        index: order in which the request was sent within its level (0-based).
+        prompt_id: ``id`` of the prompt sent.
+        start_s: seconds from the level's origin to sending the request.
+        latency_s: end-to-end latency, seconds from sending to the final response (or the error).
+        ttft_s: time to first token, seconds from sending to the first response carrying text;
+            ``None`` when no text came back.
+        output_tokens: tokens generated; ``None`` when unknown.
+        output_tokens_source: one of :data:`TOKEN_SOURCES`: the server's ``num_output_tokens``
+            perf output, the OpenAI ``usage`` block, re-tokenizing the text, or (approximate) the
+            number of streamed chunks.
+        input_tokens: prompt length in tokens when the server reported it.
+        chunks: streamed responses that carried text.
+        acceptance_rate: accepted / proposed draft tokens of this request, in [0, 1]; ``None`` when
+            the server reported no draft tokens.
+        accepted_draft_tokens, draft_tokens: the server's counters for this request.
+        text: the generated text.
+        error: the error message; ``None`` for a completed request.
+    """
+
+    deployment: str
+    concurrency: int
+    index: int
+    prompt_id: str
+    start_s: float
+    latency_s: float
+    ttft_s: float | None = None
+    output_tokens: int | None = None
+    output_tokens_source: str = "server"
+    input_tokens: int | None = None
+    chunks: int = 0
+    acceptance_rate: float | None = None
+    accepted_draft_tokens: int | None = None
+    draft_tokens: int | None = None
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Completed without an error."""
+        return self.error is None
+
+    @property
+    def end_s(self) -> float:
+        """Seconds from the level's origin to the final response."""
+        return self.start_s + self.latency_s
+
+    @property
+    def itl_s(self) -> float | None:
+        """Inter-token latency, seconds: (end-to-end latency - TTFT) / (output tokens - 1).
+
+        GenAI-Perf / AIPerf definition (AIPerf metrics reference, "Inter Token Latency"); defined
+        for completed requests with a TTFT and at least 2 output tokens, else ``None``.
+        """
+        if not self.ok or self.ttft_s is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens produced per target decoding step after the first token: (N - 1) / (N - 1 - A).
+
+        N = output tokens, A = accepted draft tokens. Each decoding step yields the target's own
+        token plus the draft tokens it accepted; the first token comes from the prompt's forward
+        pass and is left out (the definition ``specpipe validate`` uses). 1.0 without speculation;
+        ``None`` when the counters are missing or N < 2.
+        """
+        if not self.ok or self.output_tokens is None or self.output_tokens < 2 or self.accepted_draft_tokens is None:
+            return None
+        steps = self.output_tokens - 1 - self.accepted_draft_tokens
+        return (self.output_tokens - 1) / steps if steps > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record with its derived values (``end_s``, ``itl_s``, ``mean_accepted_length``)."""
+        return {**asdict(self), "end_s": self.end_s, "itl_s": self.itl_s, "mean_accepted_length": self.mean_accepted_length}
+
+
+@dataclass
+class CounterAcceptance:
+    """Acceptance read from a server's Prometheus counters over one level (OpenAI-compatible servers).
+
+    Attributes:
+        draft_tokens, accepted_draft_tokens: counter increases during the level.
+        output_tokens: increase of the output-token counter (``None`` if the server has none).
+        requests: increase of the request counter (``None`` if the server has none).
+        source: which exporter the counters came from (``specpipe``, ``vllm``).
+    """
+
+    draft_tokens: float
+    accepted_draft_tokens: float
+    output_tokens: float | None = None
+    requests: float | None = None
+    source: str = ""
+
+
+@dataclass
+class LevelResult:
+    """All requests of one deployment at one concurrency, and what else was observed.
+
+    Attributes:
+        memory_peak_bytes: the highest memory use scraped from the server's metrics during the
+            level (GPU memory when the server reports any, else CPU memory used), bytes.
+        memory_kind: ``"gpu"``, ``"cpu"`` or ``None`` when the metrics could not be read.
+        incomplete: the level stopped early (server died, interrupted); ``reason`` says why.
+        counters: acceptance from the server's counters, when requests carry no perf outputs.
+    """
+
+    deployment: str
+    concurrency: int
+    records: list[RequestRecord] = field(default_factory=list)
+    memory_peak_bytes: float | None = None
+    memory_kind: str | None = None
+    incomplete: bool = False
+    reason: str | None = None
+    counters: CounterAcceptance | None = None

@@ -1,0 +1,222 @@
+"""Presenting a :class:`~specpipe.bench.runner.BenchRun`: the comparison table, JSON, CSV and a plot.
+
+Files written to the output folder:
+
+- ``bench.json``: settings, metric definitions, deployments, one aggregate per deployment and
+  concurrency, and every per-request record (with its text); ``"incomplete": true`` and the
+  reasons when the run stopped early;
+- ``bench.csv``: the aggregates, one row per deployment and concurrency;
+- ``requests.csv``: the per-request records, without their text;
+- ``bench.png``: output token throughput and median TTFT against concurrency, one line per deployment.
+
+Speed-up is a deployment's output token throughput divided by the baseline deployment's at the
+same concurrency.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from specpipe.bench.runner import BenchRun
+from specpipe.bench.stats import Aggregate, level_aggregate, speedup
+
+METRIC_DEFINITIONS = {
+    "time_to_first_token_ms": "request sent -> first response carrying text (GenAI-Perf/AIPerf TTFT)",
+    "end_to_end_latency_ms": "request sent -> final response (GenAI-Perf/AIPerf request latency)",
+    "inter_token_latency_ms": "(end-to-end latency - TTFT) / (output tokens - 1), per request (GenAI-Perf/AIPerf ITL)",
+    "benchmark_duration_s": "first request sent -> last response received, per deployment and concurrency",
+    "output_token_throughput": "output tokens of completed requests / benchmark duration, tokens/s",
+    "request_throughput": "completed requests / benchmark duration, requests/s",
+    "percentiles": "numpy.percentile with linear interpolation",
+    "acceptance_rate": "sum of accepted draft tokens / sum of proposed draft tokens (perf outputs or server counters)",
+    "mean_accepted_length": "sum(N - 1) / sum(N - 1 - A): tokens per target decoding step after the first token",
+    "speedup": "output token throughput / the baseline deployment's at the same concurrency",
+    "memory_peak_bytes": "highest nv_gpu_memory_used_bytes (summed over GPUs), else nv_cpu_memory_used_bytes, scraped during the level",
+    "output_tokens": "num_output_tokens perf output, else OpenAI usage.completion_tokens, else re-tokenized text, else streamed chunks",
+}
+
+CSV_COLUMNS = (
+    "deployment", "concurrency", "requests", "completed", "errors", "duration_s", "output_tokens",
+    "output_token_throughput", "speedup_vs_baseline", "request_throughput",
+    "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "itl_ms_p99", "itl_ms_mean",
+    "e2e_ms_p50", "e2e_ms_p90", "e2e_ms_p99", "e2e_ms_mean", "output_tokens_mean",
+    "acceptance_rate", "acceptance_rate_mean", "mean_accepted_length", "mean_accepted_length_mean", "acceptance_source",
+    "memory_peak_bytes", "memory_kind", "incomplete", "reason",
+)
+REQUEST_COLUMNS = (
+    "deployment", "concurrency", "index", "prompt_id", "start_s", "end_s", "latency_s", "ttft_s", "itl_s",
+    "output_tokens", "output_tokens_source", "input_tokens", "chunks", "acceptance_rate",
+    "accepted_draft_tokens", "draft_tokens", "mean_accepted_length", "error",
+)
+
+
+def rows(run: BenchRun) -> list[dict[str, Any]]:
+    """One summary per level: ``level`` (the :class:`LevelResult`), ``aggregate`` and ``speedup``."""
+    aggregates = [(level, level_aggregate(level)) for level in run.levels]
+    base = {level.concurrency: agg.output_token_throughput for level, agg in aggregates if level.deployment == run.settings.baseline}
+    return [
+        {"level": level, "aggregate": agg, "speedup": speedup(agg.output_token_throughput, base.get(level.concurrency))}
+        for level, agg in aggregates
+    ]
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _triple(*values: float | None) -> str:
+    return " / ".join(_num(v, 0) for v in values)
+
+
+def format_bytes(value: float | None, kind: str | None = None) -> str:
+    """``value`` bytes as GiB/MiB, with the kind (``GPU``/``CPU``) when known; ``-`` for none."""
+    if value is None:
+        return "-"
+    text = f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+    return f"{text} {kind.upper()}" if kind else text
+
+
+def comparison_table(run: BenchRun):
+    """The rich table of every level (speed-up column only when the baseline deployment was measured)."""
+    from rich.table import Table
+
+    s = run.settings
+    summary = rows(run)
+    has_baseline = any(r["level"].deployment == s.baseline for r in summary)
+    title = f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens, greedy, streamed"
+    table = Table(title=title, caption=_caption(run))
+    columns = ["deployment", "conc.", "ok/err", "out tok/s"] + (["speed-up"] if has_baseline else []) + [
+        "req/s", "TTFT ms p50/p90/p99", "ITL ms p50/p99", "e2e ms p50/p99", "tok/req", "accept.", "acc. len", "memory"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "deployment" else "right")
+    for row in summary:
+        level, agg = row["level"], row["aggregate"]
+        name = level.deployment + (" [red](incomplete)[/red]" if level.incomplete else "")
+        cells = [name, str(level.concurrency), f"{agg.completed}/{agg.errors}", _num(agg.output_token_throughput)]
+        if has_baseline:
+            cells.append("-" if row["speedup"] is None else f"{row['speedup']:.2f}x")
+        cells += [
+            _num(agg.request_throughput, 2),
+            _triple(agg.ttft_ms.p50, agg.ttft_ms.p90, agg.ttft_ms.p99),
+            " / ".join(_num(v, 1) for v in (agg.itl_ms.p50, agg.itl_ms.p99)),
+            _triple(agg.e2e_ms.p50, agg.e2e_ms.p99),
+            _num(agg.output_tokens_per_request.mean, 1),
+            _num(agg.acceptance_rate, 2),
+            _num(agg.mean_accepted_length, 2),
+            format_bytes(level.memory_peak_bytes, level.memory_kind),
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def _caption(run: BenchRun) -> str:
+    parts = []
+    if run.incomplete:
+        parts.append("INCOMPLETE: " + "; ".join(run.reasons))
+    if not any(level.deployment == run.settings.baseline for level in run.levels):
+        parts.append(f"no deployment named '{run.settings.baseline}': no speed-up column")
+    return " | ".join(parts)
+
+
+def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
+    level, agg = row["level"], row["aggregate"]
+    return {
+        "deployment": level.deployment, "concurrency": level.concurrency, "requests": agg.requests,
+        "completed": agg.completed, "errors": agg.errors, "duration_s": agg.duration_s, "output_tokens": agg.output_tokens,
+        "output_token_throughput": agg.output_token_throughput, "speedup_vs_baseline": row["speedup"],
+        "request_throughput": agg.request_throughput,
+        "ttft_ms_p50": agg.ttft_ms.p50, "ttft_ms_p90": agg.ttft_ms.p90, "ttft_ms_p99": agg.ttft_ms.p99, "ttft_ms_mean": agg.ttft_ms.mean,
+        "itl_ms_p50": agg.itl_ms.p50, "itl_ms_p99": agg.itl_ms.p99, "itl_ms_mean": agg.itl_ms.mean,
+        "e2e_ms_p50": agg.e2e_ms.p50, "e2e_ms_p90": agg.e2e_ms.p90, "e2e_ms_p99": agg.e2e_ms.p99, "e2e_ms_mean": agg.e2e_ms.mean,
+        "output_tokens_mean": agg.output_tokens_per_request.mean,
+        "acceptance_rate": agg.acceptance_rate, "acceptance_rate_mean": agg.acceptance_rate_mean,
+        "mean_accepted_length": agg.mean_accepted_length, "mean_accepted_length_mean": agg.mean_accepted_length_mean,
+        "acceptance_source": agg.acceptance_source,
+        "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
+        "incomplete": level.incomplete, "reason": level.reason,
+    }
+
+
+def to_json(run: BenchRun) -> dict[str, Any]:
+    """The whole run as one JSON-ready document."""
+    from dataclasses import asdict
+
+    from specpipe import __version__
+
+    results = []
+    for row in rows(run):
+        level, agg = row["level"], row["aggregate"]
+        results.append({
+            "deployment": level.deployment, "concurrency": level.concurrency,
+            "incomplete": level.incomplete, "reason": level.reason,
+            "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
+            "counters": asdict(level.counters) if level.counters else None,
+            "speedup_vs_baseline": row["speedup"], "aggregate": agg.to_dict(),
+        })
+    return {
+        "specpipe_version": __version__,
+        "started": run.started, "finished": run.finished,
+        "incomplete": run.incomplete, "reasons": run.reasons,
+        "settings": asdict(run.settings),
+        "metric_definitions": METRIC_DEFINITIONS,
+        "deployments": run.deployments,
+        "results": results,
+        "records": [record.to_dict() for level in run.levels for record in level.records],
+    }
+
+
+def plot_figure(run: BenchRun):
+    """A matplotlib figure: output tokens/s (left) and median TTFT, ms (right) against concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.5), dpi=110)
+    throughput_ax, ttft_ax = figure.subplots(1, 2)
+    by_deployment: dict[str, list[tuple[int, Aggregate]]] = {}
+    for row in rows(run):
+        by_deployment.setdefault(row["level"].deployment, []).append((row["level"].concurrency, row["aggregate"]))
+    concurrencies = sorted({c for points in by_deployment.values() for c, _ in points})
+    for name, points in by_deployment.items():
+        points.sort(key=lambda p: p[0])
+        xs = [c for c, _ in points]
+        throughput_ax.plot(xs, [a.output_token_throughput or float("nan") for _, a in points], marker="o", label=name)
+        ttft_ax.plot(xs, [a.ttft_ms.p50 if a.ttft_ms.p50 is not None else float("nan") for _, a in points], marker="o", label=name)
+    for ax, ylabel, title in ((throughput_ax, "output tokens/s", "Output token throughput"),
+                              (ttft_ax, "TTFT p50, ms", "Time to first token (median)")):
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if concurrencies and max(concurrencies) / min(concurrencies) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(concurrencies)
+        ax.set_xticklabels([str(c) for c in concurrencies])
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    s = run.settings
+    figure.suptitle(f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens" + ("  [INCOMPLETE]" if run.incomplete else ""))
+    figure.tight_layout()
+    return figure
+
+
+def write_results(run: BenchRun, out_dir: Path) -> dict[str, Path]:
+    """Write ``bench.json``, ``bench.csv``, ``requests.csv`` and ``bench.png`` into ``out_dir``; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {name: out_dir / name for name in ("bench.json", "bench.csv", "requests.csv", "bench.png")}
+    paths["bench.json"].write_text(json.dumps(to_json(run), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with open(paths["bench.csv"], "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(_csv_row(row) for row in rows(run))
+    with open(paths["requests.csv"], "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=REQUEST_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(record.to_dict() for level in run.levels for record in level.records)
+    plot_figure(run).savefig(paths["bench.png"])
+    return paths

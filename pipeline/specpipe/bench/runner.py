@@ -1,0 +1,140 @@
+"""``specpipe bench`` end to end: check every deployment, warm it up, run each load level, keep results.
+
+Deployments are measured one after the other (all levels of the first, then the next), so on a
+shared machine only the deployment under test is busy. Results accumulate in a :class:`BenchRun`
+as they are measured: an interrupted or failed run still holds everything gathered so far, and
+:mod:`specpipe.bench.report` writes it marked incomplete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from specpipe.bench.endpoints import Endpoint
+from specpipe.bench.load import LoadPlan, run_level
+from specpipe.bench.prompts import Prompt
+from specpipe.bench.records import LevelResult
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What ``specpipe bench`` was asked to do.
+
+    Attributes:
+        prompts: label of the prompt set (built-in name or file path).
+        concurrencies: load levels, requests in flight.
+        max_tokens: new tokens per request.
+        num_requests: requests per level (``None`` with ``duration_s``; see :func:`requests_for`).
+        duration_s: seconds per level instead of a request count.
+        warmup: requests per deployment before measuring (not recorded).
+        chat: wrap prompts in the chat template (Triton: the deployment's tokenizer; OpenAI:
+            ``/chat/completions``).
+        timeout_s: per-request timeout, seconds.
+        baseline: name of the deployment speed-ups are computed against.
+    """
+
+    prompts: str
+    concurrencies: tuple[int, ...]
+    max_tokens: int = 128
+    num_requests: int | None = None
+    duration_s: float | None = None
+    warmup: int = 1
+    chat: bool = False
+    timeout_s: float = 300.0
+    baseline: str = "baseline"
+    tokenizer: str | None = None
+
+    def requests_for(self, concurrency: int) -> int | None:
+        """Requests in a counted level: ``num_requests``, or by default 4 per concurrent slot (at least 8)."""
+        if self.duration_s is not None:
+            return None
+        return self.num_requests if self.num_requests is not None else max(8, 4 * concurrency)
+
+
+@dataclass
+class BenchRun:
+    """Everything measured so far.
+
+    Attributes:
+        deployments: per deployment: name, kind, address, metrics URL and what the pre-flight found.
+        levels: one :class:`LevelResult` per deployment and concurrency, in the order run.
+        incomplete: the run did not finish every planned level; ``reasons`` says why.
+    """
+
+    settings: BenchSettings
+    deployments: list[dict[str, Any]] = field(default_factory=list)
+    levels: list[LevelResult] = field(default_factory=list)
+    incomplete: bool = False
+    reasons: list[str] = field(default_factory=list)
+    started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    finished: str | None = None
+
+    def mark_incomplete(self, reason: str) -> None:
+        self.incomplete = True
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+
+
+async def _warm_up(backend, prompts: list[Prompt], settings: BenchSettings) -> str | None:
+    """Send the warm-up requests; the first error, or ``None``."""
+    for i in range(settings.warmup):
+        result, _, _ = await backend.send(prompts[i % len(prompts)].text, settings.max_tokens)
+        if result.error is not None:
+            return result.error
+    return None
+
+
+async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
+                    progress=None) -> BenchRun:
+    """Measure every deployment at every concurrency, filling ``run`` as results arrive.
+
+    Raises:
+        SpecpipeError: a deployment fails its pre-flight check (nothing has been measured then).
+    """
+    from specpipe.bench.backends import make_backend
+
+    backends = [make_backend(e, settings.timeout_s, settings.chat, settings.tokenizer) for e in endpoints]
+    try:
+        for backend in backends:
+            await backend.open()
+        for endpoint, backend in zip(endpoints, backends):
+            info = await backend.preflight()
+            run.deployments.append({"name": endpoint.name, "kind": endpoint.kind, "address": endpoint.address,
+                                    "metrics_url": endpoint.metrics_url, **info})
+        if progress is not None:
+            progress.start()  # shown once every deployment passed its checks
+        for endpoint, backend in zip(endpoints, backends):
+            await _bench_deployment(endpoint, backend, prompts, settings, run, progress)
+    finally:
+        for backend in backends:
+            await backend.close()
+    run.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return run
+
+
+async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
+                            progress) -> None:
+    if settings.warmup:
+        task = progress.add_task(f"{endpoint.name}: warm-up", total=settings.warmup) if progress else None
+        error = await _warm_up(backend, prompts, settings)
+        if progress:
+            progress.update(task, completed=settings.warmup, visible=False)
+        if error is not None and not await backend.alive():
+            run.mark_incomplete(f"{endpoint.name}: the server stopped answering during warm-up ({error.splitlines()[0][:200]})")
+            return
+    for concurrency in settings.concurrencies:
+        total = settings.requests_for(concurrency)
+        plan = LoadPlan(concurrency=concurrency, max_tokens=settings.max_tokens, num_requests=total, duration_s=settings.duration_s)
+        level = LevelResult(endpoint.name, concurrency)
+        run.levels.append(level)
+        label = f"{endpoint.name} @ concurrency {concurrency}"
+        task = progress.add_task(label, total=total) if progress else None
+        on_record = (lambda record: progress.advance(task)) if progress else (lambda record: None)
+        await run_level(backend, prompts, plan, level, on_record)
+        if progress:
+            progress.update(task, description=f"{label} ({len(level.records)} requests)")
+        if level.incomplete:
+            run.mark_incomplete(f"{endpoint.name}: {level.reason}; concurrency levels after {concurrency} were not run")
+            return

@@ -1,0 +1,98 @@
+"""``specpipe bench`` output from a hand-made run: table, JSON, CSV, plot, and the incomplete marking."""
+
+import csv
+import json
+
+import pytest
+
+from specpipe.bench.records import LevelResult, RequestRecord
+from specpipe.bench.report import comparison_table, format_bytes, plot_figure, write_results
+from specpipe.bench.runner import BenchRun, BenchSettings
+
+
+def level(name, concurrency, tokens_per_request, latency, memory=None):
+    records = [
+        RequestRecord(deployment=name, concurrency=concurrency, index=i, prompt_id=f"p{i}", start_s=float(i), latency_s=latency,
+                      ttft_s=latency / 4, output_tokens=tokens_per_request, draft_tokens=0 if name == "baseline" else 8,
+                      accepted_draft_tokens=0 if name == "baseline" else 6, text="x" * tokens_per_request)
+        for i in range(2)
+    ]
+    return LevelResult(name, concurrency, records=records, memory_peak_bytes=memory, memory_kind="cpu" if memory else None)
+
+
+def make_run():
+    run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1, 2), max_tokens=16, num_requests=2))
+    # windows: 1 + latency seconds for both levels (starts 0 and 1)
+    run.levels = [level("baseline", 1, 10, 1.0, 3 * 2**30), level("baseline", 2, 10, 3.0),
+                  level("ngram", 1, 10, 0.5), level("ngram", 2, 10, 1.5)]
+    run.deployments = [{"name": "baseline", "kind": "triton"}, {"name": "ngram", "kind": "triton"}]
+    return run
+
+
+def test_files_hold_aggregates_records_and_speedups(tmp_path):
+    paths = write_results(make_run(), tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bench.csv", "bench.json", "bench.png", "requests.csv"]
+    data = json.loads(paths["bench.json"].read_text())
+    assert data["incomplete"] is False and data["settings"]["concurrencies"] == [1, 2]
+    assert "inter_token_latency_ms" in data["metric_definitions"] and len(data["records"]) == 8
+    results = {(r["deployment"], r["concurrency"]): r for r in data["results"]}
+    # baseline @1: 20 tokens over 2 s; ngram @1: 20 tokens over 1.5 s
+    assert results["baseline", 1]["aggregate"]["output_token_throughput"] == pytest.approx(10.0)
+    assert results["ngram", 1]["aggregate"]["output_token_throughput"] == pytest.approx(20 / 1.5)
+    assert results["ngram", 1]["speedup_vs_baseline"] == pytest.approx((20 / 1.5) / 10.0)
+    assert results["ngram", 2]["speedup_vs_baseline"] == pytest.approx((20 / 2.5) / 5.0)
+    assert results["baseline", 2]["speedup_vs_baseline"] == 1.0
+    assert results["ngram", 1]["aggregate"]["acceptance_rate"] == 0.75
+    assert results["baseline", 1]["memory_peak_bytes"] == 3 * 2**30
+    rows = list(csv.DictReader(paths["bench.csv"].open()))
+    assert [(r["deployment"], r["concurrency"]) for r in rows] == [("baseline", "1"), ("baseline", "2"), ("ngram", "1"), ("ngram", "2")]
+    assert float(rows[2]["output_token_throughput"]) == pytest.approx(20 / 1.5)
+    assert float(rows[2]["ttft_ms_p50"]) == pytest.approx(125.0) and rows[2]["incomplete"] == "False"
+    requests = list(csv.DictReader(paths["requests.csv"].open()))
+    assert len(requests) == 8 and "text" not in requests[0] and requests[0]["output_tokens"] == "10"
+
+
+def test_table_shows_speedup_memory_and_acceptance():
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    console.print(comparison_table(make_run()))
+    text = console.export_text()
+    lines = [line for line in text.splitlines() if "│ ngram" in line or "│ baseline" in line]
+    assert len(lines) == 4
+    assert "1.33x" in lines[2] and "1.60x" in lines[3] and lines[0].count("1.00x") == 1
+    assert "3.00 GiB CPU" in lines[0] and "0.75" in lines[2]
+
+
+def test_plot_has_one_line_per_deployment(tmp_path):
+    from matplotlib.image import imread
+
+    figure = plot_figure(make_run())
+    throughput, ttft = figure.axes
+    assert [line.get_label() for line in throughput.get_lines()] == ["baseline", "ngram"]
+    assert list(throughput.get_lines()[1].get_xdata()) == [1, 2]
+    assert list(throughput.get_lines()[0].get_ydata()) == pytest.approx([10.0, 5.0])
+    assert list(ttft.get_lines()[0].get_ydata()) == pytest.approx([250.0, 750.0])
+    assert throughput.get_xlabel().startswith("concurrency") and ttft.get_ylabel() == "TTFT p50, ms"
+    path = write_results(make_run(), tmp_path)["bench.png"]
+    image = imread(path)
+    assert image.shape[0] >= 400 and image.shape[1] >= 1000 and image.std() > 0.05  # a real picture, not a blank page
+
+
+def test_incomplete_run_is_marked_everywhere(tmp_path):
+    run = make_run()
+    run.levels[-1].incomplete, run.levels[-1].reason = True, "the server stopped answering"
+    run.mark_incomplete("ngram: the server stopped answering")
+    data = json.loads(write_results(run, tmp_path)["bench.json"].read_text())
+    assert data["incomplete"] is True and data["reasons"] == ["ngram: the server stopped answering"]
+    assert data["results"][-1]["incomplete"] is True and data["results"][0]["incomplete"] is False
+    assert "[INCOMPLETE]" in plot_figure(run)._suptitle.get_text()
+    assert "INCOMPLETE" in comparison_table(run).caption
+
+
+def test_no_baseline_means_no_speedup_column():
+    run = make_run()
+    run.levels = run.levels[2:]
+    table = comparison_table(run)
+    assert "speed-up" not in [c.header for c in table.columns] and "no deployment named 'baseline'" in table.caption
+    assert format_bytes(None) == "-" and format_bytes(512 * 2**20, "gpu") == "512 MiB GPU"
