@@ -171,11 +171,14 @@ def validate(url, baseline_url, model, max_tokens, json_output) -> None:
 @click.option("--engines-dir", type=click.Path(path_type=Path), default=Path("engines"), show_default=True)
 @click.option("--repo-dir", type=click.Path(path_type=Path), default=Path("triton_repo"), show_default=True)
 @click.option("--base-port", type=int, default=8101, show_default=True, help="First of the ports used (3 per deployment).")
-def demo(drafts, engines_dir, repo_dir, base_port) -> None:
-    """The main job on the embedded default: build, package, serve, validate SmolLM2 end to end."""
+@click.option("--bench-requests", type=click.IntRange(min=0), default=4, show_default=True, help="Benchmark requests per deployment (0 skips the benchmark).")
+@click.option("--bench-out", type=click.Path(path_type=Path), default=Path("bench-results/demo"), show_default=True)
+def demo(drafts, engines_dir, repo_dir, base_port, bench_requests, bench_out) -> None:
+    """The main job on the embedded default: build, package, serve, validate and benchmark SmolLM2 end to end."""
     from specpipe.demo import run_demo
 
-    ok = run_demo([d for d in drafts.split(",") if d], engines_dir=engines_dir, repo_dir=repo_dir, base_port=base_port)
+    ok = run_demo([d for d in drafts.split(",") if d], engines_dir=engines_dir, repo_dir=repo_dir, base_port=base_port,
+                  bench_requests=bench_requests, bench_out=bench_out)
     sys.exit(0 if ok else 1)
 
 

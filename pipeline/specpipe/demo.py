@@ -16,10 +16,14 @@ from specpipe.progress import console
 TARGET = "smollm2-135m"
 
 
-def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port: int) -> bool:
+def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port: int,
+             bench_requests: int = 4, bench_out: Path = Path("bench-results/demo")) -> bool:
     """Run the whole pipeline; return True when every validation passed.
 
     Ports: deployment ``i`` (baseline first) uses HTTP ``base_port + 3i``, gRPC ``+1``, metrics ``+2``.
+    With ``bench_requests`` > 0 the deployments are then benchmarked side by side (chat prompts,
+    128 new tokens, concurrency 1) and the comparison table, JSON, CSV and plot are written to
+    ``bench_out``.
 
     Raises:
         SpecpipeError: a build, packaging or server start failed (with the cause).
@@ -57,6 +61,8 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
             report = validate(server.grpc_url, None if draft == "none" else baseline_url)
             print_report(report)
             reports[draft] = report
+        if bench_requests > 0:
+            _bench(servers, bench_requests, bench_out)
         console.rule("stopping servers")
 
     summary = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (greedy, via Triton gRPC)")
@@ -77,3 +83,23 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
         )
     console.print(summary)
     return all(r.passed for r in reports.values())
+
+
+def _bench(servers: dict, requests: int, out_dir: Path) -> None:
+    """Baseline vs speculative on the running servers: the comparison table and result files."""
+    from specpipe.bench.command import execute
+    from specpipe.bench.endpoints import Endpoint
+    from specpipe.bench.prompts import load_prompts
+    from specpipe.bench.report import comparison_table, write_results
+    from specpipe.bench.runner import BenchSettings
+
+    console.rule("benchmark: baseline vs speculative")
+    endpoints = [
+        Endpoint("baseline" if draft == "none" else draft, "triton", server.grpc_url, "ensemble", server.metrics_url)
+        for draft, server in servers.items()
+    ]
+    settings = BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=128, num_requests=requests, chat=True)
+    run = execute(endpoints, load_prompts("chat")[0], settings)
+    console.print(comparison_table(run))
+    written = write_results(run, out_dir)
+    console.print(f"benchmark results: {', '.join(str(p) for p in written.values())}")
