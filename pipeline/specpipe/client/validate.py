@@ -201,7 +201,7 @@ def print_report(report: ValidationReport) -> None:
     if report.requests:
         figures = Table(title="per-request acceptance (greedy)")
         figures.add_column("prompt", no_wrap=True, max_width=24)
-        for column in ("tokens", "acceptance", "accepted/draft", "mean acc. len", "latency ms"):
+        for column in ("tokens", "accept", "acc/draft", "acc.len", "ms"):
             figures.add_column(column, justify="right", no_wrap=True)
         for r in report.requests:
             figures.add_row(r.prompt, str(r.output_tokens), f"{r.acceptance_rate:.2f}",
