@@ -99,7 +99,7 @@ class TrainConfig:
         """Per-method defaults (EAGLE and the draft model use windows, Medusa single positions)."""
         base: dict[str, Any] = {"method": method}
         if method == "eagle":
-            base.update(batch=16, window=64, lr=5e-4)
+            base.update(batch=16, window=64, lr=1e-3)
         elif method == "draft-model":
             base.update(batch=8, window=128, lr=2e-4)
         base.update({k: v for k, v in overrides.items() if v is not None})
@@ -215,7 +215,7 @@ class _EagleTask:
         self.cfg, self.features, self.inverse = cfg, features, inverse
         self.config = EagleConfig.from_target(target.config)
         self.module = EagleHead(self.config)
-        self.module.init_from_target_layer(target.model.layers[-1])
+        self.module.reset_parameters(generator=torch.Generator().manual_seed(cfg.seed))
         self.embed = target.get_input_embeddings().weight.detach()
         self.lm = ReducedLMHead(target.get_output_embeddings().weight, vocab)
         self.sampler = _PositionSampler(features, cfg.window + 1, cfg.answer_weight)

@@ -203,18 +203,18 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.layers = nn.ModuleList([_EagleLayer(config)])
 
-    def init_from_target_layer(self, layer: nn.Module) -> None:
-        """Start the decoder layer from a target decoder layer (same shapes), a better start than random."""
-        own = self.layers[0].state_dict()
-        theirs = {k: v for k, v in layer.state_dict().items() if k in own}
-        own.update({k: v.detach().clone().float() for k, v in theirs.items()})
-        self.layers[0].load_state_dict(own)
+    def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Training start: the layer's projections N(0, std^2) (small, so the layer starts close to the
+        identity through its residual connections), norms at 1, and ``fc`` taking the feature half
+        (``fc(concat(e, f)) = f``), so the head first predicts f_{t+1} = f_t and learns the change."""
         with torch.no_grad():
-            # Start fc as "take the feature" (second half) so the layer initially sees f_t.
+            for module in self.layers[0].modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.normal_(0.0, std, generator=generator)
+            self.layers[0].post_attention_layernorm.weight.fill_(1.0)
             h = self.config.hidden_size
-            self.fc.weight.zero_()
-            self.fc.weight[:, h:] = torch.eye(h)
-            self.fc.weight[:, :h] = 0.1 * torch.eye(h)
+            self.fc.weight.normal_(0.0, std, generator=generator)
+            self.fc.weight[:, h:] += torch.eye(h)
             self.fc.bias.zero_()
 
     def forward(
