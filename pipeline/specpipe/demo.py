@@ -44,6 +44,7 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
         console.print(f"[green]✓[/green] Triton repository {repos[draft]}")
 
     reports = {}
+    bench_rows: dict = {}
     with ExitStack() as stack:
         servers = {}
         for i, draft in enumerate(names):
@@ -61,36 +62,37 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
             report = validate(server.grpc_url, None if draft == "none" else baseline_url)
             print_report(report)
             reports[draft] = report
-        if bench_requests > 0:
-            _bench(servers, bench_requests, bench_out)
+        bench_rows = _bench(servers, bench_requests, bench_out) if bench_requests > 0 else {}
         console.rule("stopping servers")
 
-    summary = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (greedy, via Triton gRPC)")
-    for column in ("deployment", "checks", "acceptance rate", "mean accepted length", "tokens/s"):
-        summary.add_column(column, justify="left" if column == "deployment" else "right")
+    summary = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (via Triton gRPC)")
+    for column in ("deployment", "checks", "acceptance", "mean acc. len", "out tok/s", "speed-up", "TTFT p50 ms"):
+        summary.add_column(column, justify="left" if column == "deployment" else "right", no_wrap=True)
     for draft, report in reports.items():
         figures = report.requests
-        tokens = sum(r.output_tokens for r in figures)
-        seconds = sum(r.latency_ms for r in figures) / 1000
         passed = sum(c.passed for c in report.checks)
         mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
+        row = bench_rows.get("baseline" if draft == "none" else draft)
         summary.add_row(
             draft,
             f"{passed}/{len(report.checks)}" + ("" if report.passed else " [red]FAILED[/red]"),
             f"{mean([r.acceptance_rate for r in figures]):.2f}",
             f"{mean([r.mean_accepted_length for r in figures]):.2f}",
-            f"{tokens / seconds:.1f}" if seconds else "-",
+            *(_bench_cells(row) if row else ("-", "-", "-")),
         )
     console.print(summary)
     return all(r.passed for r in reports.values())
 
 
-def _bench(servers: dict, requests: int, out_dir: Path) -> None:
-    """Baseline vs speculative on the running servers: the comparison table and result files."""
+def _bench(servers: dict, requests: int, out_dir: Path) -> dict:
+    """Baseline vs speculative on the running servers: prints the comparison table, writes the result
+    files, returns the summary row of each deployment (see :func:`specpipe.bench.report.rows`)."""
+    from rich.console import Console
+
     from specpipe.bench.command import execute
     from specpipe.bench.endpoints import Endpoint
     from specpipe.bench.prompts import load_prompts
-    from specpipe.bench.report import comparison_table, write_results
+    from specpipe.bench.report import comparison_table, rows, write_results
     from specpipe.bench.runner import BenchSettings
 
     console.rule("benchmark: baseline vs speculative")
@@ -100,6 +102,17 @@ def _bench(servers: dict, requests: int, out_dir: Path) -> None:
     ]
     settings = BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=128, num_requests=requests, chat=True)
     run = execute(endpoints, load_prompts("chat")[0], settings)
-    console.print(comparison_table(run))
+    Console(stderr=True, width=max(console.width, 180)).print(comparison_table(run))
     written = write_results(run, out_dir)
     console.print(f"benchmark results: {', '.join(str(p) for p in written.values())}")
+    return {row["level"].deployment: row for row in rows(run)}
+
+
+def _bench_cells(row: dict) -> tuple[str, str, str]:
+    aggregate, speedup = row["aggregate"], row["speedup"]
+    ttft = aggregate.ttft_ms.p50
+    return (
+        f"{aggregate.output_token_throughput:.1f}",
+        "-" if speedup is None else f"{speedup:.2f}x",
+        "-" if ttft is None else f"{ttft:.0f}",
+    )
