@@ -65,8 +65,10 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
         bench_rows = _bench(servers, bench_requests, bench_out) if bench_requests > 0 else {}
         console.rule("stopping servers")
 
-    summary = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (via Triton gRPC)")
-    for column in ("deployment", "checks", "acceptance", "mean acc. len", "out tok/s", "speed-up", "TTFT p50 ms"):
+    summary = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (via Triton gRPC)",
+                    caption="accept / acc.len: acceptance rate and mean accepted length (validation prompts, greedy); "
+                            "tok/s, speed-up, TTFT p50: the benchmark (chat prompts, 128 tokens)")
+    for column in ("deployment", "checks", "accept", "acc.len", "tok/s", "speed-up", "TTFT ms"):
         summary.add_column(column, justify="left" if column == "deployment" else "right", no_wrap=True)
     for draft, report in reports.items():
         figures = report.requests
