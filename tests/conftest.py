@@ -7,6 +7,17 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch thread for a module's tiny models: fastest for them, and fair to other processes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def free_port() -> int:
     """An unused TCP port on the loopback interface."""
     with socket.socket() as s:

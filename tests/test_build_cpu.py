@@ -9,27 +9,13 @@ from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, PresetError, SpecpipeError
 from specpipe.manifest import sha256_file
 from tiny_engine import make_tiny_engine
+from tiny_presets import ARCH, write_tiny_presets
 
-ARCH = """
-[architecture]
-num_layers = 2
-hidden_size = 32
-num_attention_heads = 4
-num_kv_heads = 2
-head_dim = 8
-intermediate_size = 64
-vocab_size = 323
-max_position_embeddings = 64
-"""
 
 
 @pytest.fixture(scope="module")
 def presets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("presets")
-    checkpoint = make_tiny_engine(root / "src", "tiny") / "target"
-    (root / "targets").mkdir()
-    (root / "drafts").mkdir()
-    (root / "targets" / "tiny.toml").write_text(f'name = "tiny"\n[source]\nkind = "local"\npath = "{checkpoint}"\n{ARCH}')
+    root = write_tiny_presets(tmp_path_factory.mktemp("presets"))
     (root / "drafts" / "tiny-draft.toml").write_text(
         'kind = "draft-model"\nfor_targets = ["tiny"]\n[source]\nkind = "truncate-target"\nnum_layers = 1\n'
         "[speculative]\nmax_draft_len = 3\n"

@@ -14,14 +14,8 @@ from specpipe.runtime.cpu.reference import greedy_reference
 from specpipe.runtime.cpu.sampling import TokenSampler
 from specpipe.runtime.cpu.tiny import tiny_llama
 
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 REPETITIVE_PROMPT = [5, 6, 7, 8] * 6

@@ -12,16 +12,9 @@ from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.reference import greedy_reference, next_token_logits
 from specpipe.runtime.cpu.tiny import tiny_llama
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 PROMPT = [4, 8, 15, 16, 23, 42, 4, 8, 15, 16]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

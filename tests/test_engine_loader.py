@@ -16,16 +16,9 @@ from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.reference import greedy_reference
 from specpipe.runtime.cpu.tiny import tiny_llama
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 PROMPT = [3, 4, 5, 3, 4, 5, 3]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,8 @@ from specpipe.runtime.cpu.sampling import (
 )
 from specpipe.runtime.cpu.tiny import tiny_llama
 
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 NEG_INF = float("-inf")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from specpipe.runtime.cpu.api import SamplingParams
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
@@ -14,18 +13,11 @@ from specpipe.runtime.cpu.reference import greedy_reference
 from specpipe.runtime.cpu.stopping import StopConditions
 from specpipe.runtime.cpu.tiny import tiny_llama
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 PROMPT = [10, 11, 12, 13, 10, 11, 12]
 MAX_TOKENS = 40
 MAX_DRAFT_LEN = 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
