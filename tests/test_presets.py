@@ -29,8 +29,8 @@ def test_cpu_drafts_present_with_settings():
     draft = load_draft("smollm2-draft")
     assert draft.kind == "draft-model"
     assert draft.for_targets == ("smollm2-135m",)
-    # The recorded choice of layers for the truncated draft.
-    assert draft.source == {"kind": "truncate-target", "target": "smollm2-135m", "num_layers": 4}
+    # The recorded choice of layers: the target's first 4 decoder layers, distilled against it.
+    assert draft.source == {"kind": "distilled", "target": "smollm2-135m", "num_layers": 4}
 
 
 @pytest.mark.parametrize("name, suggestion", [("smollm2-13m", "smollm2-135m"), ("smolm2", "smollm2-135m")])
