@@ -167,7 +167,7 @@ def validate(url, baseline_url, model, max_tokens, json_output) -> None:
 
 
 @main.command()
-@click.option("--drafts", default="ngram,smollm2-draft,medusa", show_default=True, help="Speculative methods to deploy beside the baseline.")
+@click.option("--drafts", default="ngram,smollm2-draft,medusa,eagle", show_default=True, help="Speculative methods to deploy beside the baseline.")
 @click.option("--engines-dir", type=click.Path(path_type=Path), default=Path("engines"), show_default=True)
 @click.option("--repo-dir", type=click.Path(path_type=Path), default=Path("triton_repo"), show_default=True)
 @click.option("--base-port", type=int, default=8101, show_default=True, help="First of the ports used (3 per deployment).")
