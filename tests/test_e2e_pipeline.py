@@ -19,7 +19,7 @@ def deployments(smollm2_engines, tmp_path_factory):
     repo_root = tmp_path_factory.mktemp("triton_repo")
     servers = {}
     try:
-        for draft in ("none", "ngram"):
+        for draft in ("none", "ngram", "medusa", "eagle"):
             engine = smollm2_engines[draft]
             repo = package_engine(engine, repo_root / engine.name)
             server = LocalTritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
@@ -55,15 +55,16 @@ def test_unchanged_build_is_skipped(smollm2_engines):
     assert (engine / "manifest.json").read_text() == before
 
 
-def test_speculative_deployment_validates_against_baseline(deployments):
+@pytest.mark.parametrize("draft", ["ngram", "medusa", "eagle"])
+def test_speculative_deployment_validates_against_baseline(deployments, draft):
     from specpipe.client.validate import validate
 
-    report = validate(deployments["ngram"].grpc_url, deployments["none"].grpc_url, max_tokens=32)
+    report = validate(deployments[draft].grpc_url, deployments["none"].grpc_url, max_tokens=32)
     failed = [(c.name, c.detail) for c in report.checks if not c.passed]
     assert failed == []
-    assert any(c.name.startswith("greedy == baseline") for c in report.checks)
-    # The capitals list is repetitive: prompt lookup must get draft tokens accepted there.
-    assert max(r.accepted_draft_tokens for r in report.requests) > 0
+    assert sum(c.name.startswith("greedy == baseline") for c in report.checks) == 3
+    # Every method gets draft tokens accepted on these prompts (the capitals list is repetitive).
+    assert sum(r.accepted_draft_tokens for r in report.requests) > 0
     assert all(0.0 <= r.acceptance_rate <= 1.0 for r in report.requests)
 
 
