@@ -10,11 +10,11 @@ from specpipe.bench.runner import BenchRun, BenchSettings
 from specpipe.errors import SpecpipeError
 
 
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    """``"1,2,4,8"`` -> ``(1, 2, 4, 8)`` (duplicates dropped, order kept).
+def parse_positive_ints(text: str, option: str, example: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> ``(1, 2, 4, 8)`` (duplicates dropped, order kept), for the CLI ``option``.
 
     Raises:
-        SpecpipeError: an item that is not a positive integer.
+        SpecpipeError: an item that is not a positive integer, naming ``option`` and an ``example``.
     """
     values: list[int] = []
     for item in text.split(","):
@@ -24,10 +24,15 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
         except ValueError:
             value = 0
         if value <= 0:
-            raise SpecpipeError(f"--concurrency must list positive integers (requests in flight), e.g. 1,2,4,8; got {item!r}")
+            raise SpecpipeError(f"{option} must list positive integers, e.g. {example}; got {item!r}")
         if value not in values:
             values.append(value)
     return tuple(values)
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """``--concurrency`` (requests in flight) as a tuple, see :func:`parse_positive_ints`."""
+    return parse_positive_ints(text, "--concurrency", "1,2,4,8 (requests in flight)")
 
 
 def default_out_dir() -> Path:

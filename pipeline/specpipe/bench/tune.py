@@ -48,22 +48,14 @@ class Candidate:
 
 
 def parse_lengths(text: str) -> tuple[int, ...]:
-    """``"1,2,4"`` -> ``(1, 2, 4)``.
+    """``--max-draft-len`` candidates, ``"1,2,4"`` -> ``(1, 2, 4)``.
 
     Raises:
         SpecpipeError: an item that is not a positive integer.
     """
-    values = []
-    for item in text.split(","):
-        try:
-            value = int(item.strip())
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise SpecpipeError(f"--max-draft-len must list positive integers, e.g. 1,2,3,4,6,8; got {item.strip()!r}")
-        if value not in values:
-            values.append(value)
-    return tuple(values)
+    from specpipe.bench.command import parse_positive_ints
+
+    return parse_positive_ints(text, "--max-draft-len", "1,2,3,4,6,8")
 
 
 def truncate_tree(paths: list[list[int]], nodes: int) -> tuple[tuple[int, ...], ...]:
