@@ -260,10 +260,7 @@ class OpenAIBackend:
                             break
                         text = _chunk_text(data)
                         if text:
-                            result.chunks.append(text)
-                            result.chunk_times_s.append(now)
-                            if result.ttft_s is None:
-                                result.ttft_s = now
+                            result.add_chunk(text, now)
                         usage = data.get("usage") or {}
                         if usage.get("completion_tokens") is not None:
                             usage_tokens = int(usage["completion_tokens"])

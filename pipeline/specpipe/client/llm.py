@@ -71,6 +71,13 @@ class GenerationResult:
     perf: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
+    def add_chunk(self, text: str, at_s: float) -> None:
+        """Record a non-empty text chunk that arrived ``at_s`` seconds after the request was sent."""
+        self.chunks.append(text)
+        self.chunk_times_s.append(at_s)
+        if self.ttft_s is None:
+            self.ttft_s = at_s
+
 
 def _input(name: str, value: np.ndarray, batched: bool):
     from tritonclient.grpc import InferInput
@@ -213,10 +220,7 @@ class LLMClient:
                     break
                 text = _text_of(response)
                 if text:
-                    result.chunks.append(text)
-                    result.chunk_times_s.append(now)
-                    if result.ttft_s is None:
-                        result.ttft_s = now
+                    result.add_chunk(text, now)
                     if on_text:
                         on_text(text)
                 result.perf.update(_perf_of(response))
