@@ -200,12 +200,12 @@ def main() -> None:
             results["eagle-triton"].append(run_triton(triton, tok, text, args.max_tokens, index, category))
         line = "  ".join(f"{m} {results[m][-1]['tokens_per_s']:.1f}" for m in results)
         print(f"[{index + 1}/{len(prompts)}] {category:8s} {line}", flush=True)
+        report = summarize(results, tok, args)  # written after every prompt: an interrupted run keeps its results
+        report["setup"]["prompts_planned"] = len(prompts)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     if triton:
         triton["stack"].close()
-
-    report = summarize(results, tok, args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=2))
 
 
