@@ -86,11 +86,16 @@ def chat_ids(tok, text: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def build_engines(target, target_dir: Path, methods: list[str]):
-    """In-process engines by method name."""
+def build_engines(target, target_dir: Path, methods: list[str], prepack: bool = True):
+    """In-process engines by method name, set up as ``specpipe.runtime.cpu.loader`` sets up a deployed
+    engine (reduced draft vocabulary, prepacked linear layers). With ``prepack``, the transformers peers
+    run on the same prepacked target and draft, so the comparison measures the methods, not the kernels.
+    """
     from specpipe.models.heads import make_distilled_draft, shipped_dir
-    from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+    from specpipe.runtime.cpu.drafters import NgramDrafter, NoDrafter
     from specpipe.runtime.cpu.engine import SpeculativeEngine
+    from specpipe.runtime.cpu.prepack import prepack_linear_layers
+    from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter, load_draft_vocab
     from specpipe.runtime.cpu.tree import CPU_DEFAULT_CHOICES, TreeSpeculativeEngine, load_tree_drafter
 
     engines, extra = {}, {}
@@ -108,7 +113,8 @@ def build_engines(target, target_dir: Path, methods: list[str]):
         draft_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
         extra["draft_model"] = draft_model
     if "draft" in methods:
-        engines["draft"] = SpeculativeEngine(target, DraftModelDrafter(draft_model), max_draft_len=4)
+        drafter = ReducedVocabDraftModelDrafter(draft_model, load_draft_vocab(out))
+        engines["draft"] = SpeculativeEngine(target, drafter, max_draft_len=4)
     for name, method, spec in (
         ("medusa", "medusa", {"choices": CPU_DEFAULT_CHOICES[:10], "max_draft_len": 10}),
         ("eagle", "eagle", {"choices": CPU_DEFAULT_CHOICES, "max_draft_len": 11}),
@@ -117,6 +123,10 @@ def build_engines(target, target_dir: Path, methods: list[str]):
         if name in methods:
             drafter = load_tree_drafter(shipped_dir("smollm2-135m", method), method, target, spec)
             engines[name] = TreeSpeculativeEngine(target, drafter, max_draft_len=spec["max_draft_len"])
+    if prepack:  # after the drafters copied the dense rows they need
+        prepack_linear_layers(target)
+        if draft_model is not None:
+            prepack_linear_layers(draft_model)
     return engines, extra
 
 
@@ -156,6 +166,7 @@ def main() -> None:
     parser.add_argument("--methods", default="baseline,ngram,draft,medusa,eagle,eagle-dynamic,hf,hf-assisted,hf-lookup")
     parser.add_argument("--triton", action="store_true", help="also measure EAGLE through Triton + gRPC")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-prepack", action="store_true", help="plain nn.Linear everywhere (A/B of the prepacked kernels)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -166,7 +177,7 @@ def main() -> None:
     tok, target = load(target_dir)
     eos = tok.eos_token_id
     methods = [m for m in args.methods.split(",") if m]
-    engines, extra = build_engines(target, target_dir, methods)
+    engines, extra = build_engines(target, target_dir, methods, prepack=not args.no_prepack)
     prompts = PROMPTS[: args.prompts]
 
     triton = None
@@ -284,7 +295,9 @@ def summarize(results: dict[str, list[dict]], tok, args) -> dict:
 
     return {
         "setup": {"model": "SmolLM2-135M-Instruct (fp32)", "prompts": len(baseline), "max_new_tokens": args.max_tokens,
-                  "greedy": True, "batch": 1, "threads": args.threads, "torch": torch.__version__,
+                  "greedy": True, "batch": 1, "threads": args.threads,
+                  "linear_layers": "nn.Linear" if args.no_prepack else "oneDNN prepacked fp32 (specpipe and transformers alike)",
+                  "torch": torch.__version__,
                   "transformers": transformers.__version__, "machine": platform.machine(),
                   "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())},
         "summary": summary,

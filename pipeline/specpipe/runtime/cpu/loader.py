@@ -12,6 +12,7 @@ from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
 from specpipe.manifest import read_manifest
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.prepack import prepack_linear_layers
 
 METHODS = ("none", "ngram", "draft-model", "eagle", "medusa")
 HEAD_METHODS = ("eagle", "medusa")
@@ -58,7 +59,9 @@ def _drafter(engine_dir: Path, manifest: dict[str, Any], speculative: dict[str, 
 
         vocab = load_draft_vocab(draft_dir) if speculative.get("draft_vocab", True) else None
         model = load_checkpoint(draft_dir, "draft")
-        return ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
+        drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
+        prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
+        return drafter
     raise SpecpipeError(
         f"{engine_dir}: speculative method {method!r} is not supported by the CPU runtime "
         f"(supported: {', '.join(METHODS)}): build the engine with one of those drafts"
@@ -93,6 +96,7 @@ def load_engine(engine_dir: Path) -> tuple[SpeculativeEngine, dict[str, Any]]:
         return _load_tree_engine(engine_dir, manifest, speculative, target_path, max_draft_len), manifest
     target = load_checkpoint(target_path, "target")
     drafter = _drafter(engine_dir, manifest, speculative)
+    prepack_linear_layers(target)
     try:
         engine = SpeculativeEngine(target, drafter, max_draft_len=max_draft_len)
     except ValueError as exc:
@@ -112,6 +116,7 @@ def _load_tree_engine(engine_dir: Path, manifest: dict[str, Any], speculative: d
         )
     target = load_checkpoint(target_path, "target")
     drafter = load_tree_drafter(engine_dir / draft["path"], speculative["method"], target, speculative)
+    prepack_linear_layers(target)  # after the heads took their (dense) copies of embedding and lm_head rows
     try:
         return TreeSpeculativeEngine(target, drafter, max_draft_len, acceptance=speculative.get("acceptance", "exact"))
     except ValueError as exc:

@@ -1,0 +1,66 @@
+"""Prepacked fp32 linear layers: the CPU counterpart of building an engine.
+
+PyTorch's default CPU ``nn.Linear`` repacks the weight matrix on every call when the input has more
+than one row, so verifying several draft tokens at once costs far more than one decode step. PyTorch's
+oneDNN (mkldnn) operator ``aten.mkldnn_linear`` takes a weight converted once, ahead of time, to
+oneDNN's own layout (``Tensor.to_mkldnn``). Measured
+on 2 Zen 4 cores with SmolLM2-135M (fp32, 200-token context), one target forward over n new tokens:
+
+=========  =====================  ====================
+ n         ``nn.Linear`` (ms)     prepacked (ms)
+=========  =====================  ====================
+ 1          38                    29
+ 11         71                    41
+=========  =====================  ====================
+
+Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
+many tokens a forward holds, which breaks the greedy identity of speculative decoding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def prepack_available() -> bool:
+    """Whether this PyTorch build has the oneDNN (mkldnn) CPU backend."""
+    return bool(torch.backends.mkldnn.is_available())
+
+
+class PrepackedLinear(torch.nn.Module):
+    """A bias-free fp32 linear layer whose weight ``[out_features, in_features]`` is held in oneDNN's
+    layout. Maps float32 ``[..., in_features]`` to float32 ``[..., out_features]``; inference only."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight.detach().to_mkldnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous().to_mkldnn()
+        out = torch.ops.aten.mkldnn_linear(rows, self.weight).to_dense()
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def prepack_linear_layers(module: torch.nn.Module) -> int:
+    """Replace every bias-free fp32 ``nn.Linear`` inside ``module`` (in place) by a
+    :class:`PrepackedLinear`.
+
+    Results equal ``nn.Linear``'s up to float32 rounding (~1e-6 relative). The replaced layers are
+    inference-only (no autograd) and their ``weight`` is no longer a dense tensor, so anything that
+    slices a weight (a reduced draft vocabulary, say) must copy it first. A linear layer that is
+    ``module`` itself is not replaced (pass its parent). A tied ``lm_head`` gets its own packed copy
+    (+vocab x hidden x 4 bytes) while the input embedding stays dense.
+
+    Returns:
+        the number of layers replaced (0 when this PyTorch build lacks oneDNN).
+    """
+    if not prepack_available():
+        return 0
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear and child.bias is None and child.weight.dtype == torch.float32:
+                setattr(parent, name, PrepackedLinear(child))
+                replaced += 1
+    return replaced

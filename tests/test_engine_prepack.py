@@ -1,0 +1,66 @@
+"""Prepacked (oneDNN) linear layers: same results as nn.Linear, applied by the engine loader after the
+drafters took their dense copies, and greedy decoding unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.runtime.cpu.drafters import NoDrafter
+from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.reference import greedy_reference
+from specpipe.runtime.cpu.tiny import tiny_llama
+
+pytestmark = [
+    pytest.mark.usefixtures("single_thread"),
+    pytest.mark.skipif(not prepack_available(), reason="this PyTorch build has no oneDNN backend"),
+]
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (1, 5, 64), (2, 3, 64)])
+def test_prepacked_linear_matches_nn_linear(shape):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=False)
+    packed = PrepackedLinear(linear)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        expected, got = linear(x), packed(x)
+    assert got.shape == (*shape[:-1], 48) and got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, torch.zeros_like(got))
+
+
+def test_prepack_replaces_every_bias_free_linear_and_keeps_the_rest():
+    model = tiny_llama(seed=0)
+    layers = model.config.num_hidden_layers
+    n = prepack_linear_layers(model)
+    assert n == layers * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
+    assert isinstance(model.lm_head, PrepackedLinear)
+    assert isinstance(model.model.embed_tokens, torch.nn.Embedding) and not model.model.embed_tokens.weight.is_mkldnn
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    biased = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=True))
+    assert prepack_linear_layers(biased) == 0 and type(biased[0]) is torch.nn.Linear
+
+
+def test_prepacked_engine_decodes_exactly_like_the_reference():
+    reference = tiny_llama(seed=3)
+    packed = tiny_llama(seed=3)
+    prepack_linear_layers(packed)
+    prompt = [5, 9, 2, 7, 7, 1]
+    expected = greedy_reference(reference, prompt, 24)
+    engine = SpeculativeEngine(packed, NoDrafter(), max_draft_len=0)
+    tokens, _ = engine.generate_all(prompt, SamplingParams(max_tokens=24))
+    assert tokens == expected[: len(tokens)] and len(tokens) > 0
+
+
+def test_loaded_engines_run_prepacked(tmp_path):
+    from tiny_engine import make_tiny_engine
+
+    from specpipe.runtime.cpu.loader import load_engine
+
+    engine, _ = load_engine(make_tiny_engine(tmp_path, method="ngram"))
+    assert isinstance(engine.target.model.lm_head, PrepackedLinear)
+    tokens, stats = engine.generate_all([5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=12))
+    assert len(tokens) == 12 and stats.target_forwards >= 1
