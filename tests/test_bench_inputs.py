@@ -40,6 +40,8 @@ def test_prompts_file(tmp_path):
         parse_prompts(['{"text": "a"}'], "f")
     with pytest.raises(SpecpipeError, match='line 1 has no non-empty string "prompt"'):
         parse_prompts(['{"prompt": "  "}'], "f")
+    with pytest.raises(SpecpipeError, match="line 1 is not a JSON object"):
+        parse_prompts(['["a list"]'], "f")
     with pytest.raises(SpecpipeError, match="holds no prompt"):
         parse_prompts(["", "  "], "prompts file e.jsonl")
     (tmp_path / "empty.jsonl").write_text("")

@@ -7,11 +7,11 @@ non-empty string ``prompt`` and optionally an ``id``; blank lines are skipped.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specpipe.errors import SpecpipeError
+from specpipe.jsonl import json_objects, nonempty_string
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 BUILTIN_SETS = ("chat", "code", "summarize")
@@ -38,16 +38,11 @@ def parse_prompts(lines: list[str], where: str) -> list[Prompt]:
             prompt at all.
     """
     prompts: list[Prompt] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecpipeError(f"{where} line {number} is not valid JSON ({exc.msg}): write one JSON object per line, e.g. {{\"prompt\": \"...\"}}") from exc
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
+    for number, item in json_objects(lines, where):
+        text = nonempty_string(item, "prompt")
+        if text is None:
             raise SpecpipeError(f"{where} line {number} has no non-empty string \"prompt\": write {{\"prompt\": \"...\"}} on each line")
-        prompts.append(Prompt(id=str(item.get("id", f"{number}")), text=item["prompt"]))
+        prompts.append(Prompt(id=str(item.get("id", f"{number}")), text=text))
     if not prompts:
         raise SpecpipeError(f"{where} holds no prompt: add lines like {{\"prompt\": \"...\"}} or use a built-in set ({', '.join(BUILTIN_SETS)})")
     return prompts
