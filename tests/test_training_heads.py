@@ -160,8 +160,11 @@ def test_bad_training_input(target, features, tmp_path):
     with pytest.raises(SpecpipeError, match="is empty"):
         read_user_data(tmp_path / "empty.jsonl")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\n{"text": 3}\n')
-    with pytest.raises(SpecpipeError, match="bad.jsonl:2 has neither"):
+    with pytest.raises(SpecpipeError, match="bad.jsonl line 2 has neither"):
         read_user_data(tmp_path / "bad.jsonl")
+    (tmp_path / "torn.jsonl").write_text('{"prompt": "hi"}\n{"prompt": \n')
+    with pytest.raises(SpecpipeError, match="torn.jsonl line 2 is not valid JSON"):
+        read_user_data(tmp_path / "torn.jsonl")
     (tmp_path / "texts").mkdir()
     with pytest.raises(SpecpipeError, match="is empty"):
         read_user_data(tmp_path / "texts")
@@ -190,3 +193,39 @@ def test_cli_refuses_bad_input_before_writing(tmp_path):
         assert not out.exists()
     result = CliRunner().invoke(main, ["train-draft", "--target", "smollm2-13m", "--method", "eagle", "--out", str(out)])
     assert result.exit_code == 1 and "did you mean 'smollm2-135m'" in result.output and not out.exists()
+
+
+def test_unrolled_eagle_training_sees_what_the_drafter_computes(target, features):
+    """Step d of the unrolled training pass at root position t equals the run-time drafter's depth-d
+    feature for the chain that follows the same tokens (same inputs, positions and attention)."""
+    from specpipe.runtime.cpu.heads import ReducedLMHead
+    from specpipe.runtime.cpu.tree import EagleTreeDrafter, TreeSpec
+    from specpipe.training.train import _EagleTask, unrolled_attention_mask
+
+    mask = unrolled_attention_mask(4, 3)[0, 0]
+    assert mask.shape == (4, 12)
+    assert mask[:, :4].tolist() == torch.ones(4, 4, dtype=torch.bool).tril().tolist()
+    assert torch.equal(mask[:, 4:8], torch.eye(4, dtype=torch.bool)) and torch.equal(mask[:, 8:], torch.eye(4, dtype=torch.bool))
+
+    cfg = TrainConfig.defaults_for("eagle", max_steps=1, seed=3, batch=1, window=6, draft_vocab_size=0)
+    task = _EagleTask(target, features, cfg, None, torch.arange(VOCAB))
+    with torch.no_grad():  # sharp attention, so that positions and masks matter
+        g = torch.Generator().manual_seed(5)
+        for name, p in task.module.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * (1.0 if "q_proj" in name or "k_proj" in name else 0.05))
+    task.module.eval()
+    start, t = 0, 5  # window positions 0..5; compare at the last root position t
+    with torch.no_grad():
+        unrolled = {d: pred[0, t].clone() for d, pred, _ in task._unroll(features, torch.tensor([start]), 3)}
+    tokens = features.tokens[: t + 4].tolist()
+    drafter = EagleTreeDrafter(task.module, task.embed, ReducedLMHead(target.lm_head.weight), TreeSpec.from_choices([[0]]))
+    drafter.reset(tokens[: t + 2])
+    drafter.commit(tokens[: t + 2], features.hidden[: t + 1].float())
+    drafter._advance(tokens[: t + 2])
+    torch.testing.assert_close(drafter._f_last, unrolled[1], rtol=1e-4, atol=1e-4)
+    n = t + 1  # position of the newest token x_{t+1}
+    out2, dk, dv = drafter._expand(drafter._f_last[None], torch.tensor([tokens[t + 2]]), torch.tensor([n]), None, None, [[]])
+    torch.testing.assert_close(out2[0], unrolled[2], rtol=1e-4, atol=1e-4)
+    out3, _, _ = drafter._expand(out2, torch.tensor([tokens[t + 3]]), torch.tensor([n + 1]), dk, dv, [[0]])
+    torch.testing.assert_close(out3[0], unrolled[3], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(unrolled[2], unrolled[3])

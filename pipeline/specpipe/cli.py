@@ -191,7 +191,7 @@ def demo(drafts, engines_dir, repo_dir, base_port, bench_requests, bench_out) ->
 @click.option("--schedule-steps", type=int, default=None, callback=_positive, help="Steps of the learning-rate schedule (default: fitted to the budget; recorded in recipe.json).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Output folder (default heads/<target>/<method>).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--num-prompts", type=int, default=None, help="Built-in self-distillation prompts to use (default all, 0 for none).")
+@click.option("--num-prompts", type=int, default=None, help="Built-in self-distillation prompts to use (default 1200 of about 2000; 0 for none).")
 @click.option("--stdlib-tokens", type=int, default=None, help="Tokens of standard-library text (default 60000, 0 for none).")
 @click.option("--trtllm-layout/--no-trtllm-layout", default=True, show_default=True,
               help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")

@@ -33,6 +33,7 @@ from typing import Any, Iterable
 import torch
 
 from specpipe.errors import SpecpipeError
+from specpipe.jsonl import json_objects, nonempty_string
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 
@@ -60,6 +61,9 @@ _CONCEPT_TEMPLATES = [
     "Can you explain how {x} works to a beginner?",
     "Write a short paragraph about {x}.",
     "What are the main advantages and disadvantages of {x}?",
+    "Why does {x} matter? Answer briefly.",
+    "Describe {x} step by step.",
+    "What are common misconceptions about {x}?",
 ]
 _ADVICE = [
     "dealing with exam stress", "learning a new programming language", "saving money each month",
@@ -74,6 +78,8 @@ _ADVICE_TEMPLATES = [
     "Give me some advice on {x}.",
     "I need tips for {x}. What should I do?",
     "What are five practical tips for {x}?",
+    "What mistakes should I avoid when {x}?",
+    "Can you make a simple plan for {x}?",
 ]
 _LISTS = [
     "countries in Europe and their capitals", "fruits that are high in vitamin C", "programming languages",
@@ -89,6 +95,8 @@ _LIST_TEMPLATES = [
     "List 10 {x}.",
     "Give me a numbered list of {x}.",
     "Name some {x}, one per line.",
+    "Write a bulleted list of {x} with a short note for each.",
+    "What are the 5 most important {x}? Number them.",
 ]
 _CODE_TASKS = [
     "reverses a string", "checks whether a number is prime", "merges two sorted lists",
@@ -107,6 +115,8 @@ _CODE_TEMPLATES = [
     "Write a Python function that {x}. Include a docstring and an example.",
     "How do I write a function in Python that {x}?",
     "Write a JavaScript function that {x}.",
+    "Write a Python function that {x}, and show how to call it.",
+    "Explain, with Python code, how to write a function that {x}.",
 ]
 _SUMMARY_TEMPLATES = [
     "Summarize the following text in 3 sentences:\n\n{x}",
@@ -166,30 +176,27 @@ def _small_functions(files: Iterable[Path], min_lines: int = 4, max_lines: int =
 def builtin_prompts(seed: int = 0, limit: int | None = None) -> list[Prompt]:
     """The project's self-distillation prompts, shuffled deterministically for ``seed``.
 
-    About 300 requests: every concept/advice/list/code topic with one template chosen by the seed, plus
-    summaries of standard-library module docstrings and edits/explanations of small library functions.
+    About 2,000 requests in six categories: every concept/advice/list/code topic with every template,
+    summaries of standard-library module docstrings (three templates each) and edits/explanations of
+    small library functions (one template each). Each category is shuffled, then the categories are
+    interleaved one prompt at a time, so that any ``limit`` keeps them balanced until the smaller ones
+    run out.
     """
     rng = random.Random(seed)
-    prompts: list[Prompt] = []
+    pools: list[list[Prompt]] = []
     for items, templates, category in (
         (_CONCEPTS, _CONCEPT_TEMPLATES, "chat"),
         (_ADVICE, _ADVICE_TEMPLATES, "advice"),
         (_LISTS, _LIST_TEMPLATES, "list"),
         (_CODE_TASKS, _CODE_TEMPLATES, "code"),
     ):
-        for item in items:
-            for template in rng.sample(templates, 2 if category in ("chat", "code") else 1):
-                prompts.append(Prompt(category, template.format(x=item)))
+        pools.append([Prompt(category, template.format(x=item)) for item in items for template in templates])
     files = stdlib_files()
-    docs = _module_docstrings(files)
-    rng.shuffle(docs)
-    for doc in docs[:45]:
-        prompts.append(Prompt("summary", rng.choice(_SUMMARY_TEMPLATES).format(x=doc)))
-    functions = _small_functions(files)
-    rng.shuffle(functions)
-    for fn in functions[:45]:
-        prompts.append(Prompt("code_edit", rng.choice(_CODE_EDIT_TEMPLATES).format(x=fn)))
-    rng.shuffle(prompts)
+    pools.append([Prompt("summary", template.format(x=doc)) for doc in _module_docstrings(files) for template in _SUMMARY_TEMPLATES])
+    pools.append([Prompt("code_edit", rng.choice(_CODE_EDIT_TEMPLATES).format(x=fn)) for fn in _small_functions(files)])
+    for pool in pools:
+        rng.shuffle(pool)
+    prompts = [pool[i] for i in range(max(map(len, pools))) for pool in pools if i < len(pool)]
     return prompts[:limit] if limit else prompts
 
 
@@ -208,20 +215,15 @@ def read_user_data(path: Path) -> tuple[list[Prompt], list[str]]:
     prompts: list[Prompt] = []
     texts: list[str] = []
     if path.is_file() and path.suffix == ".jsonl":
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecpipeError(f"{path}:{number} is not valid JSON ({exc.msg}): one JSON object per line") from exc
-            if isinstance(record, dict) and isinstance(record.get("prompt"), str) and record["prompt"].strip():
+        for number, record in json_objects(path.read_text(errors="replace").splitlines(), f"training data {path}"):
+            if nonempty_string(record, "prompt") is not None:
                 prompts.append(Prompt("user", record["prompt"]))
-            elif isinstance(record, dict) and isinstance(record.get("messages"), list) and record["messages"]:
+            elif isinstance(record.get("messages"), list) and record["messages"]:
                 prompts.append(Prompt("user", json.dumps(record["messages"])))
             else:
                 raise SpecpipeError(
-                    f"{path}:{number} has neither a non-empty 'prompt' string nor a 'messages' list"
+                    f"training data {path} line {number} has neither a non-empty 'prompt' string nor a 'messages' "
+                    f"list: write {{\"prompt\": \"...\"}} or {{\"messages\": [...]}} on each line"
                 )
     else:
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES)
@@ -440,6 +442,18 @@ def extract_features(
     return Features(torch.cat(tokens), torch.cat(hidden), torch.cat(labels), torch.cat(ends), torch.cat(answers))
 
 
+def _prepacked_copy(model):
+    """An inference-only copy of the frozen target with prepacked linear layers (faster generation and
+    feature extraction on CPU); the original keeps its dense weights for training."""
+    import copy
+
+    from specpipe.runtime.cpu.prepack import prepack_linear_layers
+
+    fast = copy.deepcopy(model)
+    prepack_linear_layers(fast)
+    return fast
+
+
 @dataclass(frozen=True)
 class CorpusSpec:
     """What goes into a training corpus; its hash names the cached features.
@@ -454,7 +468,7 @@ class CorpusSpec:
     """
 
     seed: int = 0
-    num_prompts: int = 180
+    num_prompts: int = 1200
     max_new_tokens: int = 128
     stdlib_tokens: int = 60_000
     chunk_len: int = 256
@@ -491,6 +505,7 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
     features_file = cache / f"features-{key}.pt"
     if features_file.is_file():
         return Features.load(features_file)
+    model = _prepacked_copy(model)
     sequences: list[tuple[list[int], int]] = []
     if prompts:
         bar = progress_factory("Self-distilling chat answers (target, greedy)", len(prompts)) if progress_factory else None

@@ -62,6 +62,8 @@ class TrainConfig:
         draft_layers: decoder layers kept in the distilled draft model.
         cls_weight: EAGLE's weight of the token loss against the feature loss.
         noise: EAGLE's uniform input-feature noise, as a fraction of the features' RMS.
+        unroll: EAGLE steps unrolled per window in training (1: the EAGLE-1 objective; more: each
+            deeper step reads the head's own predictions, as drafting at that depth does).
         answer_weight: sampling weight of self-distilled answer positions against other positions.
         checkpoint_seconds: interval between resumable checkpoints.
         schedule_steps: steps of the learning-rate schedule (warm-up + cosine); ``None``: fixed after 50
@@ -82,6 +84,7 @@ class TrainConfig:
     draft_layers: int = 4
     cls_weight: float = 0.5
     noise: float = 0.1
+    unroll: int = 1
     answer_weight: float = 3.0
     checkpoint_seconds: float = 60.0
     schedule_steps: int | None = None
@@ -93,13 +96,15 @@ class TrainConfig:
             raise SpecpipeError(f"--budget must be a positive number of minutes, got {self.budget_minutes}")
         if self.max_steps is not None and self.max_steps <= 0:
             raise SpecpipeError(f"--max-steps must be positive, got {self.max_steps}")
+        if self.unroll < 1:
+            raise SpecpipeError(f"unroll must be at least 1 (one EAGLE step), got {self.unroll}")
 
     @classmethod
     def defaults_for(cls, method: str, **overrides: Any) -> "TrainConfig":
         """Per-method defaults (EAGLE and the draft model use windows, Medusa single positions)."""
         base: dict[str, Any] = {"method": method}
         if method == "eagle":
-            base.update(batch=16, window=64, lr=1e-3)
+            base.update(batch=16, window=64, lr=1e-3, unroll=3)
         elif method == "draft-model":
             base.update(batch=8, window=128, lr=2e-4)
         base.update({k: v for k, v in overrides.items() if v is not None})
@@ -210,7 +215,28 @@ class _MedusaTask:
         return {"num_heads": self.cfg.num_heads, "num_layers": self.cfg.num_layers}
 
 
+def unrolled_attention_mask(window: int, step: int) -> torch.Tensor:
+    """Attention of unrolled EAGLE step ``step`` (1-based) over the keys of steps ``1..step``.
+
+    At run time a node at depth d >= 2 attends to the head's stable entries up to its root position t
+    (inputs built from the target's own features) and to its own chain of draft entries, one per
+    earlier depth. Over a training window of length L that is, for the query at t: step-1 keys at
+    positions <= t, and for every later step the key at t only (the "training-time test" of EAGLE-3,
+    Li et al. 2025, arXiv:2503.01840, §3.2).
+
+    Returns:
+        bool ``[1, 1, L, step * L]`` (True = may attend).
+    """
+    blocks = [torch.ones(window, window, dtype=torch.bool).tril()]
+    blocks += [torch.eye(window, dtype=torch.bool)] * (step - 1)
+    return torch.cat(blocks, dim=1)[None, None]
+
+
 class _EagleTask:
+    """EAGLE-1 head trained on ``cfg.unroll`` unrolled steps: step 1 reads the target's features, step
+    d >= 2 its own step d-1 predictions (with the run-time attention pattern, see
+    :func:`unrolled_attention_mask`), so that deeper drafts are trained on what they see when deployed."""
+
     def __init__(self, target, features: Features, cfg: TrainConfig, vocab, inverse):
         self.cfg, self.features, self.inverse = cfg, features, inverse
         self.config = EagleConfig.from_target(target.config)
@@ -218,26 +244,36 @@ class _EagleTask:
         self.module.reset_parameters(generator=torch.Generator().manual_seed(cfg.seed))
         self.embed = target.get_input_embeddings().weight.detach()
         self.lm = ReducedLMHead(target.get_output_embeddings().weight, vocab)
-        self.sampler = _PositionSampler(features, cfg.window + 1, cfg.answer_weight)
+        self.sampler = _PositionSampler(features, cfg.window + cfg.unroll, cfg.answer_weight)
         self.rms = float(features.hidden[: 50_000].float().pow(2).mean().sqrt())
 
-    def _windows(self, feats: Features, starts: torch.Tensor, length: int):
-        offsets = torch.arange(length)
-        idx = starts[:, None] + offsets[None, :]  # [B, L] positions t
-        return idx, feats.hidden[idx].float(), self.embed[feats.tokens[idx + 1]], feats.hidden[idx + 1].float(), feats.labels[idx + 1]
+    def _unroll(self, feats: Features, starts: torch.Tensor, steps: int, noise: torch.Generator | None = None):
+        """Yield ``(d, predicted features [B, L, H], window index [B, L])`` for d = 1..steps."""
+        window = self.cfg.window
+        idx = starts[:, None] + torch.arange(window)[None, :]  # [B, L] root positions t
+        f_in = feats.hidden[idx].float()
+        if noise is not None and self.cfg.noise > 0:
+            f_in = f_in + (torch.rand(f_in.shape, generator=noise) * 2 - 1) * (self.cfg.noise * self.rms)
+        past_k = past_v = None
+        for d in range(1, steps + 1):
+            emb = self.embed[feats.tokens[idx + d]]
+            mask = unrolled_attention_mask(window, d) if d > 1 else None
+            pred, past_k, past_v = self.module(f_in, emb, torch.arange(window) + d - 1, past_k, past_v, mask)
+            yield d, pred, idx
+            f_in = pred
 
     def loss(self, generator: torch.Generator) -> torch.Tensor:
         cfg = self.cfg
         starts = self.sampler.sample(cfg.batch, generator)
-        _, f_in, emb, f_next, label = self._windows(self.features, starts, cfg.window)
-        if cfg.noise > 0:
-            f_in = f_in + (torch.rand(f_in.shape, generator=generator) * 2 - 1) * (cfg.noise * self.rms)
+        total = torch.zeros(())
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            pred, _, _ = self.module(f_in, emb, torch.arange(cfg.window))
-            logits = self.lm.logits(pred)
-        reg = F.smooth_l1_loss(pred.float(), f_next)
-        cls = F.cross_entropy(logits.float().flatten(0, 1), self.inverse[label].flatten(), ignore_index=-100)
-        return reg + cfg.cls_weight * cls
+            for d, pred, idx in self._unroll(self.features, starts, cfg.unroll, noise=generator):
+                logits = self.lm.logits(pred)
+                reg = F.smooth_l1_loss(pred.float(), self.features.hidden[idx + d].float())
+                label = self.inverse[self.features.labels[idx + d]]
+                cls = F.cross_entropy(logits.float().flatten(0, 1), label.flatten(), ignore_index=-100)
+                total = total + reg + cfg.cls_weight * cls
+        return total / cfg.unroll
 
     @torch.no_grad()
     def evaluate(self, held: Features, depth: int = 3) -> dict[str, Any]:
@@ -249,16 +285,10 @@ class _EagleTask:
         starts = index[ok][:200]
         if starts.numel() == 0:
             return {"positions": 0}
-        idx = starts[:, None] + torch.arange(window)[None, :]
-        f_in = held.hidden[idx].float()
         correct = []
-        feats = f_in
-        for d in range(1, depth + 1):
-            emb = self.embed[held.tokens[idx + d]]
-            pred, _, _ = self.module(feats, emb, torch.arange(window))
+        for d, pred, idx in self._unroll(held, starts, depth):
             top1 = self.lm.to_target_ids(self.lm.logits(pred).argmax(-1))
             correct.append(top1 == held.labels[idx + d])
-            feats = pred  # deeper steps read the head's own features
         answer = held.is_answer[idx]
         stack = torch.stack(correct)  # [depth, B, L]
         mask = answer if bool(answer.any()) else torch.ones_like(answer)
