@@ -19,10 +19,11 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 64), (7, 64), (1, 5, 64), (2, 3, 64)])
-def test_prepacked_linear_matches_nn_linear(shape):
+def test_prepacked_linear_matches_nn_linear(shape, bias):
     torch.manual_seed(0)
-    linear = torch.nn.Linear(64, 48, bias=False)
+    linear = torch.nn.Linear(64, 48, bias=bias)
     packed = PrepackedLinear(linear)
     x = torch.randn(*shape)
     with torch.inference_mode():
@@ -32,7 +33,7 @@ def test_prepacked_linear_matches_nn_linear(shape):
     assert not torch.equal(got, torch.zeros_like(got))
 
 
-def test_prepack_replaces_every_bias_free_linear_and_keeps_the_rest():
+def test_prepack_replaces_every_fp32_linear_and_keeps_the_rest():
     model = tiny_llama(seed=0)
     layers = model.config.num_hidden_layers
     n = prepack_linear_layers(model)
@@ -40,8 +41,8 @@ def test_prepack_replaces_every_bias_free_linear_and_keeps_the_rest():
     assert isinstance(model.lm_head, PrepackedLinear)
     assert isinstance(model.model.embed_tokens, torch.nn.Embedding) and not model.model.embed_tokens.weight.is_mkldnn
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
-    biased = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=True))
-    assert prepack_linear_layers(biased) == 0 and type(biased[0]) is torch.nn.Linear
+    half = torch.nn.Sequential(torch.nn.Linear(4, 4).half())
+    assert prepack_linear_layers(half) == 0 and type(half[0]) is torch.nn.Linear
 
 
 def test_prepacked_engine_decodes_exactly_like_the_reference():

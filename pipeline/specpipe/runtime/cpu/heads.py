@@ -260,6 +260,15 @@ class ReducedLMHead:
         self.draft_vocab = draft_vocab
         w = weight.detach()
         self.weight = (w[draft_vocab] if draft_vocab is not None else w).float().contiguous()
+        self._packed = None
+
+    def prepack(self) -> None:
+        """Score with a prepacked oneDNN copy of the weight (inference only; see
+        :mod:`specpipe.runtime.cpu.prepack`). A no-op where oneDNN is unavailable."""
+        from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_available
+
+        if prepack_available():
+            self._packed = PrepackedLinear.from_weight(self.weight)
 
     @property
     def size(self) -> int:
@@ -267,6 +276,8 @@ class ReducedLMHead:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float ``[..., V']`` logits of features ``[..., H]`` over the draft vocabulary."""
+        if self._packed is not None:
+            return self._packed(x)
         return x @ self.weight.T
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:

@@ -28,23 +28,34 @@ def prepack_available() -> bool:
 
 
 class PrepackedLinear(torch.nn.Module):
-    """A bias-free fp32 linear layer whose weight ``[out_features, in_features]`` is held in oneDNN's
-    layout. Maps float32 ``[..., in_features]`` to float32 ``[..., out_features]``; inference only."""
+    """An fp32 linear layer whose weight ``[out_features, in_features]`` is held in oneDNN's layout.
+    Maps float32 ``[..., in_features]`` to float32 ``[..., out_features]``; inference only.
+
+    Args:
+        linear: the layer to copy (its weight and bias, if any, are copied; it is left unchanged).
+    """
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight.detach().to_mkldnn()
+        self.weight = linear.weight.detach().float().contiguous().to_mkldnn()
+        self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous().to_mkldnn()
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> "PrepackedLinear":
+        """A bias-free layer computing ``x @ weight.T`` for a float ``[out_features, in_features]`` weight."""
+        linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        linear.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
+        return cls(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).contiguous().to_mkldnn()
-        out = torch.ops.aten.mkldnn_linear(rows, self.weight).to_dense()
+        rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
+        out = torch.ops.aten.mkldnn_linear(rows, self.weight, self.bias).to_dense()
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def prepack_linear_layers(module: torch.nn.Module) -> int:
-    """Replace every bias-free fp32 ``nn.Linear`` inside ``module`` (in place) by a
-    :class:`PrepackedLinear`.
+    """Replace every fp32 ``nn.Linear`` inside ``module`` (in place) by a :class:`PrepackedLinear`.
 
     Results equal ``nn.Linear``'s up to float32 rounding (~1e-6 relative). The replaced layers are
     inference-only (no autograd) and their ``weight`` is no longer a dense tensor, so anything that
@@ -60,7 +71,7 @@ def prepack_linear_layers(module: torch.nn.Module) -> int:
     replaced = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear and child.bias is None and child.weight.dtype == torch.float32:
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
                 setattr(parent, name, PrepackedLinear(child))
                 replaced += 1
     return replaced

@@ -666,6 +666,7 @@ def load_tree_drafter(draft_dir, method: str, target, speculative: dict) -> Tree
     from pathlib import Path
 
     from specpipe.runtime.cpu.heads import EagleConfig, EagleHead, MedusaHeads, ReducedLMHead
+    from specpipe.runtime.cpu.prepack import prepack_linear_layers
     from specpipe.training.export import COMPACT_FILES, check_for_target, load_compact
 
     path = Path(draft_dir) / COMPACT_FILES[method]
@@ -675,6 +676,7 @@ def load_tree_drafter(draft_dir, method: str, target, speculative: dict) -> Tree
     if vocab is not None and not speculative.get("draft_vocab", True):
         vocab = None
     lm = ReducedLMHead(target.get_output_embeddings().weight, vocab)
+    lm.prepack()
     tensors = {k: v.float() for k, v in tensors.items()}
     max_nodes = int(speculative.get("max_draft_len", 0)) or None
     dynamic = bool(speculative.get("dynamic_tree", False))
@@ -690,9 +692,11 @@ def load_tree_drafter(draft_dir, method: str, target, speculative: dict) -> Tree
         if method == "medusa":
             heads = MedusaHeads(int(meta["hidden_size"]), int(meta["num_heads"]), int(meta["num_layers"]))
             heads.load_flat(tensors)
+            prepack_linear_layers(heads)
             return MedusaTreeDrafter(heads.eval(), lm, tree)
         head = EagleHead(EagleConfig.from_target(target.config))
         head.load_state_dict(tensors)
+        prepack_linear_layers(head)
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
         raise SpecpipeError(f"{path} does not hold {method} heads of the expected shape ({exc}): retrain or rebuild") from exc
     return EagleTreeDrafter(
