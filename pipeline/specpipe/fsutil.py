@@ -3,6 +3,10 @@
 A directory is written into a temporary sibling, then renamed into place. On any failure (an
 exception, Ctrl-C) the temporary directory is removed and an existing directory at the destination
 is left as it was; readers never see a half-written directory.
+
+Some writers create private files whatever the umask (safetensors writes mode 0600, temporary
+directories are 0700), which a server running as another user (a container's, a pod's) cannot
+read; finished outputs are therefore given the permissions the umask allows.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> Path:
     try:
         tmp.mkdir()
         fill(tmp)
+        make_readable(tmp)
         if out_dir.exists():
             os.replace(out_dir, old)
         try:
@@ -44,6 +49,41 @@ def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> Path:
         raise
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_readable(path: Path) -> None:
+    """Give ``path`` (a file, or a directory and everything below it) the read permissions, and for
+    directories the search permission, that the process umask allows (e.g. 0600 -> 0644 under umask
+    022). Symbolic links are not followed; nothing is made writable or executable that was not."""
+    readable = 0o444 & ~_umask()
+    searchable = 0o111 & ~_umask()
+
+    def fix(p: Path, is_dir: bool) -> None:
+        mode = p.lstat().st_mode & 0o7777
+        wanted = mode | readable | (searchable if is_dir else 0)
+        if wanted != mode:
+            os.chmod(p, wanted)
+
+    path = Path(path)
+    if path.is_symlink():
+        return
+    if not path.is_dir():
+        fix(path, False)
+        return
+    fix(path, True)
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            if not os.path.islink(os.path.join(root, name)):
+                fix(Path(root, name), True)
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                fix(Path(root, name), False)
 
 
 def link_tree(src: Path, dst: Path, ignore: Callable | None = None) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from specpipe.errors import CompatibilityError, SpecpipeError
+from specpipe.fsutil import make_readable
 
 COMPACT_FILES = {"eagle": "eagle_heads.safetensors", "medusa": "medusa_heads.safetensors", "draft-model": "draft_layers.safetensors"}
 RECIPE_FILE = "recipe.json"
@@ -64,6 +65,7 @@ def save_compact(out_dir: Path, method: str, tensors: dict[str, torch.Tensor], m
     metadata = {"format": FORMAT, "method": method, **{k: json.dumps(v) for k, v in meta.items()}}
     tmp = path.with_suffix(".tmp")
     save_file(converted, str(tmp), metadata=metadata)
+    make_readable(tmp)
     tmp.replace(path)
     return path
 
