@@ -107,9 +107,10 @@ def build_engines(target, target_dir: Path, methods: list[str], prepack: bool = 
     if {"draft", "hf-assisted"} & set(methods):
         from transformers import AutoModelForCausalLM
 
-        out = Path("/tmp/specpipe-bench-draft")
-        if not (out / "config.json").is_file():
-            make_distilled_draft(shipped_dir("smollm2-135m", "draft-model"), target_dir, out)
+        import tempfile
+
+        out = Path(tempfile.mkdtemp(prefix="specpipe-bench-draft-"))  # rebuilt from the shipped file each run
+        make_distilled_draft(shipped_dir("smollm2-135m", "draft-model"), target_dir, out)
         draft_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
         extra["draft_model"] = draft_model
     if "draft" in methods:

@@ -19,12 +19,19 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["reordered-weight", "mkldnn-tensor"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 64), (7, 64), (1, 5, 64), (2, 3, 64)])
-def test_prepacked_linear_matches_nn_linear(shape, bias):
+def test_prepacked_linear_matches_nn_linear(shape, bias, fused, monkeypatch):
+    from specpipe.runtime.cpu import prepack
+
+    if fused and not prepack._fused_linear_available():
+        pytest.skip("this PyTorch build lacks mkldnn._linear_pointwise")
+    monkeypatch.setattr(prepack, "_fused_linear_available", lambda: fused)
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48, bias=bias)
     packed = PrepackedLinear(linear)
+    assert packed._packed is fused
     x = torch.randn(*shape)
     with torch.inference_mode():
         expected, got = linear(x), packed(x)

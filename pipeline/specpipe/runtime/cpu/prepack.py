@@ -1,16 +1,17 @@
 """Prepacked fp32 linear layers: the CPU counterpart of building an engine.
 
 PyTorch's default CPU ``nn.Linear`` repacks the weight matrix on every call when the input has more
-than one row, so verifying several draft tokens at once costs far more than one decode step. PyTorch's
-oneDNN (mkldnn) operator ``aten.mkldnn_linear`` takes a weight converted once, ahead of time, to
-oneDNN's own layout (``Tensor.to_mkldnn``). Measured
-on 2 Zen 4 cores with SmolLM2-135M (fp32, 200-token context), one target forward over n new tokens:
+than one row, so verifying several draft tokens at once costs far more than one decode step. oneDNN's
+linear operator with a weight reordered once, ahead of time (``torch.ops.mkldnn._reorder_linear_weight``
+and ``_linear_pointwise``, the pair TorchInductor's CPU freezing pass emits; ``aten.mkldnn_linear``
+on a ``Tensor.to_mkldnn`` weight where that pair is missing) avoids it. Measured on 2 Zen 4 cores with
+SmolLM2-135M (fp32, 200-token context), one target forward plus lm_head over n new tokens:
 
 =========  =====================  ====================
  n         ``nn.Linear`` (ms)     prepacked (ms)
 =========  =====================  ====================
- 1          38                    29
- 11         71                    41
+ 1          38                    22
+ 12 (tree)  71                    28
 =========  =====================  ====================
 
 Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
@@ -20,6 +21,17 @@ many tokens a forward holds, which breaks the greedy identity of speculative dec
 from __future__ import annotations
 
 import torch
+
+
+def _fused_linear_available() -> bool:
+    """Whether PyTorch has oneDNN's dense-in/dense-out linear op with a pre-reordered weight (the one
+    TorchInductor's CPU freezing pass uses): no format conversion per call, about half the time of
+    ``aten.mkldnn_linear`` for SmolLM2's layers at 1-12 rows."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    try:
+        return ops is not None and hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")
+    except RuntimeError:
+        return False
 
 
 def prepack_available() -> bool:
@@ -38,8 +50,23 @@ class PrepackedLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight.detach().float().contiguous().to_mkldnn()
-        self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous().to_mkldnn()
+        weight = linear.weight.detach().float().contiguous()
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        if _fused_linear_available():
+            self._packed = True
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
+            self.bias = bias
+        else:
+            self._packed = False
+            self.weight = weight.to_mkldnn()
+            self.bias = None if bias is None else bias.to_mkldnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed:
+            return torch.ops.mkldnn._linear_pointwise(x.float().contiguous(), self.weight, self.bias, "none", [], "")
+        rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
+        out = torch.ops.aten.mkldnn_linear(rows, self.weight, self.bias).to_dense()
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> "PrepackedLinear":
@@ -47,11 +74,6 @@ class PrepackedLinear(torch.nn.Module):
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         linear.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
         return cls(linear)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
-        out = torch.ops.aten.mkldnn_linear(rows, self.weight, self.bias).to_dense()
-        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def prepack_linear_layers(module: torch.nn.Module) -> int:
