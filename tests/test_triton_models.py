@@ -273,3 +273,32 @@ def test_stream_without_finished_step_ends_with_an_empty_final():
     assert [o["output_ids"].reshape(-1).tolist() for o, _ in emitted] == [[4, 5], []]
     assert [f for _, f in emitted] == [False, True]
     assert emitted[1][0]["prior_output_ids"].reshape(-1).tolist() == [4, 5]
+
+
+def test_the_engine_is_loaded_and_run_on_the_worker_thread():
+    threads = []
+
+    class ThreadRecordingEngine:
+        def generate(self, input_ids, params):
+            threads.append(threading.current_thread().name)
+            yield StepOutput([1], True, "length", RequestStats(num_input_tokens=1, num_output_tokens=1))
+
+    def load():
+        threads.append(threading.current_thread().name)
+        return ThreadRecordingEngine()
+
+    worker = RequestWorker(load=load)
+    sender = FakeSender()
+    worker.submit(parse_request(_inputs()), sender)
+    worker.close()
+    assert threads == ["specpipe-engine", "specpipe-engine"] and len(sender.responses) == 1
+
+
+def test_a_failed_load_is_raised_by_the_constructor():
+    def load():
+        raise FileNotFoundError("engine directory /nope is missing")
+
+    with pytest.raises(FileNotFoundError, match="/nope"):
+        RequestWorker(load=load)
+    with pytest.raises(ValueError, match="exactly one"):
+        RequestWorker()
