@@ -107,9 +107,12 @@ def build_engines(target, target_dir: Path, methods: list[str], prepack: bool = 
     if {"draft", "hf-assisted"} & set(methods):
         from transformers import AutoModelForCausalLM
 
+        import atexit
+        import shutil
         import tempfile
 
         out = Path(tempfile.mkdtemp(prefix="specpipe-bench-draft-"))  # rebuilt from the shipped file each run
+        atexit.register(shutil.rmtree, out, ignore_errors=True)
         make_distilled_draft(shipped_dir("smollm2-135m", "draft-model"), target_dir, out)
         draft_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
         extra["draft_model"] = draft_model

@@ -61,8 +61,8 @@ def make_readable(path: Path) -> None:
     """Give ``path`` (a file, or a directory and everything below it) the read permissions, and for
     directories the search permission, that the process umask allows (e.g. 0600 -> 0644 under umask
     022). Symbolic links are not followed; nothing is made writable or executable that was not."""
-    readable = 0o444 & ~_umask()
-    searchable = 0o111 & ~_umask()
+    allowed = ~_umask()
+    readable, searchable = 0o444 & allowed, 0o111 & allowed
 
     def fix(p: Path, is_dir: bool) -> None:
         mode = p.lstat().st_mode & 0o7777

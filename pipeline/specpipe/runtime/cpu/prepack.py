@@ -20,18 +20,17 @@ many tokens a forward holds, which breaks the greedy identity of speculative dec
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
+@functools.cache
 def _fused_linear_available() -> bool:
     """Whether PyTorch has oneDNN's dense-in/dense-out linear op with a pre-reordered weight (the one
     TorchInductor's CPU freezing pass uses): no format conversion per call, about half the time of
     ``aten.mkldnn_linear`` for SmolLM2's layers at 1-12 rows."""
-    ops = getattr(torch.ops, "mkldnn", None)
-    try:
-        return ops is not None and hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")
-    except RuntimeError:
-        return False
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def prepack_available() -> bool:

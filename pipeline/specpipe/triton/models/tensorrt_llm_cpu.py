@@ -153,7 +153,6 @@ class TritonPythonModel:
             return engine
 
         self.worker = RequestWorker(load=load, log_error=logger.log_error)
-        self.engine = self.worker.engine
         logger.log_info(f"specpipe CPU engine '{self.manifest.get('name')}' loaded from {engine_dir}")
 
     def execute(self, requests):
