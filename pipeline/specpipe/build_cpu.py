@@ -23,7 +23,7 @@ from specpipe import __version__
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, ManifestError, PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
-from specpipe.manifest import FORMAT_VERSION, canonical_hash, read_manifest, sha256_file, write_manifest
+from specpipe.manifest import FORMAT_VERSION, canonical_hash, read_manifest_json, sha256_file, write_manifest
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import console
 
@@ -270,7 +270,7 @@ def _check_writable(directory: Path) -> None:
 
 def _up_to_date(dest: Path, inputs_hash: str) -> bool:
     try:
-        manifest = read_manifest(dest)
+        manifest = read_manifest_json(dest)
     except ManifestError:
         return False
     if manifest.get("inputs_hash") != inputs_hash:

@@ -186,11 +186,11 @@ def tune_engine(name: str, engines_dir: Path, prompts: list[Prompt], settings: B
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specpipe.bench.tuned import tuned_path, write_tuned
-    from specpipe.manifest import read_manifest
+    from specpipe.manifest import read_manifest_json
     from specpipe.progress import console
 
     engines_dir = Path(engines_dir)
-    manifest = read_manifest(engines_dir / name)
+    manifest = read_manifest_json(engines_dir / name)
     if manifest.get("runtime") != "cpu":
         raise SpecpipeError(f"engine {name} is for the {manifest.get('runtime')} runtime: tune measures CPU engines "
                             f"(tune TensorRT-LLM deployments with specpipe bench, one deployment per setting)")

@@ -141,10 +141,10 @@ def from_manifest(engine_dir: Path) -> Deployment:
             TensorRT-LLM release, or missing keys.
         CompatibilityError: see :func:`check_speculative`.
     """
-    from specpipe.manifest import read_manifest
+    from specpipe.manifest import read_manifest_json
 
     engine_dir = Path(engine_dir).absolute()
-    manifest = read_manifest(engine_dir)
+    manifest = read_manifest_json(engine_dir)
     runtime = manifest.get("runtime")
     if runtime not in RUNTIMES:
         raise ManifestError(f"{engine_dir} is a '{runtime}' engine, not a TensorRT-LLM one: package it without --runtime trtllm")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specpipe import __version__
 from specpipe.errors import SpecpipeError
-from specpipe.manifest import read_manifest
+from specpipe.manifest import read_manifest_json
 from specpipe.triton.config import (
     check_ensemble,
     check_no_placeholders,
@@ -65,7 +65,7 @@ def _engine_paths(engine_dir: Path) -> tuple[dict, Path, Path]:
         SpecpipeError: missing engine or manifest, other specpipe version, not a CPU engine, or no
             target checkpoint directory.
     """
-    manifest = read_manifest(engine_dir)
+    manifest = read_manifest_json(engine_dir)
     engine_dir = Path(engine_dir).resolve()
     runtime = manifest.get("runtime")
     if runtime != "cpu":
@@ -126,7 +126,7 @@ def package_engine(engine_dir: Path, out_dir: Path) -> Path:
     """
     from specpipe.fsutil import write_dir_atomically
 
-    runtime = read_manifest(engine_dir).get("runtime")
+    runtime = read_manifest_json(engine_dir).get("runtime")
     if runtime in ("trtllm", "trtllm-llmapi"):
         from specpipe.triton.deployment import from_manifest
 

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
-from specpipe.manifest import read_manifest
+from specpipe.manifest import read_manifest_json
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.prepack import prepack_linear_layers
@@ -80,7 +80,7 @@ def load_engine(engine_dir: Path) -> tuple[SpeculativeEngine, dict[str, Any]]:
         CompatibilityError: the draft model's vocabulary differs from the target's.
     """
     engine_dir = Path(engine_dir)
-    manifest = read_manifest(engine_dir)
+    manifest = read_manifest_json(engine_dir)
     try:
         target_path = engine_dir / manifest["target"]["path"]
         speculative = dict(manifest["speculative"])
