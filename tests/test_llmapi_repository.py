@@ -7,11 +7,15 @@ import pytest
 import yaml
 
 from specpipe.errors import SpecpipeError
+from specpipe.speculative import METHODS, Method, Runtime
 from specpipe.triton.config import find_placeholders, read_config
 from specpipe.triton.deployment import from_manifest
-from specpipe.triton.llmapi import llm_arguments, model_py, speculative_config
+from specpipe.triton.llmapi import llm_arguments, speculative_config
+from specpipe.triton.models import llmapi_shim
 from specpipe.triton.repository import package_engine, package_plan
+from specpipe.triton.writer import model_py
 from specpipe.trtllm import llmapi_schema as schema
+from specpipe.trtllm import release
 from trtllm_deployments import LLMAPI_MODES, engine_dir, plan_json
 
 EXPECTED_TYPE = {"none": None, "eagle": "Eagle3", "ngram": "NGram", "draft-model": "Draft_Target"}
@@ -31,6 +35,7 @@ def test_layout_and_config(packaged):
         "trtllm-serve.yaml"]
     config = read_config(repo / "tensorrt_llm" / "config.pbtxt")
     assert config.backend == "python" and config.max_batch_size == 0
+    assert config.parameters[llmapi_shim.MODEL_DIR_PARAMETER].string_value == release.CONTAINER_LLMAPI_MODEL_DIR
     assert not config.HasField("model_transaction_policy")  # set by the model from model.yaml's triton_config
     names = {i.name for i in config.input}
     assert {"text_input", "streaming", "sampling_param_max_tokens", "sampling_param_return_perf_metrics"} <= names
@@ -69,31 +74,47 @@ def test_trtllm_serve_options_are_the_same_llm_arguments(packaged):
     assert first.startswith(f"# trtllm-serve {model['model']} --backend pytorch --tp_size 1 --pp_size 1 --extra_llm_api_options /models/trtllm-serve.yaml")
 
 
-def test_model_py_loads_the_container_implementation(packaged):
+def test_model_py_is_the_shipped_shim(packaged, tmp_path, monkeypatch):
     _, _, repo = packaged
     text = (repo / "tensorrt_llm" / "1" / "model.py").read_text()
-    assert text == model_py() and "'/app/all_models/llmapi/tensorrt_llm/1'" in text
-    compile(text, "model.py", "exec")
+    assert text == model_py("specpipe.triton.models.llmapi_shim")
+    # The shim hands every call to the model.py in the directory the config names.
+    fake = tmp_path / "container"
+    fake.mkdir()
+    (fake / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args): self.args = args\n"
+        "    def execute(self, requests): return [r * 2 for r in requests]\n")
+    config = {"parameters": {llmapi_shim.MODEL_DIR_PARAMETER: {"string_value": str(fake)}}}
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    model = llmapi_shim.TritonPythonModel()
+    model.initialize({"model_config": __import__("json").dumps(config)})
+    assert model.execute([1, 2]) == [2, 4] and model._model.args["model_config"]
+    config["parameters"][llmapi_shim.MODEL_DIR_PARAMETER]["string_value"] = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="serve this repository in the TensorRT-LLM container"):
+        model.initialize({"model_config": __import__("json").dumps(config)})
 
 
-def test_schema_spellings_are_the_release_literals():
-    assert schema.DECODING_TYPE == {"eagle": "Eagle3", "ngram": "NGram", "draft-model": "Draft_Target", "mtp": "MTP"}
-    assert set(schema.DECODING_TYPE.values()) == set(schema.ACCEPTED_KEYS)
+def test_every_llmapi_method_writes_keys_its_config_class_accepts():
+    """The registry's decoding types are release literals, and the keys specpipe writes for each exist."""
+    for method, spec in METHODS.items():
+        if method is Method.NONE or not spec.runs_on(Runtime.TRTLLM_LLMAPI):
+            continue
+        assert spec.decoding_type in schema.ACCEPTED_KEYS, method
+        assert (spec.decoding_type in schema.NEEDS_MODEL) == (spec.weights is not None), method
     for keys in schema.ACCEPTED_KEYS.values():
         assert {"decoding_type", "max_draft_len", "speculative_model"} <= keys
     assert "DraftTarget" not in schema.ACCEPTED_KEYS and "Eagle" not in schema.ACCEPTED_KEYS
 
 
-def test_mtp_and_refused_methods(tmp_path):
-    deployment = from_manifest(engine_dir(tmp_path, runtime="trtllm-llmapi", **LLMAPI_MODES["none"]))
-    mtp = dataclasses.replace(deployment, speculative={"method": "mtp", "num_nextn_predict_layers": 1})
-    assert speculative_config(mtp) == {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
-    assert "disable_overlap_scheduler" not in llm_arguments(mtp)
+def test_refused_methods(tmp_path):
+    deployment = from_manifest(engine_dir(tmp_path, runtime="trtllm-llmapi", **LLMAPI_MODES["eagle"]))
     for method in ("medusa", "lookahead"):
+        spec = dataclasses.replace(deployment.speculative, method=Method(method), max_draft_len=4)
         with pytest.raises(SpecpipeError, match=f"{method} does not run on TensorRT-LLM's LLM API .* --runtime trtllm"):
-            speculative_config(dataclasses.replace(deployment, speculative={"method": method, "max_draft_len": 4}))
-    with pytest.raises(SpecpipeError, match="MTP does not support pipeline parallelism"):
-        speculative_config(dataclasses.replace(mtp, pp=2))
+            speculative_config(dataclasses.replace(deployment, speculative=spec))
+    with pytest.raises(SpecpipeError, match="Eagle3 does not support pipeline parallelism"):
+        speculative_config(dataclasses.replace(deployment, pp=2))
 
 
 def test_checkpoint_outside_the_engines_root_is_refused(tmp_path):

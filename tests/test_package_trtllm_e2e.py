@@ -14,7 +14,8 @@ import pytest
 from specpipe.serve.local import LocalTritonServer
 from specpipe.triton.config import python_model_config, read_config, write_config
 from specpipe.triton.interface import TENSORRT_LLM
-from specpipe.triton.repository import model_py, package_engine
+from specpipe.triton.repository import package_engine
+from specpipe.triton.writer import model_py
 from conftest import free_port
 from tiny_engine import make_tiny_engine
 from trtllm_deployments import ENGINE_MODES, engine_dir

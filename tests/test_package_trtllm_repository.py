@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from specpipe.cli import main
 from specpipe.errors import SpecpipeError
 from specpipe.triton.backend_parameters import DECODING_MODES, PARAMETERS, REQUIRED, value_problems
-from specpipe.triton.choices_param import choices_text, parse_like_backend
 from specpipe.triton.config import ensemble_problems, find_placeholders, read_config
 from specpipe.triton.kv_fraction import kv_cache_fractions
 from specpipe.triton.repository import package_engine, package_plan
-from specpipe.trtllm.choices import MC_SIM_7B_63
+from specpipe.tree import MC_SIM_7B_63, Tree, TreeError
 from tritonclient.grpc import model_config_pb2 as mc
+from backend_oracle import parse_like_backend
 from trtllm_deployments import ENGINE_MODES, engine_dir, plan_json
 
 EXPECTED_MODE = {"none": "top_k_top_p", "eagle": "eagle", "medusa": "medusa", "lookahead": "lookahead",
@@ -81,14 +81,15 @@ def test_decoding_mode_and_choices_agree_with_the_manifest(packaged):
     spec = manifest["speculative"]
     p = params(read_config(repo / "tensorrt_llm" / "config.pbtxt"))
     assert p["decoding_mode"] == EXPECTED_MODE[mode]
+    tree_key = {"eagle": "eagle_choices", "medusa": "medusa_choices"}.get(mode)
     for key in ("eagle_choices", "medusa_choices"):
-        if key in spec:
-            assert parse_like_backend(p[key]) == spec[key]
-            assert max(len(path) for path in spec[key]) <= spec.get("num_eagle_layers", spec.get("num_medusa_heads"))
+        if key == tree_key:
+            assert parse_like_backend(p[key]) == spec["choices"]
+            assert max(len(path) for path in spec["choices"]) <= spec[{"eagle": "num_eagle_layers"}.get(mode, "num_medusa_heads")]
         else:
             assert key not in p
-    for key in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
-        assert (p.get(key)) == (str(spec[key]) if mode == "lookahead" else None)
+    lookahead = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+    assert [p.get(key) for key in lookahead] == ([str(v) for v in spec["lookahead"]] if mode == "lookahead" else [None] * 3)
     if mode == "lookahead":
         assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == ("7", "7", "7")
 
@@ -146,14 +147,15 @@ def test_a_plan_packages_to_the_same_repository_before_the_build(tmp_path):
     assert json.loads((from_plan / "specpipe.json").read_text())["origin"] == "plan"
 
 
-def test_choices_text_round_trips_through_the_backend_parser():
-    text = choices_text(MC_SIM_7B_63)
+def test_backend_text_round_trips_through_the_backend_parser():
+    text = Tree(MC_SIM_7B_63).to_backend_text()
     assert text.startswith("{0}, {0, 0}, {1}, {0, 1}") and "{{" not in text
     assert parse_like_backend(text) == [list(p) for p in MC_SIM_7B_63]
+    assert Tree.parse(text) == Tree(MC_SIM_7B_63)  # and specpipe reads the backend's text back
     with pytest.raises(ValueError, match="stoi"):
         parse_like_backend("{" + text + "}")  # outer braces break the backend's parser
-    with pytest.raises(SpecpipeError, match="choices tree is empty"):
-        choices_text([])
+    with pytest.raises(TreeError, match="non-empty list of paths"):
+        Tree.parse([])
 
 
 def test_value_problems_name_what_the_backend_would_reject():
@@ -198,8 +200,8 @@ def test_manifest_from_another_release_leaves_the_old_repository(tmp_path):
 
 def test_choices_deeper_than_the_eagle_layers(tmp_path):
     engine = engine_dir(tmp_path, **ENGINE_MODES["eagle"])
-    _edit_manifest(engine, lambda m: m["speculative"].update(eagle_choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]))
-    with pytest.raises(SpecpipeError, match="the eagle_choices tree is 5 deep, the engine has 4 EAGLE layers"):
+    _edit_manifest(engine, lambda m: m["speculative"].update(choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]))
+    with pytest.raises(SpecpipeError, match="the eagle_choices tree is 5 deep, the draft has 4 EAGLE layers .*rebuild with more"):
         package_engine(engine, tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
 
@@ -208,7 +210,7 @@ def test_plan_without_a_gpu(tmp_path):
     plan = plan_json(tmp_path, gpu=None, **ENGINE_MODES["none"])
     with pytest.raises(SpecpipeError, match="memory plan names no GPU.*--gpu"):
         package_plan(plan, "x", tmp_path / "repos")
-    assert list((tmp_path / "repos").iterdir()) == []  # no repository, no temporary directory
+    assert not (tmp_path / "repos").exists()  # refused before anything is written: no repository, no temporary directory
 
 
 def test_draft_target_engine_without_its_draft(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe.errors import SpecpipeError
-from specpipe.triton import repository as repo_mod
+from specpipe.triton import writer as repo_mod
 from specpipe.triton.config import check_ensemble, find_placeholders, read_config
 from specpipe.triton.repository import package_engine, package_plan, repository_runtime
 from tiny_engine import make_tiny_engine
@@ -136,7 +136,8 @@ def test_cpu_engine_relabelled_trtllm_is_refused(engine, tmp_path):
 
 
 def test_engine_without_target_dir(engine, tmp_path):
-    copy = _copy_with_manifest(engine, tmp_path, target={"path": "missing"})
+    target = json.loads((engine / "manifest.json").read_text())["target"]
+    copy = _copy_with_manifest(engine, tmp_path, target={**target, "path": "missing"})
     with pytest.raises(SpecpipeError, match="no target checkpoint directory"):
         package_engine(copy, tmp_path / "repo")
     assert not (tmp_path / "repo").exists()

@@ -54,7 +54,7 @@ def test_json_is_one_document_and_writes_nothing(tmp_path):
     assert mem["unit"] == "bytes" and mem["fits"] is True and mem["gpu"] == "h200-141gb" and mem["gpus"] == 2
     assert mem["total"] == sum(mem[k] for k in ("target_weights", "draft_weights", "target_kv_cache", "draft_kv_cache",
                                                 "activations", "runtime_overhead"))
-    assert doc["speculative"] == {"method": "draft-model", "max_draft_len": 4}
+    assert doc["speculative"] == {"method": "draft-model", "max_draft_len": 4, "flavour": "causal-lm"}
     assert doc["release"]["tensorrt_llm"] == "1.2.1"
     assert not (tmp_path / "e").exists()
 

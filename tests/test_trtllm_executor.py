@@ -75,7 +75,7 @@ def test_local_build_runs_every_step_then_skips_them(tmp_path, standins):
     assert [s["name"] for s in manifest["trtllm"]["steps"]] == [
         "download-target", "download-draft", "convert-target", "convert-draft", "build-target", "build-draft"]
     assert all(len(s["hash"]) == 16 and s["argv"][0] in ("hf", "python3", "trtllm-build") for s in manifest["trtllm"]["steps"])
-    assert manifest["speculative"] == {"method": "draft-model", "max_draft_len": 4}
+    assert manifest["speculative"] == {"method": "draft-model", "max_draft_len": 4, "flavour": "causal-lm"}
     assert (engine / "target" / "rank0.engine").read_bytes() == b"engine"
     assert (engine / "draft" / "rank0.engine").is_file() and (engine / "tokenizer" / "tokenizer.json").is_file()
     logs = list((tmp_path / "engines" / ".trtllm-work" / "logs").glob("*.log"))

@@ -11,6 +11,8 @@ import pytest
 
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError
+from specpipe.presets import load_draft
+from specpipe.speculative import METHODS, Method, Runtime, methods_for
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.quant import UnsupportedCombinationError
@@ -46,8 +48,11 @@ def expected_refusal(target, draft, quant):
 CASES = list(itertools.product(TARGETS, DRAFTS, QUANTS, TPS))
 
 
-def test_matrix_size():
-    assert len(CASES) == 320
+def test_the_matrix_covers_every_engine_flow_method():
+    """A method added to the registry for the engine flow must be added to the matrix too."""
+    covered = {load_draft(d).kind for d in DRAFTS}
+    assert covered == {m.value for m in methods_for(Runtime.TRTLLM)} - {Method.NONE.value}
+    assert {d: METHODS[Method(load_draft(d).kind)].build_mode for d in DRAFTS} == MODE
 
 
 @pytest.mark.parametrize("target, draft, quant, tp", CASES)

@@ -17,7 +17,7 @@ Facts the writer relies on (same sources):
   for those three (no guided decoding).
 - ``worker_path`` is refused (replaced by ``executor_worker_path``); it is not listed.
 - ``eagle_choices`` / ``medusa_choices`` are parsed by ``utils::csvStrToVecVecInt``: groups ``{a, b}``
-  separated by commas, no outer braces (see :mod:`specpipe.triton.choices_param`).
+  separated by commas, no outer braces (see :meth:`specpipe.tree.Tree.to_backend_text`).
 - ``decoding_mode`` accepts exactly :data:`DECODING_MODES`; anything else falls back to
   ``top_k_top_p`` (beam width 1) with a warning. Draft-target has no mode of its own.
 - ``decoding_mode`` ``lookahead`` throws at load unless all three ``lookahead_*`` keys are set.

@@ -17,17 +17,21 @@ Container layout (every path in a generated config is a path inside the serving 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
+from specpipe.manifest import read_manifest
+from specpipe.speculative import Method, Runtime, SpeculativeSettings
+from specpipe.tree import TreeError
 from specpipe.trtllm import release
+from specpipe.trtllm.plan import PLAN_FORMAT
 
 CONTAINER_REPO = "/models"
 CONTAINER_ENGINES = "/engines"
-RUNTIMES = ("trtllm", "trtllm-llmapi")
-PLAN_FORMAT = "specpipe-trtllm-plan/1"
+#: The runtimes a :class:`Deployment` is made for (the CPU runtime is packaged by :mod:`specpipe.triton.cpu_repository`).
+RUNTIMES = (Runtime.TRTLLM, Runtime.TRTLLM_LLMAPI)
 
 
 @dataclass
@@ -37,7 +41,7 @@ class Deployment:
     Attributes:
         name: engine name. runtime: ``trtllm`` (engine flow) or ``trtllm-llmapi``.
         trtllm_version: TensorRT-LLM release the engine was built for. container_image: its container.
-        speculative: the ``speculative`` block (method, max_draft_len, choices, lookahead sizes ...).
+        speculative: the resolved speculative settings (method, max_draft_len, tree, lookahead sizes ...).
         tp, pp: parallel sizes. limits: max_batch_size (requests), max_input_len, max_seq_len (tokens).
         memory: the memory plan (bytes per GPU, ``MemoryPlan.as_dict()``).
         engines_root, engine_dir: host paths. target_path, draft_path: host paths of the target and
@@ -49,7 +53,7 @@ class Deployment:
     runtime: str
     trtllm_version: str
     container_image: str
-    speculative: dict[str, Any]
+    speculative: SpeculativeSettings
     tp: int
     pp: int
     limits: dict[str, int]
@@ -60,11 +64,10 @@ class Deployment:
     draft_path: Path | None
     tokenizer_path: Path
     origin: str
-    llmapi: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def method(self) -> str:
-        return str(self.speculative.get("method", "none"))
+    def method(self) -> Method:
+        return self.speculative.method
 
     @property
     def world_size(self) -> int:
@@ -73,7 +76,7 @@ class Deployment:
 
     @property
     def max_draft_len(self) -> int:
-        return int(self.speculative.get("max_draft_len", 0))
+        return self.speculative.max_draft_len
 
     def container_path(self, host_path: Path) -> str:
         """``host_path`` (under the engines root) as seen in the container (under ``/engines``).
@@ -101,36 +104,26 @@ def _check_release(found: str | None, where: str) -> str:
     return found
 
 
-def check_speculative(spec: dict[str, Any], where: str) -> None:
+def check_speculative(spec: SpeculativeSettings, where: str) -> None:
     """Settings that must agree between the engine and the serving config.
 
     Raises:
         CompatibilityError: a choices tree deeper than the EAGLE layers / Medusa heads or with more
-            nodes than ``max_draft_len``; lookahead without all of W, N, G.
+            nodes than ``max_draft_len``; lookahead without (W, N, G).
     """
-    method = spec.get("method", "none")
-    for key, limit_key, what in (("eagle_choices", "num_eagle_layers", "EAGLE layers"),
-                                 ("medusa_choices", "num_medusa_heads", "Medusa heads")):
-        tree = spec.get(key)
-        if tree is None:
-            continue
-        depth, nodes = max(len(p) for p in tree), len(tree)
-        limit = spec.get(limit_key)
-        if limit is not None and depth > int(limit):
-            raise CompatibilityError(
-                f"{where}: the {key} tree is {depth} deep, the engine has {limit} {what}: use a tree at most {limit} "
-                f"deep (--choices) or rebuild with more {what}"
-            )
-        if nodes > int(spec.get("max_draft_len", 0)):
-            raise CompatibilityError(
-                f"{where}: the {key} tree has {nodes} nodes, the engine's max_draft_len is {spec.get('max_draft_len')}: "
-                f"give a smaller tree or rebuild with --max-draft-len {nodes}"
-            )
-    if method == "lookahead":
-        missing = [k for k in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
-                   if k not in spec]
-        if missing:
-            raise CompatibilityError(f"{where}: lookahead settings lack {', '.join(missing)}: rebuild the engine")
+    if spec.tree is not None:
+        if spec.method is Method.EAGLE:
+            limit, counted = spec.num_eagle_layers, "EAGLE layers"
+        else:
+            limit, counted = spec.num_medusa_heads, "Medusa heads"
+        try:
+            spec.tree.check(max_depth=limit, max_nodes=spec.max_draft_len, what=spec.spec.choices_key,
+                            depth_limit=counted,
+                            fix_depth=f"use a tree at most {{limit}} deep (--choices) or rebuild with more {counted}")
+        except TreeError as exc:
+            raise TreeError(f"{where}: {exc}") from None
+    if spec.method is Method.LOOKAHEAD and spec.lookahead is None:
+        raise CompatibilityError(f"{where}: lookahead settings lack (W, N, G): rebuild the engine")
 
 
 def from_manifest(engine_dir: Path) -> Deployment:
@@ -141,44 +134,43 @@ def from_manifest(engine_dir: Path) -> Deployment:
             TensorRT-LLM release, or missing keys.
         CompatibilityError: see :func:`check_speculative`.
     """
-    from specpipe.manifest import read_manifest_json
-
     engine_dir = Path(engine_dir).absolute()
-    manifest = read_manifest_json(engine_dir)
-    runtime = manifest.get("runtime")
+    manifest = read_manifest(engine_dir)
+    runtime = manifest.runtime
     if runtime not in RUNTIMES:
-        raise ManifestError(f"{engine_dir} is a '{runtime}' engine, not a TensorRT-LLM one: package it without --runtime trtllm")
+        raise ManifestError(f"{engine_dir} is a '{runtime.value}' engine, not a TensorRT-LLM one: package it without --runtime trtllm")
+    missing = [k for k in ("trtllm", "parallel", "limits") if getattr(manifest, k) is None]
+    if missing or manifest.target.path is None:
+        raise ManifestError(f"{engine_dir}/manifest.json lacks {(missing or ['target path'])[0]!r}: rebuild the engine with "
+                            f"'specpipe build'")
+    trt, spec = manifest.trtllm, manifest.speculative
     try:
-        trt = manifest["trtllm"]
-        version = _check_release(trt.get("version"), f"engine {engine_dir}")
-        spec = dict(manifest["speculative"])
-        parallel, limits = manifest["parallel"], manifest["limits"]
-        memory = trt.get("memory") or {}
-        target_rel = manifest["target"]["path"]
-        draft = manifest.get("draft") or {}
+        version = _check_release(trt["version"], f"engine {engine_dir}")
+        memory = trt["memory"] or {}
     except (KeyError, TypeError) as exc:
         raise ManifestError(f"{engine_dir}/manifest.json lacks {exc}: rebuild the engine with 'specpipe build'") from exc
-    root = engine_dir.parent
-    if runtime == "trtllm":
-        target = engine_dir / target_rel
-        draft_path = engine_dir / draft["path"] if draft.get("path") else None
+    draft_rel = manifest.draft.path if manifest.draft else None
+    if runtime is Runtime.TRTLLM:
+        target = engine_dir / manifest.target.path
+        draft_path = engine_dir / draft_rel if draft_rel else None
         tokenizer = engine_dir / "tokenizer"
         for path, what in ((target, "target engine"), (tokenizer, "tokenizer")):
             if not path.is_dir():
                 raise ManifestError(f"{engine_dir} has no {what} directory {path.name}/: rebuild it with 'specpipe build --force'")
-        if spec.get("method") == "draft-model" and (draft_path is None or not draft_path.is_dir()):
+        if spec.spec.weights == "model" and (draft_path is None or not draft_path.is_dir()):
             raise ManifestError(f"{engine_dir} is a draft-target engine without its draft/ engine: rebuild it with 'specpipe build --force'")
     else:
-        target = Path(target_rel)
-        draft_path = Path(draft["path"]) if draft.get("path") else None
+        target = Path(manifest.target.path)
+        draft_path = Path(draft_rel) if draft_rel else None
         tokenizer = target
     check_speculative(spec, f"engine {engine_dir.name}")
     return Deployment(
-        name=str(manifest.get("name", engine_dir.name)), runtime=runtime, trtllm_version=version,
+        name=manifest.name, runtime=runtime.value, trtllm_version=version,
         container_image=str(trt.get("container_image", release.CONTAINER_IMAGE)), speculative=spec,
-        tp=int(parallel["tp"]), pp=int(parallel["pp"]), limits={k: int(v) for k, v in limits.items()}, memory=memory,
-        engines_root=root, engine_dir=engine_dir, target_path=target, draft_path=draft_path, tokenizer_path=tokenizer,
-        origin="manifest", llmapi=dict(trt.get("llmapi") or {}),
+        tp=int(manifest.parallel["tp"]), pp=int(manifest.parallel["pp"]),
+        limits={k: int(v) for k, v in manifest.limits.items()}, memory=memory,
+        engines_root=engine_dir.parent, engine_dir=engine_dir, target_path=target, draft_path=draft_path,
+        tokenizer_path=tokenizer, origin="manifest",
     )
 
 
@@ -186,8 +178,8 @@ def from_plan(plan_path: Path) -> Deployment:
     """The deployment a build plan (``build --dry-run --json`` output) will produce.
 
     Raises:
-        SpecpipeError: unreadable JSON or not a plan document.
-        ManifestError: another TensorRT-LLM release.
+        SpecpipeError: unreadable JSON or not a plan document (of :data:`~specpipe.trtllm.plan.PLAN_FORMAT`).
+        ManifestError: another TensorRT-LLM release, or speculative settings that are not valid.
         CompatibilityError: see :func:`check_speculative`.
     """
     plan_path = Path(plan_path)
@@ -206,14 +198,14 @@ def from_plan(plan_path: Path) -> Deployment:
     try:
         version = _check_release(plan["release"]["tensorrt_llm"], f"plan {plan_path}")
         engine_dir = Path(plan["engine_dir"]).absolute()
-        spec = dict(plan["speculative"])
+        spec = SpeculativeSettings.from_json(plan["speculative"], f"plan {plan_path}")
         parallel, limits = plan["parallel"], plan["limits"]
         memory = plan["memory"]
         target_path, draft_path = plan["target"]["path"], plan["draft"]["path"]
     except (KeyError, TypeError) as exc:
         raise SpecpipeError(f"plan {plan_path} lacks {exc}: regenerate it with 'specpipe build ... --dry-run --json'") from exc
-    if runtime == "trtllm":
-        target, draft = engine_dir / "target", (engine_dir / "draft" if spec.get("method") == "draft-model" else None)
+    if runtime == Runtime.TRTLLM:
+        target, draft = engine_dir / "target", (engine_dir / "draft" if spec.spec.weights == "model" else None)
         tokenizer = engine_dir / "tokenizer"
     else:
         target, draft = Path(target_path), (Path(draft_path) if draft_path else None)
@@ -224,5 +216,5 @@ def from_plan(plan_path: Path) -> Deployment:
         container_image=str(plan["release"].get("container_image", release.CONTAINER_IMAGE)), speculative=spec,
         tp=int(parallel["tp"]), pp=int(parallel["pp"]), limits={k: int(v) for k, v in limits.items()}, memory=memory,
         engines_root=engine_dir.parent, engine_dir=engine_dir, target_path=target, draft_path=draft,
-        tokenizer_path=tokenizer, origin="plan", llmapi=dict(plan.get("llmapi") or {}),
+        tokenizer_path=tokenizer, origin="plan",
     )

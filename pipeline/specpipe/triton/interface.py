@@ -36,10 +36,6 @@ from dataclasses import dataclass
 #: time, in arrival order). Tensors carry a leading batch dimension of 1.
 MAX_BATCH_SIZE = 1
 
-#: Triton data types used here, without the ``TYPE_`` prefix of ``model_config.proto``.
-DTYPES = ("BOOL", "INT32", "UINT64", "FP32", "STRING")
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output tensor of a Triton model.

@@ -5,13 +5,15 @@ Layout (TensorRT-LLM's ``triton_backend/all_models/llmapi``; in the container ``
     triton_repo/NAME/
       specpipe.json                  runtime, release, container, GPUs (read by the launcher)
       tensorrt_llm/config.pbtxt      backend "python", one KIND_CPU instance; no max_batch_size and no
-                                     decoupled (the model sets them from model.yaml's triton_config)
+                                     decoupled (the model sets them from model.yaml's triton_config);
+                                     parameter llmapi_model_dir: the container's LLM-API model directory
       tensorrt_llm/1/model.yaml      the LLM(...) arguments + triton_config
-      tensorrt_llm/1/model.py        loads the container's own LLM-API Python model (one implementation)
+      tensorrt_llm/1/model.py        imports specpipe.triton.models.llmapi_shim, which delegates to the
+                                     container's own LLM-API Python model (one implementation)
       trtllm-serve.yaml              the same LLM arguments for ``trtllm-serve --extra_llm_api_options``
 
-``model.yaml`` keys and ``decoding_type`` spellings follow the pinned release
-(:mod:`specpipe.trtllm.llmapi_schema`): every key except ``triton_config`` is passed to ``LLM(...)``
+``decoding_type`` is the registry's (:attr:`specpipe.speculative.MethodSpec.decoding_type`); ``model.yaml``
+keys and spellings follow the pinned release (:mod:`specpipe.trtllm.llmapi_schema`): every key except ``triton_config`` is passed to ``LLM(...)``
 (the container's model.py reads ``model.yaml`` from its model version directory and merges it with
 ``update_llm_args_with_extra_dict``; tensorrtllm_backend ``all_models/llmapi/tensorrt_llm/1/model.py``
 @ c2e65b8). ``triton_config.max_batch_size`` must be 0 (that model does not batch);
@@ -23,7 +25,6 @@ Tensor interface of ``config.pbtxt``: TensorRT-LLM ``triton_backend/all_models/l
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,14 +32,16 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe import __version__
 from specpipe.errors import CompatibilityError, SpecpipeError
-from specpipe.fsutil import write_dir_atomically
-from specpipe.triton.config import check_no_placeholders, model_input, model_output, write_config
+from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, Runtime
+from specpipe.triton.config import model_input, model_output
 from specpipe.triton.deployment import Deployment
 from specpipe.triton.interface import ModelInterface, _t
 from specpipe.triton.kv_fraction import kv_cache_fractions
-from specpipe.triton.repo_meta import deployment_meta, write_meta
+from specpipe.triton.models.llmapi_shim import MODEL_DIR_PARAMETER
+from specpipe.triton.repo_meta import META_NAME, deployment_meta, meta_text
+from specpipe.triton.writer import MODULES, VERSION_DIR, Repository
 from specpipe.trtllm import release
-from specpipe.trtllm.llmapi_schema import ACCEPTED_KEYS, DECODING_TYPE, ENGINE_ONLY, NEEDS_MODEL
+from specpipe.trtllm.llmapi_schema import ACCEPTED_KEYS
 
 MODEL = "tensorrt_llm"
 MODEL_YAML = "model.yaml"
@@ -88,38 +91,36 @@ def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
     """The ``speculative_config`` mapping for the deployment's method (``None`` without speculation).
 
     Raises:
-        CompatibilityError: an engine-flow-only method (Medusa, lookahead), EAGLE-3/MTP with PP > 1,
+        CompatibilityError: a method the LLM API does not run (Medusa, lookahead), EAGLE-3 with PP > 1,
             or a method that needs a draft checkpoint without one.
     """
-    spec, method = deployment.speculative, deployment.method
-    if method == "none":
+    spec = deployment.speculative
+    method = spec.spec
+    if spec.method is Method.NONE:
         return None
-    if method in ENGINE_ONLY or method not in DECODING_TYPE:
+    if not method.runs_on(Runtime.TRTLLM_LLMAPI) or method.decoding_type is None:
         raise CompatibilityError(
-            f"{method} does not run on TensorRT-LLM's LLM API (PyTorch backend) in {release.TRTLLM_VERSION}: "
+            f"{spec.method.value} does not run on TensorRT-LLM's LLM API (PyTorch backend) in {release.TRTLLM_VERSION}: "
             f"build with --runtime trtllm for the engine flow"
         )
-    decoding_type = DECODING_TYPE[method]
-    if decoding_type in ("Eagle3", "MTP") and deployment.pp > 1:
+    decoding_type = method.decoding_type
+    if spec.method is Method.EAGLE and deployment.pp > 1:
         raise CompatibilityError(
             f"{decoding_type} does not support pipeline parallelism on the LLM API (TensorRT-LLM feature-combination "
             f"matrix): use --pp 1 and a larger --tp"
         )
-    config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": deployment.max_draft_len}
-    if decoding_type in NEEDS_MODEL:
+    config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": spec.max_draft_len}
+    if method.weights is not None:
         if deployment.draft_path is None:
             raise CompatibilityError(f"{decoding_type} needs a draft checkpoint, engine {deployment.name} has none: rebuild with --draft-model")
         config["speculative_model"] = deployment.container_path(deployment.draft_path)
-    if decoding_type == "Eagle3":
+    if spec.method is Method.EAGLE:
         config["eagle3_one_model"] = True
-        if spec.get("eagle_choices"):
-            config["eagle_choices"] = [list(p) for p in spec["eagle_choices"]]
-    elif decoding_type == "NGram":
-        ngram = (deployment.llmapi.get("speculative_config") or {}).get("max_matching_ngram_size",
-                                                                         spec.get("max_matching_ngram_size", 3))
-        config.update(max_matching_ngram_size=int(ngram), is_keep_all=True, is_use_oldest=True, is_public_pool=True)
-    elif decoding_type == "MTP":
-        config = {"decoding_type": "MTP", "num_nextn_predict_layers": int(spec.get("num_nextn_predict_layers", 1))}
+        if spec.tree is not None:
+            config["eagle_choices"] = spec.tree.to_list()
+    elif spec.method is Method.NGRAM:
+        config.update(max_matching_ngram_size=int(spec.max_matching_ngram_size or NGRAM_MATCH_DEFAULT),
+                      is_keep_all=True, is_use_oldest=True, is_public_pool=True)
     unknown = set(config) - ACCEPTED_KEYS[decoding_type]
     if unknown:
         raise SpecpipeError(f"speculative_config keys {sorted(unknown)} are not {decoding_type} options in {release.TRTLLM_VERSION}: report this as a bug")
@@ -165,57 +166,35 @@ def serve_command(deployment: Deployment, options_path: str) -> list[str]:
 
 
 def model_config() -> mc.ModelConfig:
-    """config.pbtxt: Python backend, one CPU instance, the :data:`LLMAPI` tensors."""
+    """config.pbtxt: Python backend, one CPU instance, the :data:`LLMAPI` tensors, and the container's
+    LLM-API model directory (:data:`release.CONTAINER_LLMAPI_MODEL_DIR`) for the shim."""
     config = mc.ModelConfig(name=MODEL, backend="python")
     config.input.extend(model_input(s) for s in LLMAPI.inputs)
     config.output.extend(model_output(s) for s in LLMAPI.outputs)
     config.instance_group.append(mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU))
+    config.parameters[MODEL_DIR_PARAMETER].string_value = release.CONTAINER_LLMAPI_MODEL_DIR
     return config
-
-
-def model_py() -> str:
-    """A ``model.py`` that loads the container's LLM-API model from :data:`release.CONTAINER_LLMAPI_MODEL_DIR`."""
-    where = release.CONTAINER_LLMAPI_MODEL_DIR
-    return (
-        f'"""Triton Python-backend entry point written by specpipe {__version__}: the LLM API model of the\n'
-        f'TensorRT-LLM container ({where}/model.py), which reads model.yaml from this directory."""\n'
-        "import importlib.util\n"
-        "import sys\n\n"
-        f"_DIR = {where!r}\n"
-        "sys.path.insert(0, _DIR)  # its helpers module\n"
-        "_spec = importlib.util.spec_from_file_location('trtllm_llmapi_model', _DIR + '/model.py')\n"
-        "_module = importlib.util.module_from_spec(_spec)\n"
-        "_spec.loader.exec_module(_module)\n"
-        "TritonPythonModel = _module.TritonPythonModel\n"
-    )
 
 
 def _dump(data: dict[str, Any]) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def _fill(root: Path, deployment: Deployment) -> None:
-    version = root / MODEL / "1"
-    version.mkdir(parents=True)
-    write_config(model_config(), root / MODEL)
-    (version / MODEL_YAML).write_text(
-        f"# LLM API arguments for {deployment.name}, written by specpipe {__version__} for TensorRT-LLM "
-        f"{deployment.trtllm_version}\n" + _dump(model_yaml(deployment)))
-    (version / "model.py").write_text(model_py())
-    options = f"/models/{SERVE_OPTIONS}"
-    (root / SERVE_OPTIONS).write_text(
-        f"# {' '.join(serve_command(deployment, options))}\n" + _dump(serve_options(deployment)))
-    write_meta(root, deployment_meta(deployment, [MODEL]))
-    check_no_placeholders(root)
-
-
-def write_llmapi_repository(deployment: Deployment, out_dir: Path) -> Path:
-    """Write the LLM API repository of ``deployment`` to ``out_dir`` (replaced as a whole).
+def llmapi_repository(deployment: Deployment) -> Repository:
+    """The LLM API repository of ``deployment``: config, model.yaml, the shim, trtllm-serve options, metadata.
 
     Raises:
-        SpecpipeError: see :func:`speculative_config` and :func:`~specpipe.triton.kv_fraction.kv_cache_fractions`;
-            nothing is written then.
+        SpecpipeError: not an LLM API deployment; see :func:`speculative_config` and
+            :func:`~specpipe.triton.kv_fraction.kv_cache_fractions`.
     """
-    if deployment.runtime != "trtllm-llmapi":
+    if deployment.runtime != Runtime.TRTLLM_LLMAPI:
         raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the engine-flow repository writer")
-    return write_dir_atomically(out_dir, lambda root: _fill(root, deployment))
+    options = f"/models/{SERVE_OPTIONS}"
+    files = {
+        f"{MODEL}/{VERSION_DIR}/{MODEL_YAML}": (
+            f"# LLM API arguments for {deployment.name}, written by specpipe {__version__} for TensorRT-LLM "
+            f"{deployment.trtllm_version}\n" + _dump(model_yaml(deployment))),
+        SERVE_OPTIONS: f"# {' '.join(serve_command(deployment, options))}\n" + _dump(serve_options(deployment)),
+        META_NAME: meta_text(deployment_meta(deployment, [MODEL])),
+    }
+    return Repository({MODEL: model_config()}, {MODEL: MODULES["llmapi"]}, files)

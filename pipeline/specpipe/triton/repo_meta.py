@@ -14,6 +14,7 @@ from typing import Any
 
 from specpipe import __version__
 from specpipe.errors import SpecpipeError
+from specpipe.speculative import Runtime
 
 META_NAME = "specpipe.json"
 META_FORMAT = "specpipe-triton-repo/1"
@@ -21,7 +22,7 @@ META_FORMAT = "specpipe-triton-repo/1"
 
 def deployment_meta(deployment, rank_models: list[str]) -> dict[str, Any]:
     """The metadata of a repository written for ``deployment`` (a :class:`~specpipe.triton.deployment.Deployment`)."""
-    engine_flow = deployment.runtime == "trtllm"
+    engine_flow = deployment.runtime == Runtime.TRTLLM
     return {
         "format": META_FORMAT,
         "specpipe_version": __version__,
@@ -36,14 +37,13 @@ def deployment_meta(deployment, rank_models: list[str]) -> dict[str, Any]:
         "world_size": deployment.world_size if engine_flow else 1,
         "rank_models": rank_models,
         "engines_root": str(deployment.engines_root),
-        "speculative": deployment.speculative.get("method", "none"),
+        "speculative": deployment.method.value,
     }
 
 
-def write_meta(root: Path, meta: dict[str, Any]) -> Path:
-    path = Path(root) / META_NAME
-    path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return path
+def meta_text(meta: dict[str, Any]) -> str:
+    """The text of ``specpipe.json`` (sorted keys)."""
+    return json.dumps(meta, indent=2, sort_keys=True) + "\n"
 
 
 def read_meta(repo_dir: Path) -> dict[str, Any] | None:

@@ -13,32 +13,21 @@ Layout (model names and ensemble wiring of TensorRT-LLM's ``inflight_batcher_llm
 
 Every ``tensorrt_llm*`` parameter is set explicitly, and only keys the backend reads are written
 (:mod:`specpipe.triton.backend_parameters`); paths are the container's (:mod:`specpipe.triton.deployment`);
-``decoding_mode``, choices and lookahead sizes come from the engine's manifest (or plan), the KV-cache
-fraction from its memory plan (:mod:`specpipe.triton.kv_fraction`). The repository is written to a
-temporary directory, checked (configs parsed back strictly, ensemble wiring, backend parameter
-values, no ``${``) and renamed into place.
+``decoding_mode`` (the registry's :attr:`~specpipe.speculative.MethodSpec.decoding_mode`), the tree
+(:meth:`specpipe.tree.Tree.to_backend_text` under the registry's ``choices_key``) and lookahead sizes
+come from the engine's manifest (or plan), the KV-cache fraction from its memory plan
+(:mod:`specpipe.triton.kv_fraction`). Backend parameter values are checked here; :mod:`specpipe.triton.writer`
+writes the repository (configs parsed back strictly, ensemble wiring, no ``${``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe.errors import SpecpipeError
-from specpipe.fsutil import write_dir_atomically
+from specpipe.speculative import Runtime
 from specpipe.triton.backend_parameters import value_problems
-from specpipe.triton.choices_param import choices_text
-from specpipe.triton.config import (
-    check_ensemble,
-    check_no_placeholders,
-    ensemble_model_config,
-    model_input,
-    model_output,
-    python_model_config,
-    read_config,
-    write_config,
-)
+from specpipe.triton.config import ensemble_model_config, model_input, model_output, python_model_config
 from specpipe.triton.deployment import Deployment
 from specpipe.triton.interface import (
     ENGINE_ENSEMBLE_STEPS,
@@ -49,30 +38,22 @@ from specpipe.triton.interface import (
     TENSORRT_LLM_ENGINE,
 )
 from specpipe.triton.kv_fraction import kv_cache_fractions
-from specpipe.triton.repo_meta import deployment_meta, write_meta
+from specpipe.triton.repo_meta import META_NAME, deployment_meta, meta_text
+from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
 
 BACKEND = "tensorrtllm"
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
 BLS_MODEL = TENSORRT_LLM_BLS.name
-VERSION_DIR = "1"
-
-#: specpipe speculative method -> the backend's ``decoding_mode`` (draft-target and none have no mode of
-#: their own: ``top_k_top_p``, the backend's default for beam width 1).
-DECODING_MODE = {"eagle": "eagle", "medusa": "medusa", "lookahead": "lookahead", "draft-model": "top_k_top_p",
-                 "none": "top_k_top_p"}
-
-PYTHON_MODULES = {
-    PREPROCESSING.name: "specpipe.triton.models.preprocessing",
-    POSTPROCESSING.name: "specpipe.triton.models.postprocessing",
-    BLS_MODEL: "specpipe.triton.models.bls",
-}
+#: The draft engine's ``decoding_mode``: it drafts plainly (the backend's default for beam width 1).
+DRAFT_DECODING_MODE = "top_k_top_p"
+LOOKAHEAD_KEYS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 
 
 def engine_parameters(deployment: Deployment, engine_path: str, kv_fraction: float, *, draft: bool) -> dict[str, str]:
     """Parameters of a ``tensorrt_llm``/``tensorrt_llm_draft`` model (all text, as Triton stores them)."""
-    method = deployment.method
     spec = deployment.speculative
+    method = spec.spec
     params = {
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": engine_path,
@@ -88,17 +69,14 @@ def engine_parameters(deployment: Deployment, engine_path: str, kv_fraction: flo
         "tokenizer_dir": deployment.container_path(deployment.tokenizer_path),
         "xgrammar_tokenizer_info_path": "",
         "guided_decoding_backend": "",
-        "decoding_mode": "top_k_top_p" if draft else DECODING_MODE[method],
+        "decoding_mode": DRAFT_DECODING_MODE if draft else method.decoding_mode,
     }
-    if draft or method == "draft-model":
+    if draft or method.weights == "model":
         params["speculative_decoding_fast_logits"] = "false"
-    if not draft and method == "eagle":
-        params["eagle_choices"] = choices_text(spec["eagle_choices"])
-    if not draft and method == "medusa":
-        params["medusa_choices"] = choices_text(spec["medusa_choices"])
-    if not draft and method == "lookahead":
-        for key in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
-            params[key] = str(int(spec[key]))
+    if not draft and spec.tree is not None and method.choices_key:
+        params[method.choices_key] = spec.tree.to_backend_text()
+    if not draft and spec.lookahead is not None:
+        params.update(zip(LOOKAHEAD_KEYS, (str(int(v)) for v in spec.lookahead)))
     return params
 
 
@@ -139,18 +117,17 @@ def bls_parameters(deployment: Deployment) -> dict[str, str]:
     }
 
 
-def model_py(module: str) -> str:
-    """Text of a repository ``model.py`` that loads ``TritonPythonModel`` from ``module``."""
-    from specpipe.triton.repository import model_py as text
+def engine_repository(deployment: Deployment) -> Repository:
+    """Every model config of the repository, keyed by model name (ensemble last), its Python models and
+    ``specpipe.json``.
 
-    return text(module)
-
-
-def repository_configs(deployment: Deployment) -> dict[str, mc.ModelConfig]:
-    """Every model config of the repository, keyed by model name (ensemble last)."""
-    if deployment.runtime != "trtllm":
+    Raises:
+        SpecpipeError: not an engine-flow deployment; parameters the backend would reject; see
+            :func:`~specpipe.triton.kv_fraction.kv_cache_fractions`.
+    """
+    if deployment.runtime != Runtime.TRTLLM:
         raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the LLM API repository writer")
-    two = deployment.method == "draft-model"
+    two = deployment.speculative.spec.weights == "model"  # draft-target: a draft engine and the BLS
     target_fraction, draft_fraction = kv_cache_fractions(deployment.memory, two)
     tokenizer = {"tokenizer_dir": deployment.container_path(deployment.tokenizer_path)}
     max_batch = int(deployment.limits.get("max_batch_size", 1))
@@ -166,31 +143,7 @@ def repository_configs(deployment: Deployment) -> dict[str, mc.ModelConfig]:
             DRAFT_MODEL, engine_parameters(deployment, deployment.container_path(deployment.draft_path),
                                            draft_fraction, draft=True), max_batch)
         configs[BLS_MODEL] = python_model_config(TENSORRT_LLM_BLS, bls_parameters(deployment), decoupled=True)
-    ensemble = ensemble_model_config(steps=ENGINE_ENSEMBLE_STEPS)
-    check_ensemble(ensemble, configs)
-    configs[ENSEMBLE.name] = ensemble
-    return configs
-
-
-def _fill(root: Path, deployment: Deployment) -> None:
-    configs = repository_configs(deployment)
-    for name, config in configs.items():
-        (root / name / VERSION_DIR).mkdir(parents=True)
-        write_config(config, root / name)
-        if name in PYTHON_MODULES:
-            (root / name / VERSION_DIR / "model.py").write_text(model_py(PYTHON_MODULES[name]))
-    rank_models = [TARGET_MODEL] + ([DRAFT_MODEL] if DRAFT_MODEL in configs else [])
-    write_meta(root, deployment_meta(deployment, rank_models))
-    on_disk = {name: read_config(root / name / "config.pbtxt") for name in configs if name != ENSEMBLE.name}
-    check_ensemble(read_config(root / ENSEMBLE.name / "config.pbtxt"), on_disk)
-    check_no_placeholders(root)
-
-
-def write_engine_repository(deployment: Deployment, out_dir: Path) -> Path:
-    """Write the engine-flow repository of ``deployment`` to ``out_dir`` (replaced as a whole).
-
-    Raises:
-        SpecpipeError: the deployment cannot be served as configured (see the checks above); nothing
-            is written then.
-    """
-    return write_dir_atomically(out_dir, lambda root: _fill(root, deployment))
+    configs[ENSEMBLE.name] = ensemble_model_config(steps=ENGINE_ENSEMBLE_STEPS)
+    modules = {**STEP_MODULES, **({BLS_MODEL: MODULES[BLS_MODEL]} if two else {})}
+    rank_models = [TARGET_MODEL] + ([DRAFT_MODEL] if two else [])
+    return Repository(configs, modules, {META_NAME: meta_text(deployment_meta(deployment, rank_models))})

@@ -25,19 +25,20 @@ import shutil
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import click
 
-from specpipe import __version__
 from specpipe.build_request import BuildRequest
-from specpipe.errors import PresetError, SpecpipeError
+from specpipe.errors import ManifestError, PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
-from specpipe.manifest import FORMAT_VERSION, write_manifest
+from specpipe.manifest import Manifest, Part, read_manifest, write_manifest
+from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
+from specpipe.trtllm.executor import Executor, choose_executor, local_examples_root, run_plan, trtllm_importable
 from specpipe.trtllm.plan import Plan, make_plan, render_text
 from specpipe.trtllm.preflight import Check, raise_if_unfit, run_preflight
 from specpipe.trtllm.resolve import resolve_draft, resolve_target
+from specpipe.trtllm.tokenizer_check import compare_tokenizers, locate_tokenizer
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -59,10 +60,8 @@ def _check_writable(directory: Path) -> None:
 
 
 def _tokenizer_check(target, draft, allow_network: bool) -> Check | None:
-    if draft.method != "draft-model":
+    if spec_of(draft.method).weights != "model":
         return None
-    from specpipe.trtllm.tokenizer_check import compare_tokenizers, locate_tokenizer
-
     t, d = locate_tokenizer(target.source, allow_network), locate_tokenizer(draft.source, allow_network)
     if t is None or d is None:
         why = "offline (dry run)" if not allow_network else "tokenizer files not reachable"
@@ -76,8 +75,6 @@ def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | N
     Raises:
         SpecpipeError: any failed pre-flight check (memory fit excepted: see ``raise_if_unfit``).
     """
-    from specpipe.trtllm.executor import choose_executor, local_examples_root, trtllm_importable
-
     name_check = request.name
     if name_check is not None and not _NAME.match(name_check):
         raise PresetError(f"--name {name_check!r} must be a plain name (letters, digits, . _ -), no paths")
@@ -137,27 +134,31 @@ def build_trtllm(request: BuildRequest, *, importable=None) -> Path | None:
     return execute(plan, executor or "local", force=request.force)
 
 
-def _manifest(plan: Plan) -> dict[str, Any]:
-    pre = plan.preflight
-    return {
-        "format_version": FORMAT_VERSION,
-        "specpipe_version": __version__,
-        "name": plan.engine_name,
-        "runtime": plan.runtime,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "inputs_hash": plan.inputs_hash,
-        "target": {"preset": plan.target.name, "source": plan.target.source,
-                   "path": "target" if plan.runtime == "trtllm" else plan.target_path},
-        "draft": None if plan.draft.method in ("none", "ngram", "lookahead") else {
-            "preset": plan.draft.name, "kind": plan.draft.method, "flavour": plan.draft.flavour,
-            "source": plan.draft.source,
-            "path": ("draft" if plan.draft.method == "draft-model" else None) if plan.runtime == "trtllm" else plan.draft_path},
-        "speculative": pre.speculative.as_dict(),
-        "quantization": pre.scheme.name,
-        "parallel": {"tp": plan.request.tp, "pp": plan.request.pp},
-        "limits": {"max_batch_size": plan.request.max_batch_size, "max_input_len": plan.request.max_input_len,
-                   "max_seq_len": plan.request.max_seq_len},
-        "trtllm": {
+def _manifest(plan: Plan) -> Manifest:
+    """The engine directory's manifest: paths relative to it on the engine flow; the LLM API flow's
+    checkpoints stay where the plan downloaded them (absolute)."""
+    pre, req = plan.preflight, plan.request
+    engine_flow = plan.runtime == Runtime.TRTLLM.value
+    weights = spec_of(plan.draft.method).weights
+    draft = None
+    if weights is not None:
+        path = ("draft" if weights == "model" else None) if engine_flow else plan.draft_path
+        draft = Part(preset=plan.draft.name, source=plan.draft.source, path=path, method=Method(plan.draft.method).value,
+                     flavour=plan.draft.flavour)
+    return Manifest(
+        name=plan.engine_name,
+        runtime=Runtime(plan.runtime),
+        inputs_hash=plan.inputs_hash,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        target=Part(preset=plan.target.name, source=plan.target.source,
+                    path="target" if engine_flow else plan.target_path),
+        draft=draft,
+        speculative=pre.speculative,
+        quantization=pre.scheme.name,
+        parallel={"tp": req.tp, "pp": req.pp},
+        limits={"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len,
+                "max_seq_len": req.max_seq_len},
+        trtllm={
             "version": release.TRTLLM_VERSION,
             "container_image": release.CONTAINER_IMAGE,
             "executor": plan.executor,
@@ -165,7 +166,7 @@ def _manifest(plan: Plan) -> dict[str, Any]:
             "memory": pre.memory.as_dict(),
             "llmapi": plan.as_dict().get("llmapi"),
         },
-    }
+    )
 
 
 _STEP_RECORD = shutil.ignore_patterns(".specpipe-step.json")
@@ -173,10 +174,10 @@ _STEP_RECORD = shutil.ignore_patterns(".specpipe-step.json")
 
 def _up_to_date(plan: Plan) -> bool:
     try:
-        manifest = json.loads((plan.engine_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
+        manifest = read_manifest(plan.engine_dir)  # checks the specpipe version and manifest format
+    except ManifestError:
         return False
-    return manifest.get("inputs_hash") == plan.inputs_hash and manifest.get("specpipe_version") == __version__
+    return manifest.inputs_hash == plan.inputs_hash
 
 
 def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
@@ -185,8 +186,6 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
     Raises:
         StepFailedError: a step failed; nothing is written to ``engines/NAME``.
     """
-    from specpipe.trtllm.executor import Executor, run_plan
-
     if not force and _up_to_date(plan):
         click.echo(f"{plan.engine_dir} is up to date (inputs {plan.inputs_hash[:12]}): nothing to do (--force rebuilds)")
         return plan.engine_dir
@@ -197,7 +196,7 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
     def assemble(tmp: Path) -> None:
         if plan.runtime == "trtllm":
             link_tree(Path(plan.step("build-target").output), tmp / "target", ignore=_STEP_RECORD)
-            if plan.preflight.speculative.method == "draft-model":
+            if plan.preflight.speculative.spec.weights == "model":
                 link_tree(Path(plan.step("build-draft").output), tmp / "draft", ignore=_STEP_RECORD)
             tok = tmp / "tokenizer"
             tok.mkdir()

@@ -12,16 +12,19 @@ What that file defines, and specpipe relies on:
 - ``decoding_type`` literals: ``Eagle3`` (EAGLE-3; ``Eagle`` is accepted on PyTorch but converted to
   ``Eagle3`` with a warning), ``NGram``, ``Draft_Target`` (the literal; an older from-dict mapping
   spelled it ``DraftTarget``, and the discriminated union of this release does not list that
-  spelling), ``MTP``, plus ``Medusa`` and ``Lookahead`` which refuse the PyTorch backend.
+  spelling), ``MTP`` (no specpipe method uses it), plus ``Medusa`` and ``Lookahead`` which refuse the
+  PyTorch backend.
 - Common speculative fields: ``max_draft_len`` and ``speculative_model`` (validation aliases
   ``speculative_model`` / ``speculative_model_dir``). EAGLE: ``eagle_choices``,
   ``eagle3_one_model`` (default true). NGram: ``max_matching_ngram_size`` (default 2),
-  ``is_keep_all``, ``is_use_oldest``, ``is_public_pool``. MTP: ``num_nextn_predict_layers``
-  (``max_draft_len`` is set from it). DraftTarget needs ``speculative_model``.
+  ``is_keep_all``, ``is_use_oldest``, ``is_public_pool``. DraftTarget needs ``speculative_model``.
 - Top-level ``LLM`` arguments used here: ``model``, ``backend``, ``tensor_parallel_size``,
   ``pipeline_parallel_size``, ``max_batch_size``, ``max_seq_len``, ``kv_cache_config``
   (``free_gpu_memory_fraction``, ``enable_block_reuse``), ``disable_overlap_scheduler``. All configs
   are strict (unknown keys are errors: ``extra="forbid"``).
+
+Which specpipe method uses which ``decoding_type`` is the registry's
+(:attr:`specpipe.speculative.MethodSpec.decoding_type`); the release pin is :mod:`specpipe.trtllm.release`.
 
 Two-model speculation (draft-target, EAGLE-3 two-model) needs ``disable_overlap_scheduler: true``
 (TensorRT-LLM ``docs/source/features/speculative-decoding.md``, draft/target example).
@@ -29,17 +32,8 @@ Two-model speculation (draft-target, EAGLE-3 two-model) needs ``disable_overlap_
 
 from __future__ import annotations
 
-RELEASE = "1.2.1"
 SOURCE = {"repo": "NVIDIA/TensorRT-LLM", "path": "tensorrt_llm/llmapi/llm_args.py", "release": "1.2.x",
           "identified_by": "Eagle3DecodingConfig Literal['Eagle3']; DraftTargetDecodingConfig Literal['Draft_Target']"}
-
-#: specpipe speculative method -> ``decoding_type`` of the pinned release.
-DECODING_TYPE = {
-    "eagle": "Eagle3",
-    "ngram": "NGram",
-    "draft-model": "Draft_Target",
-    "mtp": "MTP",
-}
 
 #: ``decoding_type`` -> every key its config class accepts (the common ones included).
 _COMMON = {"decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model", "speculative_model_dir",
@@ -51,16 +45,10 @@ ACCEPTED_KEYS: dict[str, frozenset[str]] = {
                                    "eagle3_one_model", "eagle3_layers_to_capture", "eagle3_model_arch"}),
     "NGram": frozenset(_COMMON | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"}),
     "Draft_Target": frozenset(_COMMON),
-    "MTP": frozenset(_COMMON | {"num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk",
-                                "relaxed_delta", "use_mtp_vanilla", "mtp_eagle_one_model", "begin_thinking_phase_token",
-                                "end_thinking_phase_token"}),
 }
 
 #: Methods whose config needs a draft checkpoint in ``speculative_model``.
 NEEDS_MODEL = frozenset({"Eagle3", "Draft_Target"})
-
-#: Engine-flow-only methods (their configs refuse ``backend: pytorch`` in this release).
-ENGINE_ONLY = ("medusa", "lookahead")
 
 #: Top-level keys specpipe writes into ``model.yaml`` / the ``trtllm-serve`` options file (all are
 #: ``TorchLlmArgs`` fields in the source above; ``triton_config`` is read by the Triton model only).

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specpipe.build_request import BuildRequest
+from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.gpus import GIB
@@ -35,8 +36,11 @@ from specpipe.trtllm.preflight import PreflightResult
 from specpipe.trtllm.resolve import Draft, Target
 
 WORK_DIRNAME = ".trtllm-work"
-PLAN_FORMAT = "specpipe-trtllm-plan/1"
-MODE = {"eagle": "eagle", "medusa": "medusa", "draft-model": "draft_tokens_external", "lookahead": "lookahead_decoding"}
+#: The plan document's format (2: the ``speculative`` block is ``SpeculativeSettings.to_json()``, the tree
+#: under ``choices``); read back by :func:`specpipe.triton.deployment.from_plan`.
+PLAN_FORMAT = "specpipe-trtllm-plan/2"
+#: Download descriptions of a method's weights (:attr:`specpipe.speculative.MethodSpec.weights`).
+WEIGHTS_WHAT = {Method.EAGLE: "EAGLE head", Method.MEDUSA: "Medusa heads", Method.DRAFT_MODEL: "draft model"}
 TOOL_OF_SCRIPT = {
     release.LLAMA_CONVERT: "llama-convert",
     release.EAGLE_CONVERT: "eagle-convert",
@@ -102,7 +106,7 @@ class Plan:
                        "architecture": vars(self.target.arch) | {}, "path": self.target_path},
             "draft": {"preset": self.draft.name, "method": self.draft.method, "flavour": self.draft.flavour,
                       "source": self.draft.source, "path": self.draft_path},
-            "speculative": pre.speculative.as_dict(),
+            "speculative": pre.speculative.to_json(),
             "quantization": pre.scheme.name,
             "parallel": {"tp": req.tp, "pp": req.pp, "gpus": req.tp * req.pp},
             "limits": {"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len, "max_seq_len": req.max_seq_len},
@@ -112,7 +116,7 @@ class Plan:
             "memory": pre.memory.as_dict(),
             "inputs_hash": self.inputs_hash,
         }
-        if self.runtime == "trtllm-llmapi":
+        if self.runtime == Runtime.TRTLLM_LLMAPI.value:
             data["llmapi"] = llmapi_settings(self)
         return data
 
@@ -120,21 +124,21 @@ class Plan:
 def llmapi_settings(plan: Plan) -> dict[str, Any]:
     """What the LLM API repository needs (model.yaml keys): model, parallel sizes, speculative_config.
 
-    ``decoding_type`` spellings and key names follow the pinned release's ``llm_args.py``
-    (:mod:`specpipe.trtllm.llmapi_schema`).
+    ``decoding_type`` is the registry's (:attr:`specpipe.speculative.MethodSpec.decoding_type`); spellings
+    and key names follow the pinned release's ``llm_args.py`` (:mod:`specpipe.trtllm.llmapi_schema`).
     """
-    from specpipe.trtllm.llmapi_schema import DECODING_TYPE
-
     spec = plan.preflight.speculative
     out: dict[str, Any] = {"model": plan.target_path, "backend": "pytorch", "tensor_parallel_size": plan.request.tp,
                            "pipeline_parallel_size": plan.request.pp, "max_batch_size": plan.request.max_batch_size,
                            "max_seq_len": plan.request.max_seq_len}
-    if spec.method in ("eagle", "draft-model"):
-        out["speculative_config"] = {"decoding_type": DECODING_TYPE[spec.method], "max_draft_len": spec.max_draft_len,
-                                     "speculative_model": plan.draft_path}
-    elif spec.method == "ngram":
-        out["speculative_config"] = {"decoding_type": DECODING_TYPE["ngram"], "max_draft_len": spec.max_draft_len,
-                                     "max_matching_ngram_size": int(plan.draft.preset.speculative.get("max_matching_ngram_size", 3))}
+    decoding_type = spec.spec.decoding_type
+    if decoding_type is not None:
+        config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": spec.max_draft_len}
+        if spec.spec.weights is not None:
+            config["speculative_model"] = plan.draft_path
+        if spec.max_matching_ngram_size is not None:
+            config["max_matching_ngram_size"] = spec.max_matching_ngram_size
+        out["speculative_config"] = config
     return out
 
 
@@ -231,23 +235,24 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
     model = _download(b, "download-target", target.source, "target")
     heads = None
     if draft.source is not None:
-        what = {"eagle": "EAGLE head", "medusa": "Medusa heads", "draft-model": "draft model"}.get(draft.method, "draft")
+        what = WEIGHTS_WHAT.get(Method(draft.method), "draft")
         heads = _download(b, "download-draft", draft.source, what)
     deps = [n for n in ("download-target", "download-draft") if any(s.name == n for s in b.steps)]
     plan.target_path = _resolve(b, model, deps)
     plan.draft_path = _resolve(b, heads, deps) if heads else None
-    if request.runtime == "trtllm-llmapi":
+    if request.runtime == Runtime.TRTLLM_LLMAPI.value:
         plan.steps = b.steps
         return plan
 
-    tdeps = [d for d in deps if d == "download-target" or draft.method in ("eagle", "medusa")]
-    if spec.method == "eagle":
+    two_engines = spec.spec.weights == "model"  # a separate draft engine (draft-target)
+    tdeps = [d for d in deps if d == "download-target" or spec_of(draft.method).weights == "heads"]
+    if spec.method is Method.EAGLE:
         template = ["python3", "{examples}/" + release.EAGLE_CONVERT, "--model_dir", model, "--eagle_model_dir", heads,
                     "--output_dir", "{out}", "--dtype", scheme.dtype, "--max_draft_len", str(spec.max_draft_len),
                     "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer",
                     str(spec.max_non_leaves_per_layer), "--tp_size", str(tp), "--pp_size", str(pp), "--workers", str(tp * pp)]
         desc = "convert target + EAGLE head to a TensorRT-LLM checkpoint"
-    elif spec.method == "medusa":
+    elif spec.method is Method.MEDUSA:
         medusa = ["--medusa_model_dir", heads, "--num_medusa_heads", str(spec.num_medusa_heads),
                   "--num_medusa_layers", str(spec.num_medusa_layers)]
         if scheme.name == "fp8":
@@ -264,15 +269,14 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
         template = _checkpoint_argv(model, scheme, tp, pp)
         desc = f"{'quantize' if scheme.tool == 'quantize' else 'convert'} target ({scheme.name}) to a TensorRT-LLM checkpoint"
     b.add("convert-target", template, tdeps, "trtllm", desc)
-    if spec.method == "draft-model":
+    if two_engines:
         b.add("convert-draft", _checkpoint_argv(heads, scheme, tp, pp), [d for d in deps if d == "download-draft"],
               "trtllm", f"convert draft model ({scheme.name}) to a TensorRT-LLM checkpoint")
-    extra = []
-    if spec.method != "none":
-        extra = ["--speculative_decoding_mode", MODE[spec.method], "--max_draft_len", str(spec.max_draft_len)]
+    mode = spec.spec.build_mode
+    extra = ["--speculative_decoding_mode", mode, "--max_draft_len", str(spec.max_draft_len)] if mode else []
     b.add("build-target", _build_argv("{step:convert-target}", request, extra), ["convert-target"], "trtllm",
-          f"build the target engine{' (' + MODE[spec.method] + ')' if extra else ''}")
-    if spec.method == "draft-model":
+          f"build the target engine{' (' + mode + ')' if mode else ''}")
+    if two_engines:
         b.add("build-draft", _build_argv("{step:convert-draft}", request, []), ["convert-draft"], "trtllm",
               "build the draft engine")
     plan.steps = b.steps
@@ -288,8 +292,8 @@ def render_text(plan: Plan, docker_prefix: list[str] | None = None) -> str:
         f"  draft    {plan.draft.name} ({plan.draft.method}{', ' + plan.draft.flavour if plan.draft.flavour else ''})"
         + (f"  [{_src(plan.draft.source)}]" if plan.draft.source else ""),
         f"  settings {pre.scheme.name}, TP {req.tp} x PP {req.pp}, batch {req.max_batch_size}, input {req.max_input_len}, "
-        f"seq {req.max_seq_len} tokens, " + ", ".join(f"{k}={v}" for k, v in pre.speculative.as_dict().items()
-                                                       if k not in ("eagle_choices", "medusa_choices", "method")),
+        f"seq {req.max_seq_len} tokens, " + ", ".join(f"{k}={v}" for k, v in pre.speculative.to_json().items()
+                                                       if k not in ("choices", "method")),
         f"  executor {plan.executor}" + (f" (each TensorRT-LLM step runs as: {shlex.join(docker_prefix)} ...)" if docker_prefix else ""),
         f"  output   {plan.engine_dir}",
         "",

@@ -4,7 +4,8 @@ Only presets, local ``config.json``/safetensors headers and tokenizer files are 
 downloaded. Each failed check raises a :class:`~specpipe.errors.SpecpipeError` whose one-line message
 names both sides and the fix. Checks that cannot run (offline) are reported as "not checked".
 
-Sources: see :mod:`specpipe.trtllm.quant` (support matrices), :mod:`specpipe.trtllm.choices` (trees),
+Sources: see :mod:`specpipe.trtllm.quant` (support matrices), :mod:`specpipe.tree` (trees),
+:mod:`specpipe.speculative` (which method runs on which flow),
 :mod:`specpipe.trtllm.memory` (memory plan); EAGLE limits from ``examples/eagle/convert_checkpoint.py``
 @ 65b31db (``pp_size == 1``, ``max_draft_len <= 256``) and ``tensorrt_llm/builder.py`` ``build()``
 (EAGLE ``max_batch_size <= 512``); lookahead's ``max_draft_len`` formula from
@@ -14,21 +15,27 @@ Sources: see :mod:`specpipe.trtllm.quant` (support matrices), :mod:`specpipe.trt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, PresetError, SpecpipeError
 from specpipe.presets import Architecture
-from specpipe.trtllm.choices import Tree, parse_tree
+from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, Runtime, SpeculativeSettings, methods_for, spec_of
+from specpipe.tree import Tree
 from specpipe.trtllm.gpus import GIB, Gpu, lookup_gpu
 from specpipe.trtllm.memory import MemoryPlan, plan_memory
-from specpipe.trtllm.quant import SUPPORTED, Scheme, check_support, resolve_scheme
+from specpipe.trtllm.quant import Scheme, check_support, engine_quantizations, resolve_scheme
 from specpipe.trtllm.resolve import Draft, Target
 
-ENGINE_METHODS = ("none", "eagle", "medusa", "draft-model", "lookahead")
-LLMAPI_METHODS = ("none", "eagle", "draft-model", "ngram")
+ENGINE_METHODS = methods_for(Runtime.TRTLLM)
+LLMAPI_METHODS = methods_for(Runtime.TRTLLM_LLMAPI)
 EAGLE_MAX_BATCH = 512
 EAGLE_MAX_DRAFT_LEN = 256
+#: Draft tokens of the LLM API's EAGLE-3 chain when the preset names none (``llmapi_max_draft_len``).
+LLMAPI_EAGLE_CHAIN = 3
+#: The tree used when neither ``--choices`` nor the preset gives one (:data:`specpipe.tree.MC_SIM_7B_63`).
+DEFAULT_TREE = "mc_sim_7b_63"
+#: TensorRT-LLM's EAGLE ``max_non_leaves_per_layer`` when the preset names none.
+EAGLE_NON_LEAVES_DEFAULT = 10
 
 
 class ParallelismError(CompatibilityError):
@@ -44,38 +51,6 @@ class MemoryPlanError(SpecpipeError):
 
 
 @dataclass
-class Speculative:
-    """Speculative settings, generated once and used on both sides (engine build and serving).
-
-    ``max_draft_len`` is in tokens; ``tree`` is the eagle/medusa choices tree; ``lookahead`` is (W, N, G).
-    """
-
-    method: str
-    max_draft_len: int = 0
-    tree: Tree | None = None
-    num_eagle_layers: int = 0
-    max_non_leaves_per_layer: int = 0
-    num_medusa_heads: int = 0
-    num_medusa_layers: int = 0
-    lookahead: tuple[int, int, int] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"method": self.method, "max_draft_len": self.max_draft_len}
-        if self.tree is not None:
-            key = "eagle_choices" if self.method == "eagle" else "medusa_choices"
-            data[key] = [list(p) for p in self.tree.paths]
-            data["tree_depth"], data["tree_nodes"] = self.tree.depth, self.tree.nodes
-        if self.method == "eagle":
-            data.update(num_eagle_layers=self.num_eagle_layers, max_non_leaves_per_layer=self.max_non_leaves_per_layer)
-        if self.method == "medusa":
-            data.update(num_medusa_heads=self.num_medusa_heads, num_medusa_layers=self.num_medusa_layers)
-        if self.lookahead is not None:
-            w, n, g = self.lookahead
-            data.update(lookahead_window_size=w, lookahead_ngram_size=n, lookahead_verification_set_size=g)
-        return data
-
-
-@dataclass
 class Check:
     """One pre-flight check for the report: ``status`` is ``ok``, ``not checked`` or ``note``."""
 
@@ -87,7 +62,7 @@ class Check:
 @dataclass
 class PreflightResult:
     scheme: Scheme
-    speculative: Speculative
+    speculative: SpeculativeSettings
     gpu: Gpu | None
     memory: MemoryPlan
     checks: list[Check] = field(default_factory=list)
@@ -158,7 +133,7 @@ def check_parallelism(name: str, arch: Architecture, tp: int, pp: int, method: s
         raise ParallelismError(f"--tp {tp} and the {kv} KV heads of {name} do not divide each other: use a --tp that divides {kv}")
     if pp > arch.num_layers:
         raise ParallelismError(f"--pp {pp} exceeds the {arch.num_layers} layers of {name}: use --pp <= {arch.num_layers}")
-    if pp > 1 and method == "eagle":
+    if pp > 1 and method == Method.EAGLE:
         raise ParallelismError(
             "--pp > 1 with EAGLE: TensorRT-LLM's EAGLE does not support pipeline parallelism "
             "(examples/eagle/convert_checkpoint.py asserts pp_size == 1): use --pp 1 and raise --tp instead"
@@ -174,8 +149,9 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
     checks: list[Check] = []
     arch = target.arch
     where = (draft.source or {}).get("repo_id") or (draft.source or {}).get("path") or draft.name
-    if draft.method in ("eagle", "medusa"):
-        kind = "EAGLE head" if draft.method == "eagle" else "Medusa heads"
+    weights = spec_of(draft.method).weights
+    if weights == "heads":
+        kind = "EAGLE head" if draft.method == Method.EAGLE else "Medusa heads"
         if draft.hidden_size is not None and draft.hidden_size != arch.hidden_size:
             raise CompatibilityError(
                 f"{kind} {where} has hidden size {draft.hidden_size}, target {target.name} has {arch.hidden_size}: "
@@ -187,7 +163,7 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
                 f"the heads were trained for another base model; use heads made for {target.name}"
             )
         cfg = draft.checkpoint.config if draft.checkpoint else {}
-        if draft.method == "eagle" and draft.flavour == "eagle1":
+        if draft.method == Method.EAGLE and draft.flavour == "eagle1":
             for key, want in (("num_attention_heads", arch.num_attention_heads), ("intermediate_size", arch.intermediate_size),
                               ("num_key_value_heads", arch.num_kv_heads)):
                 if key in cfg and int(cfg[key]) != want:
@@ -199,7 +175,7 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
         checks.append(Check(f"{kind} vs target", "ok" if not unknown else "not checked",
                             f"hidden {draft.hidden_size}, vocabulary {draft.vocab_size} vs {arch.hidden_size}, {arch.vocab_size}"
                             if not unknown else f"{', '.join(u[0] for u in unknown)} unknown ({'; '.join(draft.notes)})"))
-    elif draft.method == "draft-model":
+    elif weights == "model":
         if draft.vocab_size != arch.vocab_size:
             raise CompatibilityError(
                 f"draft model {where} has vocabulary {draft.vocab_size} (config vocab_size), target {target.name} has "
@@ -209,24 +185,29 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
     return checks
 
 
-def resolve_speculative(request: BuildRequest, draft: Draft) -> Speculative:
+def resolve_speculative(request: BuildRequest, draft: Draft) -> SpeculativeSettings:
     """Speculative settings from the preset, ``--choices``, ``--lookahead`` and ``--max-draft-len``.
+
+    Defaults: the registry's ``max_draft_len`` (:mod:`specpipe.speculative`), the preset's
+    ``[speculative]`` table, :data:`DEFAULT_TREE`.
 
     Raises:
         PresetError: an option that means nothing for the method.
         CompatibilityError: ``max_draft_len`` smaller than the tree, a tree deeper than the EAGLE
             layers/Medusa heads, a lookahead ``max_draft_len`` that disagrees with (W, N, G), EAGLE limits.
     """
-    method, settings = draft.method, draft.preset.speculative
-    if request.choices is not None and method not in ("eagle", "medusa"):
-        raise PresetError(f"--choices has no meaning with {method} (only EAGLE and Medusa use a tree): drop it")
-    if request.lookahead is not None and method != "lookahead":
-        raise PresetError(f"--lookahead has no meaning with {method}: drop it, or use --draft lookahead")
-    if method in ("none",):
+    method, settings = Method(draft.method), draft.preset.speculative
+    spec = spec_of(method)
+    base = SpeculativeSettings(method, flavour=draft.flavour)
+    if request.choices is not None and not spec.has_tree:
+        raise PresetError(f"--choices has no meaning with {method.value} (only EAGLE and Medusa use a tree): drop it")
+    if request.lookahead is not None and method is not Method.LOOKAHEAD:
+        raise PresetError(f"--lookahead has no meaning with {method.value}: drop it, or use --draft lookahead")
+    if method is Method.NONE:
         if request.max_draft_len is not None:
             raise PresetError("--max-draft-len has no meaning with --draft none (no draft tokens): drop it")
-        return Speculative("none")
-    if method == "lookahead":
+        return base
+    if method is Method.LOOKAHEAD:
         w, n, g = request.lookahead or (settings["window_size"], settings["ngram_size"], settings["verification_set_size"])
         need = lookahead_max_draft_len(w, n, g)
         if request.max_draft_len is not None and request.max_draft_len != need:
@@ -234,52 +215,49 @@ def resolve_speculative(request: BuildRequest, draft: Draft) -> Speculative:
                 f"--max-draft-len {request.max_draft_len} disagrees with lookahead (W, N, G) = ({w}, {n}, {g}), which "
                 f"needs max_draft_len {need} = (N-2) + (W-1+G)*(N-1): drop --max-draft-len or change --lookahead"
             )
-        return Speculative("lookahead", max_draft_len=need, lookahead=(w, n, g))
-    if method in ("draft-model", "ngram"):
-        return Speculative(method, max_draft_len=request.max_draft_len or int(settings.get("max_draft_len", 4)))
-    if method == "eagle" and request.runtime == "trtllm-llmapi" and request.choices is None:
+        return base.with_(max_draft_len=need, lookahead=(w, n, g))
+    if not spec.has_tree:
+        chain = base.with_(max_draft_len=request.max_draft_len or int(settings.get("max_draft_len", spec.max_draft_len)))
+        if method is Method.NGRAM:
+            chain = chain.with_(max_matching_ngram_size=int(settings.get("max_matching_ngram_size", NGRAM_MATCH_DEFAULT)))
+        return chain
+    if method is Method.EAGLE and request.runtime == Runtime.TRTLLM_LLMAPI.value and request.choices is None:
         # LLM API EAGLE-3: a linear chain of draft tokens unless a tree is given.
-        return Speculative("eagle", max_draft_len=request.max_draft_len or int(settings.get("llmapi_max_draft_len", 3)))
-    tree = parse_tree(request.choices or settings.get("choices", "mc_sim_7b_63"))
+        return base.with_(max_draft_len=request.max_draft_len or int(settings.get("llmapi_max_draft_len", LLMAPI_EAGLE_CHAIN)))
+    tree = Tree.parse(request.choices or settings.get("choices", DEFAULT_TREE))
     max_draft_len = request.max_draft_len if request.max_draft_len is not None else int(settings.get("max_draft_len", tree.nodes))
-    if tree.nodes > max_draft_len:
-        raise CompatibilityError(
-            f"the {'eagle' if method == 'eagle' else 'medusa'}_choices tree has {tree.nodes} nodes, max_draft_len is "
-            f"{max_draft_len}: raise --max-draft-len to {tree.nodes} or give a smaller tree with --choices"
-        )
-    if method == "eagle":
+    tree.check(max_nodes=max_draft_len, what=spec.choices_key)
+    if method is Method.EAGLE:
         if max_draft_len > EAGLE_MAX_DRAFT_LEN:
             raise CompatibilityError(f"--max-draft-len {max_draft_len} exceeds EAGLE's limit of {EAGLE_MAX_DRAFT_LEN} in TensorRT-LLM: use <= 256")
-        return Speculative("eagle", max_draft_len=max_draft_len, tree=tree, num_eagle_layers=tree.depth,
-                           max_non_leaves_per_layer=max(tree.max_non_leaves, int(settings.get("max_non_leaves_per_layer", 10))))
+        return base.with_(max_draft_len=max_draft_len, tree=tree, num_eagle_layers=tree.depth,
+                          max_non_leaves_per_layer=max(tree.max_non_leaves,
+                                                       int(settings.get("max_non_leaves_per_layer", EAGLE_NON_LEAVES_DEFAULT))))
     heads = draft.num_heads or int(settings.get("num_medusa_heads", 4))
     layers = draft.num_layers or int(settings.get("num_medusa_layers", 1))
-    if tree.depth > heads:
-        raise CompatibilityError(
-            f"the medusa_choices tree is {tree.depth} deep, the checkpoint has {heads} Medusa heads (one per level): "
-            f"use a tree at most {heads} deep with --choices, or heads with more levels"
-        )
-    return Speculative("medusa", max_draft_len=max_draft_len, tree=tree, num_medusa_heads=heads, num_medusa_layers=layers)
+    tree.check(max_depth=heads, what=spec.choices_key, depth_limit="Medusa heads",
+               fix_depth="use a tree at most {limit} deep with --choices, or heads with more levels")
+    return base.with_(max_draft_len=max_draft_len, tree=tree, num_medusa_heads=heads, num_medusa_layers=layers)
 
 
-def _memory(target: Target, draft: Draft, spec: Speculative, scheme: Scheme, tp: int, pp: int, batch: int,
+def _memory(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, tp: int, pp: int, batch: int,
             seq: int, gpu: Gpu | None) -> MemoryPlan:
     return plan_memory(
-        target=target.arch, scheme=scheme, tp=tp, pp=pp, batch=batch, max_seq_len=seq, method=spec.method,
+        target=target.arch, scheme=scheme, tp=tp, pp=pp, batch=batch, max_seq_len=seq, method=spec.method.value,
         max_draft_len=spec.max_draft_len,
-        num_eagle_layers=max(spec.num_eagle_layers, 1) if spec.method == "eagle" else 0,
-        medusa=(spec.num_medusa_heads, spec.num_medusa_layers) if spec.method == "medusa" else None,
-        draft_arch=draft.arch if spec.method == "draft-model" else None, gpu=gpu,
+        num_eagle_layers=max(spec.num_eagle_layers or 0, 1) if spec.method is Method.EAGLE else 0,
+        medusa=(spec.num_medusa_heads, spec.num_medusa_layers) if spec.method is Method.MEDUSA else None,
+        draft_arch=draft.arch if spec.spec.weights == "model" else None, gpu=gpu,
     )
 
 
-def suggest_fixes(target: Target, draft: Draft, spec: Speculative, scheme: Scheme, request: BuildRequest, gpu: Gpu) -> list[str]:
+def suggest_fixes(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, request: BuildRequest, gpu: Gpu) -> list[str]:
     """Changes that make the plan fit ``gpu``, tried in order: more TP, a smaller scheme, smaller batch/length."""
     fixes: list[str] = []
     tp = request.tp * 2
     while tp <= 8:
         try:
-            check_parallelism(target.name, target.arch, tp, request.pp, spec.method)
+            check_parallelism(target.name, target.arch, tp, request.pp, spec.method.value)
         except ParallelismError:
             break
         if _memory(target, draft, spec, scheme, tp, request.pp, request.max_batch_size, request.max_seq_len, gpu).fits:
@@ -288,10 +266,10 @@ def suggest_fixes(target: Target, draft: Draft, spec: Speculative, scheme: Schem
         tp *= 2
     for name in ("fp8", "int4-awq"):
         candidate = resolve_scheme(name)
-        if candidate.weight_bytes >= scheme.weight_bytes or name not in SUPPORTED.get(spec.method, ()):
+        if candidate.weight_bytes >= scheme.weight_bytes or name not in engine_quantizations(spec.method):
             continue
         try:
-            check_support(candidate, spec.method, gpu)
+            check_support(candidate, spec.method.value, gpu)
         except CompatibilityError:
             continue
         if _memory(target, draft, spec, candidate, request.tp, request.pp, request.max_batch_size, request.max_seq_len, gpu).fits:
@@ -303,7 +281,7 @@ def suggest_fixes(target: Target, draft: Draft, spec: Speculative, scheme: Schem
             fixes.append(f"--max-batch-size {batch}")
             break
         batch //= 2
-    if spec.method in ("eagle", "draft-model", "medusa"):
+    if spec.spec.weights is not None:
         fixes.append("another draft (e.g. --draft lookahead, which adds no weights)")
     return fixes
 
@@ -346,9 +324,9 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> Prefli
         )
     checks.extend(check_heads_match(target, draft))
     spec = resolve_speculative(request, draft)
-    if spec.method == "eagle" and request.max_batch_size > EAGLE_MAX_BATCH:
+    if spec.method is Method.EAGLE and request.max_batch_size > EAGLE_MAX_BATCH:
         raise CompatibilityError(f"--max-batch-size {request.max_batch_size} exceeds EAGLE's limit of {EAGLE_MAX_BATCH} in TensorRT-LLM: use <= 512")
-    if spec.method != "none":
+    if spec.method is not Method.NONE:
         checks.append(Check("draft length vs tree/method", "ok", _describe(spec)))
     memory = _memory(target, draft, spec, scheme, request.tp, request.pp, request.max_batch_size, request.max_seq_len, gpu)
     memory_error = None
@@ -366,16 +344,16 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> Prefli
     return PreflightResult(scheme=scheme, speculative=spec, gpu=gpu, memory=memory, checks=checks, memory_error=memory_error)
 
 
-def _describe(spec: Speculative) -> str:
-    if spec.method == "eagle" and spec.tree is None:
+def _describe(spec: SpeculativeSettings) -> str:
+    if spec.method is Method.EAGLE and spec.tree is None:
         return f"linear chain of {spec.max_draft_len} draft tokens (LLM API EAGLE-3)"
-    if spec.method == "eagle":
+    if spec.method is Method.EAGLE:
         return (f"eagle_choices depth {spec.tree.depth} = num_eagle_layers {spec.num_eagle_layers}, "
                 f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}")
-    if spec.method == "medusa":
+    if spec.method is Method.MEDUSA:
         return (f"medusa_choices depth {spec.tree.depth} <= {spec.num_medusa_heads} heads, "
                 f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}")
-    if spec.method == "lookahead":
+    if spec.method is Method.LOOKAHEAD:
         w, n, g = spec.lookahead
         return f"(W, N, G) = ({w}, {n}, {g}) -> max_draft_len {spec.max_draft_len}"
     return f"max_draft_len {spec.max_draft_len}"

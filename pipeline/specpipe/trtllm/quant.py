@@ -12,7 +12,8 @@ Sources (TensorRT-LLM):
       ``fp8``/``int4_awq``, ``--kv_cache_dtype fp8``, ``--awq_block_size`` 128, Medusa heads.
     * ``tensorrt_llm/builder.py`` ``build()`` (index copy id 205252225): on SM 100-119 INT8/INT4
       weight-only and INT8 KV cache raise ``RuntimeError``; FP8 context FMHA needs SM >= 89.
-    * Support matrices: ``examples/eagle/README.md`` @ 585c756 (FP16/BF16, SM >= 80, no PP);
+    * Support matrices (recorded per method in :data:`specpipe.speculative.METHODS`, ``quantizations``
+      and ``quantization_source``): ``examples/eagle/README.md`` @ 585c756 (FP16/BF16, SM >= 80, no PP);
       ``examples/medusa/README.md`` (index copy id 713996416: FP16, BF16, FP8 base model, SM >= 80);
       ``examples/draft_target_model/README.md`` @ 567239f (FP16/BF16/FP8 both models, SM >= 80);
       ``examples/lookahead/README.md`` @ 83ab45a (FP16/BF16/FP8, SM >= 80).
@@ -26,9 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpipe.errors import CompatibilityError
+from specpipe.speculative import ALL_QUANTIZATIONS, Method, Runtime, spec_of
 from specpipe.trtllm.gpus import Gpu
 
-QUANTIZATIONS = ("auto", "bf16", "fp16", "fp8", "int4-awq", "int8-wo", "int4-wo")
+#: ``--quantization`` values: ``auto`` (the checkpoint's own 16-bit type) and every scheme.
+QUANTIZATIONS = ("auto", *ALL_QUANTIZATIONS)
 
 
 class UnsupportedCombinationError(CompatibilityError):
@@ -72,23 +75,6 @@ SCHEMES: dict[str, Scheme] = {
     "int4-wo": Scheme("int4-wo", "bfloat16", "convert", 0.5, 2, blocked_sm=(100, 119)),
 }
 
-# Quantizations each engine-flow speculative method is documented to support (support matrices).
-SUPPORTED: dict[str, tuple[str, ...]] = {
-    "none": ("bf16", "fp16", "fp8", "int4-awq", "int8-wo", "int4-wo"),
-    "eagle": ("bf16", "fp16"),
-    "medusa": ("bf16", "fp16", "fp8"),
-    "draft-model": ("bf16", "fp16", "fp8"),
-    "lookahead": ("bf16", "fp16", "fp8"),
-}
-
-SUPPORT_SOURCE = {
-    "eagle": "examples/eagle/README.md support matrix (FP16/BF16 only)",
-    "medusa": "examples/medusa/README.md support matrix (FP16, BF16, FP8 base model)",
-    "draft-model": "examples/draft_target_model/README.md support matrix (FP16/BF16/FP8)",
-    "lookahead": "examples/lookahead/README.md support matrix (FP16/BF16/FP8)",
-}
-
-
 def resolve_scheme(name: str, default_dtype: str = "bfloat16") -> Scheme:
     """The scheme for ``--quantization name``; ``auto`` is the checkpoint's own 16-bit type.
 
@@ -102,18 +88,26 @@ def resolve_scheme(name: str, default_dtype: str = "bfloat16") -> Scheme:
     return SCHEMES[name]
 
 
+def engine_quantizations(method: Method | str) -> tuple[str, ...]:
+    """The schemes the engine flow builds ``method`` with (the registry's support matrix; none for a
+    method the engine flow does not run)."""
+    spec = spec_of(method)
+    return spec.quantizations if spec.runs_on(Runtime.TRTLLM) else ()
+
+
 def check_support(scheme: Scheme, method: str, gpu: Gpu | None) -> None:
     """Refuse quantization x method x GPU combinations TensorRT-LLM 1.2 does not support.
 
     Raises:
         UnsupportedCombinationError: naming both sides and what to use instead.
     """
-    allowed = SUPPORTED.get(method, ())
+    spec = spec_of(method)
+    method, allowed = spec.method.value, engine_quantizations(spec.method)
     if scheme.name not in allowed:
         raise UnsupportedCombinationError(
             f"--quantization {scheme.name} with --draft method '{method}' is not supported by TensorRT-LLM's "
-            f"engine flow ({SUPPORT_SOURCE.get(method, method)}): use --quantization "
-            f"{' or '.join(allowed)}" + (", or --runtime trtllm-llmapi" if method == "eagle" else "")
+            f"engine flow ({spec.quantization_source or method}): use --quantization "
+            f"{' or '.join(allowed)}" + (", or --runtime trtllm-llmapi" if spec.method is Method.EAGLE else "")
         )
     if gpu is None:
         return

@@ -1,36 +1,14 @@
-"""``eagle_choices`` / ``medusa_choices`` as the tensorrtllm backend's parameter text.
+"""The tensorrtllm backend's parser of ``eagle_choices`` / ``medusa_choices``, in Python: a test oracle.
 
 The backend parses these parameters with ``utils::csvStrToVecVecInt``
 (NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src/utils.cc``; same function in
 triton-inference-server/tensorrtllm_backend ``inflight_batcher_llm/src/utils.cc`` @ c2e65b8): it
 reads up to each ``}``, drops one leading ``{``, splits the rest on commas with ``std::stoi``, then
-skips the separating comma. So a tree is written as ``{0}, {0, 0}, {1}``: one brace group per path,
-no outer braces (``{{0}, ...}`` would leave ``{0`` for ``std::stoi`` and fail the load).
-:func:`parse_like_backend` follows those steps so tests can check the round trip.
+skips the separating comma. :func:`parse_like_backend` follows those steps so tests can check that
+:meth:`specpipe.tree.Tree.to_backend_text` round-trips.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable, Sequence
-
-from specpipe.errors import SpecpipeError
-
-
-def choices_text(paths: Iterable[Sequence[int]]) -> str:
-    """``[[0], [0, 0], [1]]`` -> ``"{0}, {0, 0}, {1}"``.
-
-    Raises:
-        SpecpipeError: an empty tree or path, or a negative index.
-    """
-    groups = []
-    for path in paths:
-        path = [int(i) for i in path]
-        if not path or min(path) < 0:
-            raise SpecpipeError(f"choices path {path} is not a non-empty list of non-negative integers: fix the tree")
-        groups.append("{" + ", ".join(str(i) for i in path) + "}")
-    if not groups:
-        raise SpecpipeError("the choices tree is empty: give at least one path")
-    return ", ".join(groups)
 
 
 def parse_like_backend(text: str) -> list[list[int]]:
