@@ -24,9 +24,11 @@ from specpipe.presets import (
     load_target,
     target_from_model_dir,
 )
+from specpipe.speculative import METHODS, Method, spec_of
 from specpipe.trtllm.checkpoint_flavour import CheckpointFlavourError, CheckpointInfo, inspect_checkpoint
 
-FLAVOUR_METHOD = {"eagle1": "eagle", "eagle3": "eagle", "medusa": "medusa", "causal-lm": "draft-model"}
+#: Checkpoint flavour -> the method that uses it (the registry's ``flavours``).
+FLAVOUR_METHOD = {flavour: method.value for method, spec in METHODS.items() for flavour in spec.flavours}
 FLAVOUR_NAMES = {"eagle1": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "causal-lm": "causal LM"}
 
 
@@ -183,15 +185,17 @@ def resolve_draft(name: str, draft_model: str | None, target: Target, allow_netw
     if draft_model is not None:
         info, source = _inspect_draft_model(draft_model, allow_network)
         if name == "none":
-            name = {"eagle1": "eagle", "eagle3": "eagle", "medusa": "medusa"}.get(info.flavour, "none")
+            method = FLAVOUR_METHOD[info.flavour]
+            name = method if spec_of(method).weights == "heads" else Method.NONE.value
     preset = load_draft(name) if (name != "none" or draft_model is None) else None
     if preset is None:  # a plain causal LM passed with --draft none: a draft-model preset made up for it
         preset = DraftPreset(name=Path(draft_model).name or "draft", description=f"draft model {draft_model}",
-                             kind="draft-model", source=source, speculative={"max_draft_len": 4}, for_targets=(),
+                             kind=Method.DRAFT_MODEL.value, source=source,
+                             speculative={"max_draft_len": spec_of(Method.DRAFT_MODEL).max_draft_len}, for_targets=(),
                              path=Path(draft_model))
     method = preset.kind
     draft = Draft(method=method, preset=preset)
-    if method in ("none", "ngram", "lookahead"):
+    if spec_of(method).weights is None:
         if draft_model is not None:
             raise PresetError(f"--draft-model has no meaning with --draft {preset.name} ({method} uses no draft weights): drop it")
         return draft
