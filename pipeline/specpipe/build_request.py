@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-RUNTIMES = ("cpu", "trtllm", "trtllm-llmapi")
+from specpipe.speculative import Runtime
+from specpipe.tree import Tree
+
+RUNTIMES = tuple(r.value for r in Runtime)
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ class BuildRequest:
         quantization: ``auto`` | ``bf16`` | ``fp16`` | ``fp8`` | ``int4-awq`` | ``int8-wo`` | ``int4-wo``.
         max_batch_size, max_input_len, max_seq_len: engine limits (requests, tokens, tokens).
         lookahead: (window W, n-gram N, verification set G) for lookahead decoding, or ``None``.
-        choices: ``eagle_choices``/``medusa_choices`` override as a Python-literal list of paths.
+        choices: ``eagle_choices``/``medusa_choices`` override: text :meth:`Tree.parse` reads
+            (``'[[0],[0,0],[1]]'``), or a :class:`~specpipe.tree.Tree` (a tuned tree, :mod:`specpipe.tuned`).
         executor: ``auto`` | ``local`` | ``docker`` (TensorRT-LLM runtimes).
         dry_run: print the plan and memory table, run nothing, write nothing.
         json_output: with ``dry_run``, print exactly one JSON document on stdout instead.
@@ -48,7 +52,7 @@ class BuildRequest:
     max_input_len: int = 4096
     max_seq_len: int = 8192
     lookahead: tuple[int, int, int] | None = None
-    choices: str | None = None
+    choices: str | Tree | None = None
     executor: str = "auto"
     dry_run: bool = False
     json_output: bool = False

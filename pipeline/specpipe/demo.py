@@ -8,16 +8,48 @@ each speculative deployment against the baseline over gRPC, prints the results a
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from specpipe.bench.endpoints import Endpoint
+from specpipe.bench.job import execute
+from specpipe.bench.prompts import load_prompts
+from specpipe.bench.report import comparison_table, rows, write_results
+from specpipe.bench.runner import BenchSettings
+from specpipe.build_cpu import build_cpu
 from specpipe.build_request import BuildRequest
-from specpipe.progress import console
+from specpipe.client.validate import report_tables, validate
+from specpipe.progress import console, out
+from specpipe.serve.local import LocalTritonServer
+from specpipe.triton.repository import package_engine
 
 TARGET = "smollm2-135m"
 
 
-def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port: int,
-             bench_requests: int = 4, bench_out: Path = Path("bench-results/demo")) -> bool:
+@dataclass(frozen=True)
+class DemoRequest:
+    """What ``specpipe demo`` was asked to do.
+
+    Attributes:
+        drafts: speculative methods (draft presets) deployed beside the baseline.
+        engines_dir, repo_dir: where engines and Triton repositories go.
+        base_port: the first port used (3 per deployment).
+        bench_requests: benchmark requests per deployment (0 skips the benchmark).
+        bench_out: the benchmark's output folder.
+    """
+
+    drafts: tuple[str, ...] = ("ngram", "smollm2-draft", "medusa", "eagle")
+    engines_dir: Path = Path("engines")
+    repo_dir: Path = Path("triton_repo")
+    base_port: int = 8101
+    bench_requests: int = 4
+    bench_out: Path = Path("bench-results/demo")
+
+
+def run_demo(request: DemoRequest) -> bool:
     """Run the whole pipeline; return True when every validation passed.
 
     Ports: deployment ``i`` (baseline first) uses HTTP ``base_port + 3i``, gRPC ``+1``, metrics ``+2``.
@@ -28,14 +60,8 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
     Raises:
         SpecpipeError: a build, packaging or server start failed (with the cause).
     """
-    from rich.table import Table
-
-    from specpipe.build_cpu import build_cpu
-    from specpipe.client.validate import print_report, validate
-    from specpipe.serve.local import LocalTritonServer
-    from specpipe.triton.repository import package_engine
-
-    names = ["none", *[d for d in drafts if d != "none"]]
+    engines_dir, repo_dir, base_port = Path(request.engines_dir), Path(request.repo_dir), request.base_port
+    names = ["none", *[d for d in request.drafts if d != "none"]]
     repos = {}
     for draft in names:
         console.rule(f"build + package: {TARGET} / {draft}")
@@ -60,9 +86,10 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
         for draft, server in servers.items():
             console.rule(f"validate: {draft}")
             report = validate(server.grpc_url, None if draft == "none" else baseline_url)
-            print_report(report)
+            for table in report_tables(report):
+                out.print(table)
             reports[draft] = report
-        bench_rows = _bench(servers, bench_requests, bench_out) if bench_requests > 0 else {}
+        bench_rows = _bench(servers, request.bench_requests, request.bench_out) if request.bench_requests > 0 else {}
         console.rule("stopping servers")
 
     summary = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (via Triton gRPC)",
@@ -82,21 +109,13 @@ def run_demo(drafts: list[str], *, engines_dir: Path, repo_dir: Path, base_port:
             f"{mean([r.mean_accepted_length for r in figures]):.2f}",
             *(_bench_cells(row) if row else ("-", "-", "-")),
         )
-    console.print(summary)
+    out.print(summary)
     return all(r.passed for r in reports.values())
 
 
 def _bench(servers: dict, requests: int, out_dir: Path) -> dict:
     """Baseline vs speculative on the running servers: prints the comparison table, writes the result
     files, returns the summary row of each deployment (see :func:`specpipe.bench.report.rows`)."""
-    from rich.console import Console
-
-    from specpipe.bench.command import execute
-    from specpipe.bench.endpoints import Endpoint
-    from specpipe.bench.prompts import load_prompts
-    from specpipe.bench.report import comparison_table, rows, write_results
-    from specpipe.bench.runner import BenchSettings
-
     console.rule("benchmark: baseline vs speculative")
     endpoints = [
         Endpoint("baseline" if draft == "none" else draft, "triton", server.grpc_url, "ensemble", server.metrics_url)

@@ -19,3 +19,7 @@ class CompatibilityError(SpecpipeError):
 
 class ManifestError(SpecpipeError):
     """An engine directory is missing its manifest, or the manifest does not fit this specpipe."""
+
+
+class FlagError(SpecpipeError):
+    """A flag the chosen runtime or method does not take; the CLI reports it as a usage error (exit 2)."""

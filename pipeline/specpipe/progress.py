@@ -1,13 +1,20 @@
-"""Shared rich console and progress helpers (stderr, so stdout stays clean for --json)."""
+"""The one place the library reports through: progress on stderr, results on stdout.
+
+Progress, notes and warnings go to :data:`console` (stderr), so stdout stays clean for ``--json``;
+results (a JSON document, a table, generated text) go through :func:`result` / :data:`out` (stdout).
+Library modules print nothing themselves and import no click.
+"""
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from rich.console import Console
 
 console = Console(stderr=True)
+out = Console()
 
 
 @contextmanager
@@ -16,3 +23,29 @@ def status(message: str) -> Iterator[None]:
     with console.status(message):
         yield
     console.print(f"[green]✓[/green] {message}")
+
+
+def done(message: str) -> None:
+    """A finished step (stderr): ``✓ message``."""
+    console.print(f"[green]✓[/green] {message}", highlight=False)
+
+
+def warn(message: str) -> None:
+    """Something the user should know that does not stop the command (stderr): ``! message``."""
+    console.print(f"[yellow]![/yellow] {message}", highlight=False)
+
+
+def note(message: str) -> None:
+    """A plain progress line (stderr), printed as given (no markup)."""
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def result(text: str) -> None:
+    """A result on stdout, written as given (a JSON document, a plan, generated text)."""
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def result_renderable(renderable: Any, width: int | None = None) -> None:
+    """A rich table (or other renderable) on stdout; ``width`` when stdout is not a terminal."""
+    Console(width=None if sys.stdout.isatty() else width).print(renderable)

@@ -9,7 +9,7 @@ Modules, one job each:
 - :mod:`~specpipe.bench.records`, :mod:`~specpipe.bench.stats`: per-request records and their statistics
   (GenAI-Perf / AIPerf definitions);
 - :mod:`~specpipe.bench.metrics`: memory and speculative-decoding counters from Prometheus metrics;
-- :mod:`~specpipe.bench.runner`, :mod:`~specpipe.bench.command`: the whole run and the command;
+- :mod:`~specpipe.bench.runner`, :mod:`~specpipe.bench.job`: the whole run, and one run as a library call;
 - :mod:`~specpipe.bench.report`: table, JSON, CSV, plot;
-- :mod:`~specpipe.bench.tune`, :mod:`~specpipe.bench.tuned`: draft-length tuning and its record.
+- :mod:`~specpipe.bench.tune`: draft-length tuning (its record, read by the build, is :mod:`specpipe.tuned`).
 """

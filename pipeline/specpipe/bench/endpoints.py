@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
+from specpipe.build_common import ENGINE_NAME as _NAME
 from specpipe.errors import SpecpipeError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HOSTPORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5})$")
 
 

@@ -10,25 +10,66 @@ and benchmarked at one concurrency with the same prompts; then the server is sto
   for Medusa no deeper than its heads).
 
 The best candidate (highest output tokens/s) is written to ``ENGINES_DIR/NAME.tuned.json``
-(:mod:`specpipe.bench.tuned`), which the next ``specpipe build`` of that engine uses.
+(:mod:`specpipe.tuned`), which the next ``specpipe build`` of that engine uses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from specpipe.bench.prompts import Prompt
-from specpipe.bench.runner import BenchRun, BenchSettings
-from specpipe.bench.stats import Aggregate
-from specpipe.errors import SpecpipeError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-TREE_METHODS = ("eagle", "medusa")
+from specpipe.bench.endpoints import Endpoint
+from specpipe.bench.prompts import Prompt, load_prompts
+from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
+from specpipe.bench.stats import Aggregate, level_aggregate
+from specpipe.build_cpu import build_cpu
+from specpipe.build_request import BuildRequest
+from specpipe.errors import SpecpipeError
+from specpipe.manifest import read_manifest
+from specpipe.progress import console, warn
+from specpipe.serve.local import LocalTritonServer
+from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings, methods_for
+from specpipe.tree import Tree
+from specpipe.triton.repository import package_engine
+from specpipe.tuned import tuned_path, write_tuned
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What ``specpipe tune`` was asked to do.
+
+    Attributes:
+        name: the CPU engine ``engines_dir/NAME`` to tune.
+        engines_dir: root of engine directories.
+        prompts: a built-in set (``chat``, ``code``, ``summarize``) or a JSONL file of ``{"prompt": ...}``.
+        lengths: draft lengths to try (tokens; tree methods: tree nodes / chain depth).
+        concurrency: requests in flight while measuring.
+        max_tokens: new tokens per request.
+        num_requests: measured requests per setting.
+        warmup: requests per setting before measuring.
+        draft: the draft preset the engine was built from (``None``: from its manifest).
+        chat: wrap prompts in the engine's chat template.
+        keep: keep the candidates' engines, repositories and logs (``engines_dir/.tune-NAME``).
+    """
+
+    name: str
+    engines_dir: Path = Path("engines")
+    prompts: str = "chat"
+    lengths: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    concurrency: int = 1
+    max_tokens: int = 128
+    num_requests: int = 8
+    warmup: int = 1
+    draft: str | None = None
+    chat: bool = False
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,64 +78,41 @@ class Candidate:
 
     label: str
     max_draft_len: int
-    choices: tuple[tuple[int, ...], ...] | None = None
+    tree: Tree | None = None
 
     def setting(self) -> dict[str, Any]:
-        """The build setting as recorded: ``{"max_draft_len": K}`` (+ ``"choices"``)."""
+        """The build setting as recorded: ``{"max_draft_len": K}`` (+ ``"choices"``, a list of paths)."""
         setting: dict[str, Any] = {"max_draft_len": self.max_draft_len}
-        if self.choices is not None:
-            setting["choices"] = [list(p) for p in self.choices]
+        if self.tree is not None:
+            setting["choices"] = self.tree.to_list()
         return setting
 
 
-def parse_lengths(text: str) -> tuple[int, ...]:
-    """``--max-draft-len`` candidates, ``"1,2,4"`` -> ``(1, 2, 4)``.
+def candidates_for(speculative: SpeculativeSettings, lengths: tuple[int, ...]) -> list[Candidate]:
+    """The candidates to measure for an engine with these speculative settings.
 
     Raises:
-        SpecpipeError: an item that is not a positive integer.
+        SpecpipeError: a baseline engine (nothing to tune) or a method the CPU runtime does not run.
     """
-    from specpipe.bench.command import parse_positive_ints
-
-    return parse_positive_ints(text, "--max-draft-len", "1,2,3,4,6,8")
-
-
-def truncate_tree(paths: list[list[int]], nodes: int) -> tuple[tuple[int, ...], ...]:
-    """The first ``nodes`` paths of ``paths`` whose parent is already kept (a valid tree)."""
-    kept: list[tuple[int, ...]] = []
-    for path in paths:
-        path = tuple(path)
-        if len(kept) == nodes:
-            break
-        if len(path) == 1 or path[:-1] in kept:
-            kept.append(path)
-    return tuple(kept)
-
-
-def candidates_for(speculative: dict[str, Any], lengths: tuple[int, ...]) -> list[Candidate]:
-    """The candidates to measure for an engine whose manifest has this ``speculative`` block.
-
-    Raises:
-        SpecpipeError: a baseline engine (nothing to tune) or an unknown method.
-    """
-    method = speculative.get("method")
-    if method == "none":
+    method = speculative.method
+    if method is Method.NONE:
         raise SpecpipeError("this engine is a baseline (--draft none): it has no draft length to tune; tune a speculative engine")
-    if method in ("ngram", "draft-model"):
+    if method not in methods_for(Runtime.CPU):
+        tunable = ", ".join(m.value for m in methods_for(Runtime.CPU) if m is not Method.NONE)
+        raise SpecpipeError(f"cannot tune method {method.value!r}: tune runs {tunable} engines of the CPU runtime")
+    if not METHODS[method].has_tree:
         return [Candidate(f"k{k}", k) for k in lengths]
-    if method not in TREE_METHODS:
-        raise SpecpipeError(f"cannot tune method {method!r}: tune runs ngram, draft-model, eagle and medusa engines of the CPU runtime")
-    tree = speculative.get("choices") or []
-    max_depth = speculative.get("num_medusa_heads") if method == "medusa" else None
+    max_depth = speculative.num_medusa_heads if method is Method.MEDUSA else None
     found: list[Candidate] = []
     for k in lengths:
         options = []
-        if tree:
-            cut = truncate_tree(tree, k)
-            options.append(Candidate(f"tree-{len(cut)}", len(cut), cut))
+        if speculative.tree is not None:
+            cut = speculative.tree.truncate(k)
+            options.append(Candidate(f"tree-{cut.nodes}", cut.nodes, cut))
         if max_depth is None or k <= int(max_depth):
-            options.append(Candidate(f"chain-{k}", k, tuple(tuple([0] * d) for d in range(1, k + 1))))
+            options.append(Candidate(f"chain-{k}", k, Tree(tuple((0,) * d for d in range(1, k + 1)))))
         for option in options:
-            if all(option.choices != c.choices for c in found):
+            if all(option.tree != c.tree for c in found):
                 found.append(option)
     return found
 
@@ -108,13 +126,10 @@ def free_port() -> int:
 
 def cpu_builder(target: str, draft: str, name: str, work_dir: Path) -> Callable[[Candidate], Path]:
     """Builds each candidate with ``build_cpu`` into ``work_dir`` as ``NAME-tune-LABEL``."""
-    from specpipe.build_cpu import build_cpu
-    from specpipe.build_request import BuildRequest
 
     def build(candidate: Candidate) -> Path:
-        choices = json.dumps(candidate.setting()["choices"]) if candidate.choices is not None else None
         return build_cpu(BuildRequest(target=target, draft=draft, name=f"{name}-tune-{candidate.label}", engines_dir=work_dir,
-                                      max_draft_len=candidate.max_draft_len, choices=choices))
+                                      max_draft_len=candidate.max_draft_len, choices=candidate.tree))
 
     return build
 
@@ -125,12 +140,6 @@ def measure(engine_dir: Path, label: str, work_dir: Path, prompts: list[Prompt],
     Raises:
         SpecpipeError: packaging or serving failed, or the server died during the benchmark.
     """
-    from specpipe.bench.endpoints import Endpoint
-    from specpipe.bench.runner import run_bench
-    from specpipe.bench.stats import level_aggregate
-    from specpipe.serve.local import LocalTritonServer
-    from specpipe.triton.repository import package_engine
-
     repo = package_engine(engine_dir, work_dir / "repo" / Path(engine_dir).name)
     server = LocalTritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
                                log_path=work_dir / "logs" / f"{label}.log", ready_timeout_s=600)
@@ -169,35 +178,27 @@ class TuneResult:
     record: Path | None
 
 
-def tune_engine(name: str, engines_dir: Path, prompts: list[Prompt], settings: BenchSettings, lengths: tuple[int, ...],
-                draft: str | None = None, builder: Callable[[Candidate], Path] | None = None, keep: bool = False,
-                show_progress: bool = True) -> TuneResult:
-    """Measure every candidate of engine ``engines_dir/name`` and record the best (see the module doc).
+def tune(request: TuneRequest, builder: Callable[[Candidate], Path] | None = None, show_progress: bool = True) -> TuneResult:
+    """Measure every candidate of engine ``request.engines_dir/request.name`` and record the best (see the module doc).
 
     Args:
-        settings: benchmark settings with exactly one concurrency.
-        draft: the draft preset the engine was built from (default: read from its manifest).
         builder: builds a candidate's engine (default: :func:`cpu_builder`).
-        keep: keep the candidates' engines, repositories and logs in ``engines_dir/.tune-NAME``.
 
     Raises:
-        SpecpipeError: no such engine, not a CPU engine, a baseline, or no candidate could be measured.
+        SpecpipeError: no such engine, not a CPU engine, a baseline, bad prompts.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from specpipe.bench.tuned import tuned_path, write_tuned
-    from specpipe.manifest import read_manifest_json
-    from specpipe.progress import console
-
-    engines_dir = Path(engines_dir)
-    manifest = read_manifest_json(engines_dir / name)
-    if manifest.get("runtime") != "cpu":
-        raise SpecpipeError(f"engine {name} is for the {manifest.get('runtime')} runtime: tune measures CPU engines "
+    name, engines_dir = request.name, Path(request.engines_dir)
+    prompts, label = load_prompts(request.prompts)
+    settings = BenchSettings(prompts=label, concurrencies=(request.concurrency,), max_tokens=request.max_tokens,
+                             num_requests=request.num_requests, warmup=request.warmup, chat=request.chat)
+    manifest = read_manifest(engines_dir / name)
+    if manifest.runtime is not Runtime.CPU:
+        raise SpecpipeError(f"engine {name} is for the {manifest.runtime.value} runtime: tune measures CPU engines "
                             f"(tune TensorRT-LLM deployments with specpipe bench, one deployment per setting)")
-    speculative = manifest.get("speculative", {})
-    candidates = candidates_for(speculative, lengths)
-    target = (manifest.get("target") or {}).get("preset")
-    draft = draft or (manifest.get("draft") or {}).get("preset") or speculative["method"]
+    speculative = manifest.speculative
+    candidates = candidates_for(speculative, request.lengths)
+    target = manifest.target.preset
+    draft = request.draft or (manifest.draft.preset if manifest.draft else None) or speculative.method.value
     work_dir = engines_dir / f".tune-{name}"
     if builder is None:
         if not target:
@@ -217,26 +218,24 @@ def tune_engine(name: str, engines_dir: Path, prompts: list[Prompt], settings: B
                     progress.stop()
                 curve.append(point(candidate, aggregate))
             except SpecpipeError as exc:
-                console.print(f"[yellow]![/yellow] {candidate.label} could not be measured: {str(exc).splitlines()[0]}", highlight=False)
+                warn(f"{candidate.label} could not be measured: {str(exc).splitlines()[0]}")
                 curve.append(point(candidate, None, str(exc).splitlines()[0]))
     finally:
-        if not keep:
+        if not request.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
     best = best_of(curve)
     record = None
     if best is not None:
         setting = {k: best[k] for k in ("max_draft_len", "choices") if k in best}
-        record = write_tuned(tuned_path(engines_dir, name), target=target, draft=draft, method=speculative["method"], best=setting,
-                             curve=curve, measured_with={"prompts": settings.prompts, "concurrency": settings.concurrencies[0],
-                                                         "max_tokens": settings.max_tokens, "num_requests": settings.requests_for(settings.concurrencies[0]),
+        record = write_tuned(tuned_path(engines_dir, name), target=target, draft=draft, method=speculative.method.value, best=setting,
+                             curve=curve, measured_with={"prompts": settings.prompts, "concurrency": request.concurrency,
+                                                         "max_tokens": settings.max_tokens, "num_requests": settings.requests_for(request.concurrency),
                                                          "warmup": settings.warmup})
     return TuneResult(name=name, curve=curve, best=best, record=record)
 
 
 def curve_table(result: TuneResult):
     """The rich table of the curve, best row marked."""
-    from rich.table import Table
-
     table = Table(title=f"specpipe tune {result.name}: output tokens/s and acceptance per setting")
     for column in ("setting", "max_draft_len", "out tok/s", "accept.", "acc. len", "TTFT ms p50", "e2e ms p50", "ok/err", ""):
         table.add_column(column, justify="left" if column in ("setting", "") else "right")

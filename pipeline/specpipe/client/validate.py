@@ -20,7 +20,6 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from specpipe.client.llm import GenerationRequest, GenerationResult, LLMClient, run_sync
-from specpipe.errors import SpecpipeError
 
 DEFAULT_PROMPTS = (
     "The three most important inventions of the nineteenth century were",
@@ -186,18 +185,18 @@ def validate(url: str, baseline_url: str | None = None, model: str = "ensemble",
     return run_sync(_run(url, baseline_url, model, max_tokens, tuple(prompts)))
 
 
-def print_report(report: ValidationReport) -> None:
-    from rich.console import Console
+def report_tables(report: ValidationReport) -> list:
+    """The report as rich renderables: the checks, the per-request figures (if any), the verdict."""
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
     checks = Table(title=f"validation of {report.url}" + (f" against baseline {report.baseline_url}" if report.baseline_url else ""))
     checks.add_column("check")
     checks.add_column("result")
     checks.add_column("detail", overflow="fold", max_width=70)
     for check in report.checks:
         checks.add_row(check.name, "[green]pass[/green]" if check.passed else "[red]FAIL[/red]", check.detail)
-    console.print(checks)
+    tables: list = [checks]
     if report.requests:
         figures = Table(title="per-request acceptance (greedy)")
         figures.add_column("prompt", no_wrap=True, max_width=24)
@@ -206,17 +205,11 @@ def print_report(report: ValidationReport) -> None:
         for r in report.requests:
             figures.add_row(r.prompt, str(r.output_tokens), f"{r.acceptance_rate:.2f}",
                             f"{r.accepted_draft_tokens}/{r.draft_tokens}", f"{r.mean_accepted_length:.2f}", f"{r.latency_ms:.0f}")
-        console.print(figures)
-    console.print("[green]PASSED[/green]" if report.passed else "[red]FAILED[/red]")
+        tables.append(figures)
+    tables.append(Text.from_markup("[green]PASSED[/green]" if report.passed else "[red]FAILED[/red]"))
+    return tables
 
 
-def validate_command(*, url, baseline_url, model, max_tokens, json_output) -> bool:
-    """CLI entry: run, print (table or JSON), return overall pass."""
-    if max_tokens <= 0:
-        raise SpecpipeError(f"--max-tokens must be positive, got {max_tokens}")
-    report = validate(url, baseline_url, model, max_tokens)
-    if json_output:
-        print(json.dumps({**asdict(report), "passed": report.passed}, indent=2))
-    else:
-        print_report(report)
-    return report.passed
+def report_json(report: ValidationReport) -> dict:
+    """The report as one JSON-ready document, with the overall ``passed``."""
+    return {**asdict(report), "passed": report.passed}

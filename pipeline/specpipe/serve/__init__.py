@@ -7,13 +7,45 @@ container (:mod:`specpipe.serve.trtllm`).
 
 from __future__ import annotations
 
-import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from specpipe.errors import SpecpipeError
+from rich.table import Table
 
-__all__ = ["serve_repository", "resolve_runtime"]
+from specpipe.errors import SpecpipeError
+from specpipe.progress import out
+from specpipe.serve.local import LocalTritonServer, check_ports
+from specpipe.serve.trtllm import check_engine_built, container_launch, run_container
+from specpipe.triton.repo_meta import read_meta
+from specpipe.triton.repository import repository_runtime
+
+__all__ = ["ServeRequest", "serve", "serve_repository", "resolve_runtime"]
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """What ``specpipe serve`` was asked to do.
+
+    Attributes:
+        repo_dir: the Triton model repository (``triton_repo/NAME``).
+        grpc_port, http_port, metrics_port: Triton's ports.
+        runtime: ``auto`` (read from the repository), ``cpu``, ``trtllm`` or ``trtllm-llmapi``.
+        print_only: print the launch command instead of running it.
+        container: TensorRT-LLM runtimes: the Triton TensorRT-LLM image (``None``: the engine's).
+        gpus: TensorRT-LLM runtimes: GPU ids, TP x PP of them (``None``: 0..TPxPP-1).
+        openai_port: also serve the OpenAI-compatible API on this port.
+    """
+
+    repo_dir: Path
+    grpc_port: int = 8001
+    http_port: int = 8000
+    metrics_port: int = 8002
+    runtime: str = "auto"
+    print_only: bool = False
+    container: str | None = None
+    gpus: str | None = None
+    openai_port: int | None = None
 
 
 def resolve_runtime(repo_dir: Path, runtime: str) -> str:
@@ -28,22 +60,23 @@ def resolve_runtime(repo_dir: Path, runtime: str) -> str:
         raise SpecpipeError(f"no Triton model repository at {repo_dir}: run 'specpipe package NAME' first")
     if runtime != "auto":
         return runtime
-    from specpipe.triton.repository import repository_runtime
-
     found = repository_runtime(repo_dir)
     if found is None:
         raise SpecpipeError(f"cannot tell which runtime {repo_dir} was written for: pass --runtime cpu or --runtime trtllm")
     return found
 
 
-def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
-                     runtime: str = "auto", print_only: bool = False, container: str | None = None,
-                     gpus: str | None = None, openai_port: int | None = None) -> None:
-    """Serve ``repo_dir`` until Ctrl-C or SIGTERM (or, with ``print_only``, print how to).
+def serve_repository(repo_dir: Path, **options) -> None:
+    """:func:`serve` with the :class:`ServeRequest` fields given as keywords."""
+    serve(ServeRequest(Path(repo_dir), **options))
+
+
+def serve(request: ServeRequest) -> None:
+    """Serve ``request.repo_dir`` until Ctrl-C (a ``KeyboardInterrupt``) or, with ``print_only``, print how to.
 
     For the CPU runtime: start ``tritonserver``, wait until it is ready, print the endpoints, block,
     then stop the server cleanly. With ``print_only``: print the environment and the exact command
-    line, start nothing.
+    line (stdout), start nothing. The caller turns SIGTERM into ``KeyboardInterrupt`` (the CLI does).
 
     TensorRT-LLM runtimes: the serving container (``container`` overrides the Triton TensorRT-LLM image
     recorded in the repository; ``gpus`` names the GPU ids, TP x PP of them).
@@ -57,60 +90,45 @@ def serve_repository(repo_dir: Path, grpc_port: int = 8001, http_port: int = 800
             TensorRT-LLM: a container of another or unknown release, a GPU count other than TP x PP,
             an engine not built yet.
     """
-    from rich.console import Console
-
-    from specpipe.serve.local import LocalTritonServer
-
-    console = Console()
-    runtime = resolve_runtime(repo_dir, runtime)
+    repo_dir, grpc_port, openai_port = Path(request.repo_dir), request.grpc_port, request.openai_port
+    runtime = resolve_runtime(repo_dir, request.runtime)
     if runtime != "cpu":
-        gateway = None if print_only or openai_port is None else _start_gateway(console, Path(repo_dir).name, grpc_port, openai_port)
+        gateway = None if request.print_only or openai_port is None else _start_gateway(repo_dir.name, grpc_port, openai_port)
         try:
-            _serve_container(console, Path(repo_dir), runtime, {"http": http_port, "grpc": grpc_port, "metrics": metrics_port},
-                             print_only, container, gpus)
+            _serve_container(repo_dir, runtime, {"http": request.http_port, "grpc": grpc_port, "metrics": request.metrics_port},
+                             request.print_only, request.container, request.gpus)
         finally:
             if gateway is not None:
                 gateway.stop()
         return
-    server = LocalTritonServer(repo_dir, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port)
-    if print_only:
+    server = LocalTritonServer(repo_dir, grpc_port=grpc_port, http_port=request.http_port, metrics_port=request.metrics_port)
+    if request.print_only:
         for line in server.shell_lines():
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
-
-    def _terminate(signum, frame):
-        raise KeyboardInterrupt
-
     if openai_port is not None:
-        from specpipe.serve.local import check_ports
-
-        check_ports({"gRPC": grpc_port, "HTTP": http_port, "metrics": metrics_port, "openai": openai_port})
-    previous = signal.signal(signal.SIGTERM, _terminate)
+        check_ports({"gRPC": grpc_port, "HTTP": request.http_port, "metrics": request.metrics_port, "openai": openai_port})
     gateway = None
     try:
         server.start()
-        console.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
+        out.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
         server.wait_ready()
         if openai_port is not None:
-            gateway = _start_gateway(console, server.repo_dir.name, grpc_port, openai_port)
-        _print_endpoints(console, server, gateway)
+            gateway = _start_gateway(server.repo_dir.name, grpc_port, openai_port)
+        _print_endpoints(server, gateway)
         while server.process.poll() is None:
             time.sleep(0.5)
         raise server.failure(f"tritonserver exited unexpectedly with status {server.process.returncode}")
     except KeyboardInterrupt:
-        console.print("stopping Triton ...")
+        out.print("stopping Triton ...")
     finally:
         if gateway is not None:
             gateway.stop()
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
 
 
-def _serve_container(console, repo_dir: Path, runtime: str, ports: dict[str, int], print_only: bool,
+def _serve_container(repo_dir: Path, runtime: str, ports: dict[str, int], print_only: bool,
                      container: str | None, gpus: str | None) -> None:
-    from specpipe.serve.trtllm import check_engine_built, container_launch, run_container
-    from specpipe.triton.repo_meta import read_meta
-
     meta = read_meta(repo_dir)
     if meta is None:
         raise SpecpipeError(f"{repo_dir} was not written for a TensorRT-LLM runtime (no specpipe.json): serve it with --runtime cpu")
@@ -119,29 +137,27 @@ def _serve_container(console, repo_dir: Path, runtime: str, ports: dict[str, int
     launch = container_launch(repo_dir, meta, container=container, gpus=gpus, ports=ports)
     if print_only:
         for line in launch.shell_lines():
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     check_engine_built(meta)
-    console.print(f"starting {launch.image} (build it first with: {launch.shell_lines()[0]})", markup=False, highlight=False)
+    out.print(f"starting {launch.image} (build it first with: {launch.shell_lines()[0]})", markup=False, highlight=False)
     code = run_container(launch)
     if code != 0:
         raise SpecpipeError(f"the serving container exited with status {code}: see its output above")
 
 
-def _start_gateway(console, name: str, grpc_port: int, openai_port: int):
+def _start_gateway(name: str, grpc_port: int, openai_port: int):
     """Start the OpenAI-compatible gateway for deployment ``name`` (see :mod:`specpipe.openai`)."""
     from specpipe.openai.server import Gateway, GatewayServer
 
     gateway = GatewayServer(Gateway(f"localhost:{grpc_port}", name), openai_port)
     gateway.start()
-    console.print(f"OpenAI-compatible API for {name}: {gateway.url} (metrics: http://localhost:{openai_port}/metrics)",
+    out.print(f"OpenAI-compatible API for {name}: {gateway.url} (metrics: http://localhost:{openai_port}/metrics)",
                   markup=False, highlight=False)
     return gateway
 
 
-def _print_endpoints(console, server, gateway=None) -> None:
-    from rich.table import Table
-
+def _print_endpoints(server, gateway=None) -> None:
     table = Table(title=f"Triton is serving {server.repo_dir.name}", show_header=False)
     table.add_row("gRPC", server.grpc_url)
     table.add_row("HTTP", server.http_url)
@@ -150,5 +166,5 @@ def _print_endpoints(console, server, gateway=None) -> None:
     if gateway is not None:
         table.add_row("OpenAI API", f"{gateway.url} (model '{server.repo_dir.name}'; /metrics beside it)")
     table.add_row("log", str(server.log_path))
-    console.print(table)
-    console.print("Ctrl-C stops the server.")
+    out.print(table)
+    out.print("Ctrl-C stops the server.")

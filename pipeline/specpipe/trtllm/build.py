@@ -19,19 +19,16 @@ settings (model, parallel sizes, speculative_config); the Triton repository is m
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-import click
-
+from specpipe.build_common import OutputRootError, check_writable, is_engine_name, up_to_date
 from specpipe.build_request import BuildRequest
-from specpipe.errors import ManifestError, PresetError, SpecpipeError
+from specpipe.errors import PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
-from specpipe.manifest import Manifest, Part, read_manifest, write_manifest
+from specpipe.manifest import Manifest, Part, write_manifest
+from specpipe.progress import note, result
 from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
 from specpipe.trtllm.executor import Executor, choose_executor, local_examples_root, run_plan, trtllm_importable
@@ -40,23 +37,8 @@ from specpipe.trtllm.preflight import Check, raise_if_unfit, run_preflight
 from specpipe.trtllm.resolve import resolve_draft, resolve_target
 from specpipe.trtllm.tokenizer_check import compare_tokenizers, locate_tokenizer
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+__all__ = ["OutputRootError", "build_trtllm", "execute", "plan_build"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-
-
-class OutputRootError(SpecpipeError):
-    """The engines root cannot be written."""
-
-
-def _check_writable(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=".specpipe-probe-", dir=directory)
-        os.rmdir(probe)
-    except OSError as exc:
-        raise OutputRootError(
-            f"cannot write to engines directory {directory} ({exc.strerror or exc}): choose another with --engines-dir"
-        ) from exc
 
 
 def _tokenizer_check(target, draft, allow_network: bool) -> Check | None:
@@ -76,7 +58,7 @@ def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | N
         SpecpipeError: any failed pre-flight check (memory fit excepted: see ``raise_if_unfit``).
     """
     name_check = request.name
-    if name_check is not None and not _NAME.match(name_check):
+    if name_check is not None and not is_engine_name(name_check):
         raise PresetError(f"--name {name_check!r} must be a plain name (letters, digits, . _ -), no paths")
     allow_network = not request.dry_run
     target = resolve_target(request.target)
@@ -88,7 +70,7 @@ def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | N
     executor, why = choose_executor(request.executor, importable=importable or trtllm_importable)
     examples = (local_examples_root() if executor == "local" else None) or release.CONTAINER_EXAMPLES_ROOT
     engine_name = request.engine_name(target.name, draft.name)
-    if not _NAME.match(engine_name):
+    if not is_engine_name(engine_name):
         raise PresetError(f"engine name {engine_name!r} is not a plain name: give one with --name")
     plan = make_plan(request, target, draft, pre, engine_name=engine_name, engines_dir=request.engines_dir,
                      executor=executor or "none", examples_root=examples)
@@ -111,13 +93,13 @@ def build_trtllm(request: BuildRequest, *, importable=None) -> Path | None:
             doc = plan.as_dict()
             doc["error"] = plan.preflight.memory_error
             doc["executor_available"] = executor is not None
-            click.echo(json.dumps(doc, indent=1))
+            result(json.dumps(doc, indent=1))
         else:
             prefix = docker_prefix(plan.engine_dir.parent) if executor in ("docker", None) else None
-            click.echo(render_text(plan, prefix))
+            result(render_text(plan, prefix))
         raise_if_unfit(plan.preflight)
         return None
-    click.echo(render_text(plan, docker_prefix(plan.engine_dir.parent) if executor == "docker" else None))
+    result(render_text(plan, docker_prefix(plan.engine_dir.parent) if executor == "docker" else None))
     if request.gpu is None and request.runtime == "trtllm":
         raise SpecpipeError("name the GPU with --gpu (e.g. --gpu h100-80gb) so the memory plan is checked before building")
     raise_if_unfit(plan.preflight)
@@ -130,7 +112,7 @@ def build_trtllm(request: BuildRequest, *, importable=None) -> Path | None:
             f"(--executor docker pulls {release.CONTAINER_IMAGE}), or run specpipe inside that container "
             f"(--executor local); the plan above lists every command"
         )
-    _check_writable(plan.engine_dir.parent)
+    check_writable(plan.engine_dir.parent)
     return execute(plan, executor or "local", force=request.force)
 
 
@@ -172,25 +154,17 @@ def _manifest(plan: Plan) -> Manifest:
 _STEP_RECORD = shutil.ignore_patterns(".specpipe-step.json")
 
 
-def _up_to_date(plan: Plan) -> bool:
-    try:
-        manifest = read_manifest(plan.engine_dir)  # checks the specpipe version and manifest format
-    except ManifestError:
-        return False
-    return manifest.inputs_hash == plan.inputs_hash
-
-
 def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
     """Run the plan's steps and assemble ``engines/NAME`` (temporary directory + rename).
 
     Raises:
         StepFailedError: a step failed; nothing is written to ``engines/NAME``.
     """
-    if not force and _up_to_date(plan):
-        click.echo(f"{plan.engine_dir} is up to date (inputs {plan.inputs_hash[:12]}): nothing to do (--force rebuilds)")
+    if not force and up_to_date(plan.engine_dir, plan.inputs_hash):
+        note(f"{plan.engine_dir} is up to date (inputs {plan.inputs_hash[:12]}): nothing to do (--force rebuilds)")
         return plan.engine_dir
-    executor = Executor(executor_name, plan.examples_root, root=plan.engine_dir.parent, log=click.echo)
-    click.echo(f"running {len(plan.steps)} steps with the {executor_name} executor")
+    executor = Executor(executor_name, plan.examples_root, root=plan.engine_dir.parent, log=note)
+    note(f"running {len(plan.steps)} steps with the {executor_name} executor")
     run_plan(plan, executor, force=force)
 
     def assemble(tmp: Path) -> None:
@@ -207,5 +181,5 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
         write_manifest(tmp, _manifest(plan))
 
     write_dir_atomically(plan.engine_dir, assemble)
-    click.echo(f"wrote {plan.engine_dir}")
+    note(f"wrote {plan.engine_dir}")
     return plan.engine_dir

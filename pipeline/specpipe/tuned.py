@@ -1,5 +1,7 @@
 """The record ``specpipe tune`` leaves for the next build: ``ENGINES_DIR/NAME.tuned.json``.
 
+A build input (the build reads it, :func:`apply_tuned`) that ``specpipe tune`` writes (:func:`write_tuned`).
+
 It sits beside the engine directory ``ENGINES_DIR/NAME`` (not inside it, since a rebuild replaces
 that directory) and holds the best setting found (``max_draft_len``, and ``choices`` for tree
 methods), the target and draft presets it was measured for, and the measured curve.
@@ -13,11 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from specpipe.build_request import BuildRequest
 from specpipe.errors import SpecpipeError
+from specpipe.progress import done, warn
+from specpipe.tree import Tree, TreeError
 
 FORMAT = 1
 SUFFIX = ".tuned.json"
@@ -33,12 +38,10 @@ def write_tuned(path: Path, *, target: str | None, draft: str, method: str, best
     """Write the record (through a temporary file, so a reader never sees half of it).
 
     Args:
-        best: the chosen setting: ``{"max_draft_len": K}`` plus ``"choices"`` for tree methods.
+        best: the chosen setting: ``{"max_draft_len": K}`` plus ``"choices"`` (a list of paths) for tree methods.
         curve: one entry per candidate measured (setting, tokens/s, acceptance ...).
         measured_with: the benchmark settings (prompts, concurrency, max tokens, requests).
     """
-    from datetime import datetime, timezone
-
     record = {
         "format": FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -81,6 +84,7 @@ def apply_tuned(request: BuildRequest, target_name: str, draft_name: str) -> Bui
 
     Nothing changes when ``--max-draft-len`` or ``--choices`` was given, when there is no record,
     or when the record was made for another target or draft (then a note says it was ignored).
+    A recorded tree becomes ``request.choices`` as a :class:`~specpipe.tree.Tree`.
 
     Raises:
         SpecpipeError: a record file that cannot be read.
@@ -91,14 +95,15 @@ def apply_tuned(request: BuildRequest, target_name: str, draft_name: str) -> Bui
     record = read_tuned(path)
     if record is None:
         return request
-    from specpipe.progress import console
-
     if record.get("target") != target_name or record.get("draft") != draft_name:
-        console.print(f"[yellow]![/yellow] ignoring {path}: it was tuned for target {record.get('target')!r} and draft "
-                      f"{record.get('draft')!r}, not {target_name!r} and {draft_name!r}", highlight=False)
+        warn(f"ignoring {path}: it was tuned for target {record.get('target')!r} and draft "
+             f"{record.get('draft')!r}, not {target_name!r} and {draft_name!r}")
         return request
     best = record["best"]
-    choices = best.get("choices")
-    console.print(f"[green]✓[/green] using the tuned setting from {path}: max_draft_len={best['max_draft_len']}"
-                  + (f", {len(choices)}-node tree" if choices else ""), highlight=False)
-    return dataclasses.replace(request, max_draft_len=best["max_draft_len"], choices=json.dumps(choices) if choices else None)
+    try:
+        tree = Tree.parse(best["choices"], what=f"{path} choices") if best.get("choices") else None
+    except TreeError as exc:
+        raise SpecpipeError(f"{exc}: delete {path} or rerun 'specpipe tune'") from exc
+    done(f"using the tuned setting from {path}: max_draft_len={best['max_draft_len']}"
+         + (f", {tree.nodes}-node tree" if tree else ""))
+    return dataclasses.replace(request, max_draft_len=best["max_draft_len"], choices=tree)

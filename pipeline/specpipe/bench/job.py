@@ -1,0 +1,122 @@
+"""One ``specpipe bench`` run as a library call: :class:`BenchRequest` in, :class:`BenchOutcome` out.
+
+The request names the deployments (``--url NAME=ADDRESS``, :mod:`specpipe.bench.endpoints`), the
+prompts and the load; :func:`run_benchmark` checks every deployment, measures each load level with a
+progress bar on stderr, and writes the result files. The caller prints the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specpipe.bench.endpoints import Endpoint, parse_endpoints
+from specpipe.bench.prompts import Prompt, load_prompts
+from specpipe.bench.report import write_results
+from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
+from specpipe.errors import SpecpipeError
+from specpipe.progress import console
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """What ``specpipe bench`` was asked to measure.
+
+    Attributes:
+        urls: deployments, ``NAME=HOST:PORT`` (Triton gRPC) or ``NAME=openai://HOST:PORT/v1``.
+        prompts: a built-in set (``chat``, ``code``, ``summarize``) or a JSONL file of ``{"prompt": ...}``.
+        concurrency: load levels, requests in flight.
+        max_tokens: new tokens per request.
+        num_requests: requests per level (``None``: 4 x concurrency, at least 8); exclusive with ``duration``.
+        duration: seconds per level instead of a request count.
+        warmup: requests per deployment before measuring (not recorded).
+        out: output folder (``None``: ``bench-results/<UTC time>``).
+        chat: wrap prompts in the chat template.
+        metrics: ``NAME=URL`` of a deployment's Prometheus metrics, or ``NAME=none``.
+        tokenizer: tokenizer (folder or Hugging Face id) to count output tokens when the server does not.
+        timeout: per-request timeout, seconds.
+        baseline: name of the reference deployment for speed-ups.
+        model: the Triton model to drive.
+    """
+
+    urls: tuple[str, ...]
+    prompts: str = "chat"
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    max_tokens: int = 128
+    num_requests: int | None = None
+    duration: float | None = None
+    warmup: int = 1
+    out: Path | None = None
+    chat: bool = False
+    metrics: tuple[str, ...] = ()
+    tokenizer: str | None = None
+    timeout: float = 300.0
+    baseline: str = "baseline"
+    model: str = "ensemble"
+
+
+@dataclass
+class BenchOutcome:
+    """A finished (or interrupted) run, where its files went and which they are."""
+
+    run: BenchRun
+    out_dir: Path
+    paths: dict[str, Path]
+
+
+def default_out_dir() -> Path:
+    """``bench-results/<UTC time>`` in the current directory."""
+    return Path("bench-results") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def run_benchmark(request: BenchRequest, show_progress: bool = True) -> BenchOutcome:
+    """Measure every deployment of ``request`` and write the result files (JSON, CSV, plot).
+
+    Raises:
+        SpecpipeError: bad deployments or prompts, both a request count and a duration, or a failed
+            pre-flight check (nothing measured).
+    """
+    if request.num_requests is not None and request.duration is not None:
+        raise SpecpipeError("give --num-requests or --duration, not both")
+    endpoints = parse_endpoints(list(request.urls), list(request.metrics), triton_model=request.model)
+    prompt_list, label = load_prompts(request.prompts)
+    settings = BenchSettings(prompts=label, concurrencies=tuple(request.concurrency), max_tokens=request.max_tokens,
+                             num_requests=request.num_requests, duration_s=request.duration, warmup=request.warmup,
+                             chat=request.chat, timeout_s=request.timeout, baseline=request.baseline, tokenizer=request.tokenizer)
+    out_dir = Path(request.out) if request.out else default_out_dir()
+    run = execute(endpoints, prompt_list, settings, show_progress)
+    return BenchOutcome(run=run, out_dir=out_dir, paths=write_results(run, out_dir))
+
+
+def execute(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, show_progress: bool = True) -> BenchRun:
+    """Run the benchmark; Ctrl-C or a failure after measuring began leaves a run marked incomplete.
+
+    Raises:
+        SpecpipeError: a pre-flight check failed (nothing measured).
+    """
+    run = BenchRun(settings=settings)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, disable=not show_progress)
+    try:
+        try:
+            asyncio.run(run_bench(endpoints, prompts, settings, run, progress))
+        finally:
+            progress.stop()
+    except KeyboardInterrupt:
+        _stop(run, "interrupted (Ctrl-C)")
+    except SpecpipeError as exc:
+        if not run.levels:
+            raise
+        _stop(run, str(exc))
+    return run
+
+
+def _stop(run: BenchRun, reason: str) -> None:
+    """Mark ``run`` (and the level that was running) incomplete for ``reason``."""
+    run.mark_incomplete(reason)
+    if run.levels and not run.levels[-1].incomplete:
+        run.levels[-1].incomplete, run.levels[-1].reason = True, reason

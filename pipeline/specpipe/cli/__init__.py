@@ -1,0 +1,43 @@
+"""The ``specpipe`` command line: a click group that only registers the commands.
+
+Each command lives in its own module of this package, owns its options, builds one settings object
+and calls one library function. Bad input the library finds (:class:`~specpipe.errors.SpecpipeError`)
+is printed here on one line, ``error: ...``: exit status 1, or 2 for a flag the chosen runtime or
+method does not take (:class:`~specpipe.errors.FlagError`), like click's own usage errors.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from specpipe import __version__
+from specpipe.cli import bench, build, client, demo, deploy, package, serve, train
+from specpipe.errors import FlagError, SpecpipeError
+
+
+class _Group(click.Group):
+    """Turns :class:`SpecpipeError` into a one-line message and exit status 1 (2 for a :class:`FlagError`)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecpipeError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2 if isinstance(exc, FlagError) else 1)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="specpipe")
+def main() -> None:
+    """specpipe: build, package, serve, validate and benchmark speculative-decoding deployments."""
+
+
+for command in (build.build, package.package, serve.serve, client.generate, client.validate, demo.demo,
+                train.train_draft, deploy.deploy, bench.bench, bench.tune):
+    main.add_command(command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""``python -m specpipe.cli``: the same as the ``specpipe`` command."""
+
+from specpipe.cli import main
+
+main()

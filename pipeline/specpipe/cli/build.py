@@ -1,0 +1,63 @@
+"""``specpipe build``: options -> one :class:`BuildRequest` -> the CPU or TensorRT-LLM build stage."""
+
+from __future__ import annotations
+
+import click
+
+from specpipe.build_request import RUNTIMES, BuildRequest
+from specpipe.cli.options import POSITIVE, QUANTIZATION, LookaheadType, engines_dir_option
+
+
+@click.command()
+@click.option("--target", required=True,
+              help="Target preset name (e.g. smollm2-135m, llama3-70b), a preset .toml path, or (TensorRT-LLM runtimes) "
+                   "a local Hugging Face checkpoint directory.")
+@click.option("--draft", default="none", show_default=True,
+              help="Draft preset: none, ngram, smollm2-draft, eagle, medusa, lookahead, a draft model preset, or a .toml path.")
+@click.option("--runtime", type=click.Choice(RUNTIMES), default="cpu", show_default=True,
+              help="Where the engine runs: cpu (the CPU reference runtime, here), trtllm (TensorRT-LLM engine flow) "
+                   "or trtllm-llmapi (TensorRT-LLM LLM API).")
+@click.option("--name", default=None, help="Engine name, the directory under --engines-dir (default: <target>-<draft>).")
+@engines_dir_option()
+@click.option("--max-draft-len", type=POSITIVE, default=None,
+              help="Draft tokens verified per step (tree methods: tree nodes); overrides the preset.")
+@click.option("--draft-model", default=None, help="Local directory or Hugging Face id of the draft weights (heads or a causal LM).")
+@click.option("--gpu", default=None, help="TensorRT-LLM runtimes: GPU for the memory plan, e.g. h100-80gb.")
+@click.option("--tp", type=POSITIVE, default=1, show_default=True, help="TensorRT-LLM runtimes: tensor-parallel size (GPUs).")
+@click.option("--pp", type=POSITIVE, default=1, show_default=True, help="TensorRT-LLM runtimes: pipeline-parallel size (GPUs).")
+@click.option("--quantization", "-q", type=QUANTIZATION, default="auto", show_default=True,
+              help="TensorRT-LLM runtimes: weight/activation quantization (auto: the best the method and GPU allow).")
+@click.option("--max-batch-size", type=POSITIVE, default=8, show_default=True,
+              help="TensorRT-LLM runtimes: requests batched together at most.")
+@click.option("--max-input-len", type=POSITIVE, default=4096, show_default=True, help="TensorRT-LLM runtimes: prompt tokens at most.")
+@click.option("--max-seq-len", type=POSITIVE, default=8192, show_default=True,
+              help="TensorRT-LLM runtimes: prompt plus generated tokens at most.")
+@click.option("--lookahead", type=LookaheadType(), default=None,
+              help="TensorRT-LLM engine flow: lookahead W,N,G (window, n-gram size, verification set).")
+@click.option("--choices", default=None,
+              help="EAGLE/Medusa token tree (eagle_choices/medusa_choices) as a list of paths, e.g. '[[0],[0,0],[1]]'.")
+@click.option("--executor", type=click.Choice(["auto", "local", "docker"]), default="auto", show_default=True,
+              help="TensorRT-LLM runtimes: where the steps run (local: tensorrt_llm importable here; docker: the release container).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (settings, inputs hash, what would be fetched, converted and written; TensorRT-LLM: "
+                   "the memory table); run and write nothing.")
+@click.option("--json", "json_output", is_flag=True, help="With --dry-run: print one JSON document instead.")
+@click.option("--force", is_flag=True, help="Rebuild even if nothing changed.")
+def build(**options) -> None:
+    """Resolve presets, check compatibility, fetch and convert weights, and build an engine directory."""
+    request = BuildRequest(**options)
+    if request.json_output and not request.dry_run:
+        raise click.BadParameter("--json goes with --dry-run", param_hint="--json")
+    run_build(request)
+
+
+def run_build(request: BuildRequest) -> None:
+    """The build stage of ``request.runtime`` (TensorRT-LLM's imported only when asked for)."""
+    if request.runtime == "cpu":
+        from specpipe.build_cpu import build_cpu
+
+        build_cpu(request)
+    else:
+        from specpipe.trtllm.build import build_trtllm
+
+        build_trtllm(request)

@@ -1,0 +1,28 @@
+"""``specpipe demo``: the whole pipeline on the embedded default model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from specpipe.cli.options import PORT, engines_dir_option, repo_dir_option
+
+
+@click.command()
+@click.option("--drafts", default="ngram,smollm2-draft,medusa,eagle", show_default=True,
+              help="Speculative methods (draft presets) to deploy beside the baseline, comma-separated.")
+@engines_dir_option()
+@repo_dir_option()
+@click.option("--base-port", type=PORT, default=8101, show_default=True, help="First of the ports used (3 per deployment).")
+@click.option("--bench-requests", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Benchmark requests per deployment (0 skips the benchmark).")
+@click.option("--bench-out", type=click.Path(path_type=Path), default=Path("bench-results/demo"), show_default=True,
+              help="Output folder of the benchmark's table, JSON, CSV and plot.")
+def demo(drafts, **options) -> None:
+    """The main job on the embedded default: build, package, serve, validate and benchmark SmolLM2 end to end."""
+    from specpipe.demo import DemoRequest, run_demo
+
+    ok = run_demo(DemoRequest(drafts=tuple(d for d in drafts.split(",") if d), **options))
+    sys.exit(0 if ok else 1)

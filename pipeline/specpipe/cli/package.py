@@ -1,0 +1,30 @@
+"""``specpipe package``: an engine (or a dry-run plan) -> a Triton model repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specpipe.cli.options import engines_dir_option, repo_dir_option
+from specpipe.progress import result
+
+
+@click.command()
+@click.argument("name", required=False)
+@engines_dir_option()
+@repo_dir_option()
+@click.option("--from-plan", type=click.Path(path_type=Path, exists=True), default=None,
+              help="Package a plan (build --dry-run --json) instead of a built engine.")
+@click.option("--name", "plan_name", default=None, help="Repository name with --from-plan.")
+def package(name, engines_dir, repo_dir, from_plan, plan_name) -> None:
+    """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
+    from specpipe.triton.repository import package_engine, package_plan
+
+    if from_plan is not None:
+        out = package_plan(from_plan, plan_name or name, repo_dir)
+    else:
+        if not name:
+            raise click.UsageError("give the engine NAME (or --from-plan PLAN.json --name NAME)")
+        out = package_engine(engines_dir / name, repo_dir / name)
+    result(f"wrote Triton model repository {out}")

@@ -1,0 +1,39 @@
+"""``specpipe train-draft``: train EAGLE/Medusa heads or distil a draft model on CPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from specpipe.cli.options import MINUTES, POSITIVE, TRAINABLE
+
+
+@click.command("train-draft")
+@click.option("--target", required=True, help="Target preset (e.g. smollm2-135m) or preset .toml path.")
+@click.option("--method", type=TRAINABLE, required=True, help="What to train.")
+@click.option("--data", type=click.Path(path_type=Path), default=None,
+              help="Extra data: a JSONL of prompts (the target answers them) or a text file/folder.")
+@click.option("--budget", type=MINUTES, default=12.0, show_default=True,
+              help="Training time budget, minutes (data preparation not counted).")
+@click.option("--max-steps", type=POSITIVE, default=None, help="Exact number of optimizer steps (reproduces a recipe).")
+@click.option("--schedule-steps", type=POSITIVE, default=None,
+              help="Steps of the learning-rate schedule (default: fitted to the budget; recorded in recipe.json).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Output folder (default heads/<target>/<method>).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed (data order, initialisation).")
+@click.option("--num-prompts", type=click.IntRange(min=0), default=None,
+              help="Built-in self-distillation prompts to use (default 1200 of about 2000; 0 for none).")
+@click.option("--stdlib-tokens", type=click.IntRange(min=0), default=None,
+              help="Tokens of standard-library text (default 60000, 0 for none).")
+@click.option("--trtllm-layout/--no-trtllm-layout", default=True, show_default=True,
+              help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")
+def train_draft(target, method, data, budget, max_steps, schedule_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
+    """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
+    from specpipe.training.train import train_draft as run_training
+
+    run_training(
+        target, method, data=str(data) if data else None, budget_minutes=budget, out_dir=out, seed=seed,
+        max_steps=max_steps, schedule_steps=schedule_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
+        command="specpipe " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("specpipe") else "",
+    )
