@@ -3,15 +3,13 @@ up-to-date check, and the flags each runtime takes."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
 from pathlib import Path
 
-from specpipe import __version__
-from specpipe.errors import SpecpipeError
-from specpipe.manifest import FORMAT_VERSION, MANIFEST_NAME, sha256_file
+from specpipe.errors import ManifestError, SpecpipeError
+from specpipe.manifest import read_manifest, sha256_file
 from specpipe.progress import warn
 
 ENGINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -50,22 +48,20 @@ def up_to_date(dest: Path, inputs_hash: str, *, verify_files: bool = False) -> b
     a missing or changed one is reported (stderr) and makes the engine out of date.
     """
     try:
-        manifest = json.loads((Path(dest) / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
+        manifest = read_manifest(dest)
+    except ManifestError:
         return False
-    if not isinstance(manifest, dict) or manifest.get("inputs_hash") != inputs_hash:
-        return False
-    if (manifest.get("format_version"), manifest.get("specpipe_version")) != (FORMAT_VERSION, __version__):
+    if manifest.inputs_hash != inputs_hash:
         return False
     if not verify_files:
         return True
-    for part in ("target", "draft"):
-        entry = manifest.get(part)
-        if not entry:
+    for part in (manifest.target, manifest.draft):
+        if part is None or part.path is None:
             continue
-        for rel, digest in (entry.get("files") or {}).items():
-            path = Path(dest) / entry["path"] / rel
+        for rel, digest in part.files.items():
+            path = Path(dest) / part.path / rel
             if not path.is_file() or sha256_file(path) != digest:
                 warn(f"{path} is missing or changed since the build: rebuilding")
                 return False
     return True
+
