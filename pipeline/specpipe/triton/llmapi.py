@@ -42,6 +42,7 @@ from specpipe.triton.repo_meta import META_NAME, deployment_meta, meta_text
 from specpipe.triton.writer import MODULES, VERSION_DIR, Repository
 from specpipe.trtllm import release
 from specpipe.trtllm.llmapi_schema import ACCEPTED_KEYS
+from specpipe.trtllm.preflight import check_pipeline_parallel
 
 MODEL = "tensorrt_llm"
 MODEL_YAML = "model.yaml"
@@ -91,7 +92,7 @@ def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
     """The ``speculative_config`` mapping for the deployment's method (``None`` without speculation).
 
     Raises:
-        CompatibilityError: a method the LLM API does not run (Medusa, lookahead), EAGLE-3 with PP > 1,
+        CompatibilityError: a method the LLM API does not run (Medusa, lookahead), drafting with PP > 1 (:data:`~specpipe.trtllm.preflight.PP_REFUSED`),
             or a method that needs a draft checkpoint without one.
     """
     spec = deployment.speculative
@@ -104,11 +105,7 @@ def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
             f"build with --runtime trtllm for the engine flow"
         )
     decoding_type = method.decoding_type
-    if spec.method is Method.EAGLE and deployment.pp > 1:
-        raise CompatibilityError(
-            f"{decoding_type} does not support pipeline parallelism on the LLM API (TensorRT-LLM feature-combination "
-            f"matrix): use --pp 1 and a larger --tp"
-        )
+    check_pipeline_parallel(Runtime.TRTLLM_LLMAPI, spec.method, deployment.pp)
     config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": spec.max_draft_len}
     if method.weights is not None:
         if deployment.draft_path is None:
