@@ -32,6 +32,7 @@ from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.gpus import GIB
+from specpipe.trtllm.llmapi_schema import build_speculative_config
 from specpipe.trtllm.preflight import PreflightResult
 from specpipe.trtllm.resolve import Draft, Target
 
@@ -124,20 +125,15 @@ class Plan:
 def llmapi_settings(plan: Plan) -> dict[str, Any]:
     """What the LLM API repository needs (model.yaml keys): model, parallel sizes, speculative_config.
 
-    ``decoding_type`` is the registry's (:attr:`specpipe.speculative.MethodSpec.decoding_type`); spellings
-    and key names follow the pinned release's ``llm_args.py`` (:mod:`specpipe.trtllm.llmapi_schema`).
+    ``speculative_config`` comes from the one builder, spelled for the pinned release
+    (:func:`specpipe.trtllm.llmapi_schema.build_speculative_config`).
     """
     spec = plan.preflight.speculative
     out: dict[str, Any] = {"model": plan.target_path, "backend": "pytorch", "tensor_parallel_size": plan.request.tp,
                            "pipeline_parallel_size": plan.request.pp, "max_batch_size": plan.request.max_batch_size,
                            "max_seq_len": plan.request.max_seq_len}
-    decoding_type = spec.spec.decoding_type
-    if decoding_type is not None:
-        config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": spec.max_draft_len}
-        if spec.spec.weights is not None:
-            config["speculative_model"] = plan.draft_path
-        if spec.max_matching_ngram_size is not None:
-            config["max_matching_ngram_size"] = spec.max_matching_ngram_size
+    config = build_speculative_config(spec, plan.draft_path, release.TRTLLM_VERSION)
+    if config is not None:
         out["speculative_config"] = config
     return out
 
