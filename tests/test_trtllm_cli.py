@@ -46,7 +46,7 @@ def test_json_is_one_document_and_writes_nothing(tmp_path):
         "--runtime", "trtllm", "--dry-run", "--json", "--engines-dir", str(tmp_path / "e")])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert [s["name"] for s in doc["steps"]] == ["download-target", "download-draft", "convert-target", "convert-draft",
+    assert [s["name"] for s in doc["steps"]] == ["first-contact", "download-target", "download-draft", "convert-target", "convert-draft",
                                                  "build-target", "build-draft"]
     assert all(isinstance(a, str) for s in doc["steps"] for a in s["argv"])
     assert doc["steps"][-2]["argv"][0] == "trtllm-build"
