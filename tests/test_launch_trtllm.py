@@ -1,6 +1,7 @@
 """Container launch: the exact command for TP 1 and TP 4, version pairing, GPUs, the image's entry
 point, the Dockerfile and the compose file (validated against the Compose specification)."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -8,11 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe.cli import main
 from specpipe.errors import SpecpipeError
 from specpipe.serve.container_entry import command as entry_command
-from specpipe.serve.trtllm import parse_gpus, server_command
+from specpipe.deploy.k8s import write_k8s
+from specpipe.serve.trtllm import container_launch, parse_gpus, server_command, server_environment
 from specpipe.triton.repo_meta import read_meta
 from specpipe.triton.repository import package_plan
 from specpipe.trtllm import release
@@ -64,12 +68,63 @@ def test_tp4_is_mpirun_with_one_rank_per_gpu(tmp_path):
     assert run[run.index("--gpus") + 1] == '"device=4,5,6,7"'
 
 
-def test_draft_target_ranks_load_both_engines(tmp_path):
-    packaged(tmp_path, "dt", target="llama3.1-8b", draft="llama3.2-1b", tp=2, gpu="h100-80gb")
-    command = server_command(read_meta(tmp_path / "repos" / "dt"))
-    assert command.count("tritonserver") == 2
-    second = command[command.index(":"):]
-    assert "--load-model=tensorrt_llm" in second and "--load-model=tensorrt_llm_draft" in second
+def _engine_params(repo, model):
+    config = mc.ModelConfig()
+    text_format.Parse((repo / model / "config.pbtxt").read_text(), config)
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def test_draft_target_tp4_launches_in_orchestrator_mode(tmp_path):
+    """Issue 13 item 1, the reproduction: build --target llama3-70b --draft llama3-8b --gpu h100-80gb --tp 4
+    -q fp8 --runtime trtllm --dry-run --json; package --from-plan; serve --print (library functions)."""
+    repo = packaged(tmp_path, "dt", target="llama3-70b", draft="llama3-8b", gpu="h100-80gb", tp=4, quantization="fp8")
+    meta = read_meta(repo)
+    assert meta["launch"] == "orchestrator" and meta["world_size"] == 1 and meta["gpus"] == 4
+    command = server_command(meta)
+    assert command.count("tritonserver") == 1 and ":" not in command
+    assert command[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "tritonserver"]
+    assert "--model-control-mode=explicit" not in command
+    assert {"--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"} <= set(command)
+    assert [a for a in command if a.startswith("--cuda-memory-pool-byte-size=")] == [
+        f"--cuda-memory-pool-byte-size={g}:0" for g in range(4)]
+    assert server_environment(meta) == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+    for model in ("tensorrt_llm", "tensorrt_llm_draft"):
+        assert _engine_params(repo, model)["gpu_device_ids"] == "0,1,2,3"
+    # serve --print: docker run carries the environment
+    run = container_launch(repo, meta, gpus="4,5,6,7").run_argv
+    assert ["-e", "TRTLLM_ORCHESTRATOR=1"] == run[run.index("TRTLLM_ORCHESTRATOR=1") - 1: run.index("TRTLLM_ORCHESTRATOR=1") + 1]
+    assert "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1" in run and run[run.index("--gpus") + 1] == '"device=4,5,6,7"'
+    assert run[run.index("specpipe-triton:0.1.0-26.04") + 1:] == command
+    # compose (the image's entry point) and Kubernetes get the same command and environment
+    assert entry_command(repo) == command
+    k8s = write_k8s(repo, tmp_path / "k8s")
+    pod = yaml.safe_load((k8s / "deployment.yaml").read_text())["spec"]["template"]["spec"]["containers"][0]
+    assert pod["command"] == command and pod["env"] == [{"name": "TRTLLM_ORCHESTRATOR", "value": "1"},
+                                                        {"name": "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES", "value": "1"}]
+
+
+def test_single_engine_and_tp1_stay_without_orchestrator(tmp_path):
+    for name, kw in (("dt1", dict(target="llama3.1-8b", draft="llama3.2-1b", gpu="h100-80gb")),
+                     ("tp4", dict(target="llama3-70b", draft="none", tp=4))):
+        repo = packaged(tmp_path, name, **kw)
+        meta = read_meta(repo)
+        assert server_environment(meta) == {} and meta["launch"] == ("single" if name == "dt1" else "leader")
+        assert "gpu_device_ids" not in _engine_params(repo, "tensorrt_llm")
+
+
+def test_old_leader_mode_draft_target_repository_is_refused(tmp_path):
+    repo = packaged(tmp_path, "dt", target="llama3.1-8b", draft="llama3.2-1b", tp=2, gpu="h100-80gb")
+    meta = read_meta(repo)
+    old = {k: v for k, v in meta.items() if k != "launch"} | {"world_size": 2}
+    message = ("repository for llama3.1-8b-llama3.2-1b runs two engines on 2 GPUs in leader mode, where every rank above 0 "
+               "exits; draft-target with TP x PP > 1 needs orchestrator mode (TRTLLM_ORCHESTRATOR=1, gpu_device_ids per "
+               "engine): repackage it with 'specpipe package'")
+    with pytest.raises(SpecpipeError) as err:
+        server_command(old)
+    assert str(err.value) == message
+    (repo / "specpipe.json").write_text(json.dumps(old))
+    result = printed(tmp_path, "dt")
+    assert result.exit_code == 1 and result.stderr.strip() == "error: " + message and result.stdout == ""
 
 
 def test_llmapi_is_one_server_with_auto_complete(tmp_path):

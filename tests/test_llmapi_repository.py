@@ -113,8 +113,12 @@ def test_refused_methods(tmp_path):
         spec = dataclasses.replace(deployment.speculative, method=Method(method), max_draft_len=4)
         with pytest.raises(SpecpipeError, match=f"{method} does not run on TensorRT-LLM's LLM API .* --runtime trtllm"):
             speculative_config(dataclasses.replace(deployment, speculative=spec))
-    with pytest.raises(SpecpipeError, match="Eagle3 does not support pipeline parallelism"):
+    with pytest.raises(SpecpipeError, match="--pp 2 with eagle on --runtime trtllm-llmapi: EAGLE-3 does not support"):
         speculative_config(dataclasses.replace(deployment, pp=2))
+    for method in ("ngram", "draft-model"):  # any drafter meets PyExecutor's PP loop refusal
+        spec = dataclasses.replace(deployment.speculative, method=Method(method), tree=None)
+        with pytest.raises(SpecpipeError, match="NotImplementedError .* use --pp 1 and raise --tp instead"):
+            speculative_config(dataclasses.replace(deployment, speculative=spec, pp=2))
 
 
 def test_checkpoint_outside_the_engines_root_is_refused(tmp_path):

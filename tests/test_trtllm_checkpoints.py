@@ -87,7 +87,7 @@ def test_local_eagle1_head_plans(tmp_path, target):
     plan, _, _ = plan_build(request(tmp_path, target, draft="eagle", draft_model=str(head), choices="[[0], [0, 0], [1]]"),
                             importable=lambda: False)
     assert plan.draft.flavour == "eagle1"
-    assert [s.name for s in plan.steps] == ["convert-target", "build-target"]  # local sources: no downloads
+    assert [s.name for s in plan.steps] == ["first-contact", "convert-target", "build-target"]  # local: no downloads
     argv = plan.step("convert-target").argv
     assert argv[argv.index("--eagle_model_dir") + 1] == str(head.resolve())
     assert argv[argv.index("--num_eagle_layers") + 1] == "2" and argv[argv.index("--max_draft_len") + 1] == "63"
@@ -120,8 +120,8 @@ def test_eagle3_head_plans_on_the_llm_api(tmp_path, target):
     plan, _, _ = plan_build(request(tmp_path, target, draft="eagle", draft_model=str(head), runtime="trtllm-llmapi"),
                             importable=lambda: False)
     doc = plan.as_dict()
-    assert doc["steps"] == [] and doc["llmapi"]["speculative_config"] == {
-        "decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": str(head.resolve())}
+    assert [s["name"] for s in doc["steps"]] == ["first-contact"] and doc["llmapi"]["speculative_config"] == {
+        "decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": str(head.resolve()), "eagle3_one_model": True}
 
 
 def test_medusa_tree_deeper_than_heads(tmp_path, target):

@@ -46,7 +46,7 @@ def test_json_is_one_document_and_writes_nothing(tmp_path):
         "--runtime", "trtllm", "--dry-run", "--json", "--engines-dir", str(tmp_path / "e")])
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert [s["name"] for s in doc["steps"]] == ["download-target", "download-draft", "convert-target", "convert-draft",
+    assert [s["name"] for s in doc["steps"]] == ["first-contact", "download-target", "download-draft", "convert-target", "convert-draft",
                                                  "build-target", "build-draft"]
     assert all(isinstance(a, str) for s in doc["steps"] for a in s["argv"])
     assert doc["steps"][-2]["argv"][0] == "trtllm-build"
@@ -64,7 +64,13 @@ def test_json_is_one_document_and_writes_nothing(tmp_path):
     (["--target", "llama3-8b", "--draft", "eagel"], "did you mean 'eagle'"),
     (["--target", "llama3-8b", "--draft", "eagle", "--gpu", "rtx9090"], "unknown GPU 'rtx9090'"),
     (["--target", "llama3-8b", "--draft", "eagle", "--tp", "3"], "--tp 3 does not divide the 32 attention heads of llama3-8b"),
-    (["--target", "llama3-8b", "--draft", "eagle", "--pp", "2"], "--pp > 1 with EAGLE"),
+    (["--target", "llama3-8b", "--draft", "eagle", "--pp", "2"], "--pp 2 with eagle on --runtime trtllm"),
+    (["--target", "llama3.1-8b", "--draft", "ngram", "--pp", "2", "--runtime", "trtllm-llmapi"],
+     "--pp 2 with ngram on --runtime trtllm-llmapi: the LLM API's PyExecutor raises NotImplementedError"),
+    (["--target", "llama3.1-8b", "--draft", "llama3.2-1b", "--pp", "2", "--runtime", "trtllm-llmapi"],
+     "use --pp 1 and raise --tp instead"),
+    (["--target", "llama3.1-8b", "--draft", "eagle", "--pp", "2", "--runtime", "trtllm-llmapi"],
+     "--pp 2 with eagle on --runtime trtllm-llmapi: EAGLE-3 does not support pipeline parallelism"),
     (["--target", "llama3-8b", "--draft", "eagle", "--choices", "[[0], [1], [2]]", "--max-draft-len", "2"],
      "tree has 3 nodes, max_draft_len is 2"),
     (["--target", "llama3-8b", "--draft", "eagle", "--max-batch-size", "1024"], "EAGLE's limit of 512"),

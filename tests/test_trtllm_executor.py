@@ -13,6 +13,7 @@ from specpipe.build_request import BuildRequest
 from specpipe.cli import main
 from specpipe.trtllm import release
 from specpipe.trtllm.build import build_trtllm
+from specpipe.trtllm import executor
 from specpipe.trtllm.executor import NoExecutorError, StepFailedError
 
 STANDIN = textwrap.dedent("""\
@@ -27,6 +28,8 @@ STANDIN = textwrap.dedent("""\
         inner = argv[argv.index("{image}") + 1:]
     if os.environ.get("STANDIN_FAIL") and os.environ["STANDIN_FAIL"] in " ".join(inner):
         sys.exit(3)
+    if "--report" in inner:
+        Path(inner[inner.index("--report") + 1]).parent.mkdir(parents=True, exist_ok=True)
     for flag in ("--output_dir", "--local-dir"):
         if flag in inner:
             out = Path(inner[inner.index(flag) + 1])
@@ -43,7 +46,7 @@ STANDIN = textwrap.dedent("""\
 def standins(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("hf", "trtllm-build", "python3", "docker"):
+    for name in ("trtllm-build", "python3", "docker"):
         path = bin_dir / name
         path.write_text(STANDIN.format(python=sys.executable, image=release.CONTAINER_IMAGE))
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -52,6 +55,20 @@ def standins(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv(release.EXAMPLES_ENV, str(tmp_path / "trtllm" / "examples"))
+
+    def snapshot_download(repo_id, revision, ignore_patterns, local_dir):
+        """Stand-in for huggingface_hub's API (no network): records the call as the planned argv."""
+        with open(log, "a") as f:
+            f.write(json.dumps(["hf", "download", repo_id, "--revision", revision,
+                                *[a for p in ignore_patterns for a in ("--exclude", p)], "--local-dir", local_dir]) + "\n")
+        if os.environ.get("STANDIN_FAIL") and os.environ["STANDIN_FAIL"] in repo_id:
+            raise OSError("stand-in download failure")
+        os.makedirs(local_dir, exist_ok=True)
+        (tmp_path / local_dir / "config.json").write_text(json.dumps({"made_by": ["hf", "download"]}))
+        (tmp_path / local_dir / "tokenizer.json").write_text("{}")
+
+    monkeypatch.setattr(executor, "snapshot_download", snapshot_download)
+    monkeypatch.setenv("PATH", str(bin_dir))  # no `hf` next to this: the API is used
     return lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
@@ -65,7 +82,12 @@ def request(tmp_path, **kw):
 def test_local_build_runs_every_step_then_skips_them(tmp_path, standins):
     engine = build_trtllm(request(tmp_path), importable=lambda: True)
     calls = standins()
-    assert [c[0] for c in calls] == ["hf", "hf", "python3", "python3", "trtllm-build", "trtllm-build"]
+    assert [c[0] for c in calls] == ["python3", "hf", "hf", "python3", "python3", "trtllm-build", "trtllm-build"]
+    first = calls.pop(0)  # the first-contact check, with its script and checks document written beside it
+    assert first[1].endswith(".trtllm-work/first-contact/first_contact.py") and os.path.isfile(first[1])
+    checks = json.loads(open(first[first.index("--input") + 1]).read())
+    assert checks["pin"] == "1.2.1" and [a["step"] for a in checks["argvs"]] == [
+        "convert-target", "convert-draft", "build-target", "build-draft"]
     examples = str(tmp_path / "trtllm" / "examples")
     assert calls[2][1] == f"{examples}/quantization/quantize.py" and "--qformat" in calls[2]
     assert all(".partial" in c[c.index("--output_dir") + 1] for c in calls if "--output_dir" in c)
@@ -73,18 +95,18 @@ def test_local_build_runs_every_step_then_skips_them(tmp_path, standins):
     assert manifest["trtllm"]["version"] == "1.2.1"
     assert manifest["trtllm"]["container_image"] == release.CONTAINER_IMAGE
     assert [s["name"] for s in manifest["trtllm"]["steps"]] == [
-        "download-target", "download-draft", "convert-target", "convert-draft", "build-target", "build-draft"]
+        "first-contact", "download-target", "download-draft", "convert-target", "convert-draft", "build-target", "build-draft"]
     assert all(len(s["hash"]) == 16 and s["argv"][0] in ("hf", "python3", "trtllm-build") for s in manifest["trtllm"]["steps"])
     assert manifest["speculative"] == {"method": "draft-model", "max_draft_len": 4, "flavour": "causal-lm"}
     assert (engine / "target" / "rank0.engine").read_bytes() == b"engine"
     assert (engine / "draft" / "rank0.engine").is_file() and (engine / "tokenizer" / "tokenizer.json").is_file()
     logs = list((tmp_path / "engines" / ".trtllm-work" / "logs").glob("*.log"))
-    assert len(logs) == 6
+    assert len(logs) == 7
 
     build_trtllm(request(tmp_path), importable=lambda: True)  # unchanged: nothing runs
-    assert len(standins()) == 6
-    build_trtllm(request(tmp_path, max_batch_size=16), importable=lambda: True)  # only the engine builds change
-    assert [c[0] for c in standins()[6:]] == ["trtllm-build", "trtllm-build"]
+    assert len(standins()) == 7
+    build_trtllm(request(tmp_path, max_batch_size=16), importable=lambda: True)  # the engine builds change (and
+    assert [c[0] for c in standins()[7:]] == ["python3", "trtllm-build", "trtllm-build"]  # the checks of their argv)
 
 
 def test_interrupted_build_resumes_and_writes_nothing_half_done(tmp_path, standins, monkeypatch):
@@ -96,14 +118,15 @@ def test_interrupted_build_resumes_and_writes_nothing_half_done(tmp_path, standi
     assert not list((engines / ".trtllm-work").glob("*.partial"))
     monkeypatch.delenv("STANDIN_FAIL")
     build_trtllm(request(tmp_path), importable=lambda: True)
-    assert [c[0] for c in standins()[5:]] == ["trtllm-build", "trtllm-build"]  # 4 steps ran + 1 failed before
+    assert [c[0] for c in standins()[6:]] == ["trtllm-build", "trtllm-build"]  # 5 steps ran + 1 failed before
     assert (engines / "llama3.1-8b-llama3.2-1b" / "manifest.json").is_file()
 
 
 def test_docker_executor_wraps_trtllm_steps(tmp_path, standins):
     build_trtllm(request(tmp_path, executor="docker", draft="lookahead", quantization="bf16"), importable=lambda: False)
     calls = standins()
-    assert [c[0] for c in calls] == ["hf", "docker", "docker"]
+    assert [c[0] for c in calls] == ["docker", "hf", "docker", "docker"]
+    calls.pop(0)  # the first-contact check runs in the pinned container too
     root = str((tmp_path / "engines").absolute())
     prefix = ["docker", "run", "--gpus", "all", "--rm", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
               "-v", f"{root}:{root}", "-w", root, release.CONTAINER_IMAGE]
@@ -146,8 +169,11 @@ def test_llmapi_build_downloads_and_records_the_speculative_config(tmp_path, sta
     engine = build_trtllm(request(tmp_path, runtime="trtllm-llmapi", draft="eagle", quantization="auto", executor="auto"),
                           importable=lambda: False)
     calls = standins()
-    assert [c[:3] for c in calls] == [["hf", "download", "meta-llama/Llama-3.1-8B-Instruct"],
-                                      ["hf", "download", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"]]
+    assert calls[0][:2] == ["docker", "run"] and "--input" in calls[0]  # first contact, in the pinned container
+    assert [c[:3] for c in calls[1:]] == [["hf", "download", "meta-llama/Llama-3.1-8B-Instruct"],
+                                          ["hf", "download", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"]]
+    checks = json.loads(open(calls[0][calls[0].index("--input") + 1]).read())
+    assert "decoding_type: Eagle3" in checks["model_yaml"] and checks["backends"] == ["python"]
     manifest = json.loads((engine / "manifest.json").read_text())
     llmapi = manifest["trtllm"]["llmapi"]
     assert manifest["runtime"] == "trtllm-llmapi" and llmapi["backend"] == "pytorch"

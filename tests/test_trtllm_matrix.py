@@ -72,8 +72,10 @@ def test_matrix(target, draft, quant, tp, medusa_dirs, tmp_path):
     plan, _, _ = plan_build(request, importable=lambda: False)
     steps = {s.name: s for s in plan.steps}
     parsed = {name: check_argv(s.tool, s.argv) for name, s in steps.items() if s.tool}
-    # Every TensorRT-LLM command was checked; downloads are plain `hf download`.
-    assert all(s.tool or s.argv[:2] == ["hf", "download"] for s in plan.steps)
+    # Every TensorRT-LLM command was checked; downloads are plain `hf download`; the first step is the
+    # first-contact check, which parses the same commands in the container.
+    assert plan.steps[0].name == "first-contact" and plan.steps[0].runs_in == "trtllm"
+    assert all(s.tool or s.argv[:2] == ["hf", "download"] for s in plan.steps[1:])
     convert, build = parsed["convert-target"], parsed["build-target"]
     assert convert["--tp_size"] == tp and convert["--pp_size"] == 1
     assert build["--checkpoint_dir"] == steps["convert-target"].output

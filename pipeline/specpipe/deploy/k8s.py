@@ -2,7 +2,8 @@
 
 One pod serves one copy of the engine: it requests TP x PP GPUs (``nvidia.com/gpu``, the NVIDIA device
 plugin's resource) and runs the serving image with the exact server command of
-:func:`specpipe.serve.trtllm.server_command` (``mpirun`` with one rank per GPU when TP x PP > 1).
+:func:`specpipe.serve.trtllm.server_command` (``mpirun`` with one rank per GPU when TP x PP > 1) in the
+environment of :func:`specpipe.serve.trtllm.server_environment` (orchestrator mode for draft-target on several GPUs).
 ``--replicas`` copies scale out behind the Service. Probes use Triton's health endpoints
 (``/v2/health/live``: the server process answers; ``/v2/health/ready``: every model loaded); a startup
 probe gives engine loading up to 30 minutes before liveness applies. The metrics port (8002,
@@ -23,7 +24,7 @@ from typing import Any
 import yaml
 
 from specpipe.errors import SpecpipeError
-from specpipe.serve.trtllm import CONTAINER_PORTS, SHM_SIZE, serving_image, server_command
+from specpipe.serve.trtllm import CONTAINER_PORTS, SHM_SIZE, serving_image, server_command, server_environment
 from specpipe.fsutil import write_dir_atomically
 from specpipe.triton.deployment import CONTAINER_ENGINES, CONTAINER_REPO
 from specpipe.triton.repo_meta import read_meta
@@ -53,6 +54,8 @@ def deployment_manifest(name: str, repo_dir: Path, meta: dict[str, Any], replica
         "name": "triton",
         "image": image,
         "command": server_command(meta),
+        **({"env": [{"name": k, "value": v} for k, v in server_environment(meta).items()]}
+           if server_environment(meta) else {}),
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in CONTAINER_PORTS.items()],
         "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
         "startupProbe": probe("/v2/health/live", STARTUP_SECONDS // PROBE_PERIOD_S),

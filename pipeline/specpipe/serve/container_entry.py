@@ -1,7 +1,8 @@
 """Entry point of the serving image: start Triton on the repository mounted at ``/models``.
 
 ``python3 -m specpipe.serve.container_entry`` reads ``/models/specpipe.json`` and replaces itself with
-the command :func:`specpipe.serve.trtllm.server_command` gives (``mpirun`` with one rank per GPU for
+the command :func:`specpipe.serve.trtllm.server_command` gives, in the environment
+:func:`specpipe.serve.trtllm.server_environment` gives (orchestrator mode for draft-target on several GPUs) (``mpirun`` with one rank per GPU for
 a multi-GPU engine), so compose files and Kubernetes manifests need no per-engine command. Exits with
 status 2 and a one-line message when the repository is missing or not a TensorRT-LLM one.
 """
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 from specpipe.errors import SpecpipeError
-from specpipe.serve.trtllm import server_command
+from specpipe.serve.trtllm import server_command, server_environment
 from specpipe.triton.deployment import CONTAINER_REPO
 from specpipe.triton.repo_meta import read_meta
 
@@ -36,8 +37,9 @@ def main() -> None:
     except SpecpipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    print("specpipe: " + " ".join(argv), flush=True)
-    os.execvp(argv[0], argv)
+    env = server_environment(read_meta(Path(CONTAINER_REPO)))
+    print("specpipe: " + " ".join([f"{k}={v}" for k, v in env.items()] + argv), flush=True)
+    os.execvpe(argv[0], argv, {**os.environ, **env})
 
 
 if __name__ == "__main__":

@@ -12,8 +12,18 @@ read-only (:mod:`specpipe.triton.deployment`). The server command follows Tensor
   ``:``, each ``-n 1 tritonserver ...`` with its own ``shm-region-prefix-name=prefix<i>_``; ranks > 0
   add ``--model-control-mode=explicit`` and one ``--load-model=`` per engine model (they only run the
   engines; rank 0 serves the requests);
+- engine flow, two engines (draft-target) on TP x PP > 1 GPUs: orchestrator mode, what
+  ``launch_triton_server.py --multi-model --world_size=1`` does (TensorRT-LLM
+  ``triton_backend/scripts/launch_triton_server.py`` @ 0a2e2c1, facts only): one rank,
+  ``mpirun --allow-run-as-root -n 1 tritonserver ...`` with ``--pinned-memory-pool-byte-size=0
+  --enable-peer-access=false`` and ``--cuda-memory-pool-byte-size=<gpu>:0`` per GPU, and the environment
+  ``TRTLLM_ORCHESTRATOR=1``, ``TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1`` (:func:`server_environment`); the
+  backend then spawns each engine's workers on its ``gpu_device_ids``;
 - LLM API flow: one ``tritonserver --model-repository=/models`` (auto-complete on: the model reads
   ``max_batch_size``/``decoupled`` from model.yaml); the LLM API starts its TP x PP workers itself.
+
+Every launcher (``serve --print``/``serve``, the image's entry point used by ``docker/compose.yaml``, the
+Kubernetes writer) takes both the command and the environment from here.
 
 The container runs only with a TensorRT-LLM release equal to the engine's
 (:func:`specpipe.trtllm.release.check_container_for_engine`), on exactly TP x PP GPUs.
@@ -32,6 +42,7 @@ from specpipe import __version__
 from specpipe.errors import SpecpipeError
 from specpipe.paths import PACKAGE_DIR
 from specpipe.triton.deployment import CONTAINER_ENGINES, CONTAINER_REPO
+from specpipe.triton.repo_meta import LAUNCH_ORCHESTRATOR, launch_mode
 from specpipe.trtllm import release
 
 TRITONSERVER = "tritonserver"
@@ -45,11 +56,52 @@ def _server_argv(ports: dict[str, int]) -> list[str]:
             f"--http-port={ports['http']}", f"--metrics-port={ports['metrics']}"]
 
 
+#: The environment of orchestrator mode (``launch_triton_server.py --multi-model`` without
+#: ``--disable-spawn-processes``); read by the backend's ``TRITONBACKEND_Initialize`` and
+#: ``ModelInstanceState::getParallelConfigFromParams``.
+ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+
+
+def repository_launch_mode(meta: dict[str, Any]) -> str:
+    """The launch mode of a repository (``single``, ``leader`` or ``orchestrator``).
+
+    Raises:
+        SpecpipeError: a repository written before launch modes were recorded whose two engines run on
+            several GPUs: it was written for leader mode, in which the draft-target engines cannot start.
+    """
+    if "launch" in meta:
+        return meta["launch"]
+    mode = launch_mode(meta["runtime"], len(meta.get("rank_models", [])), int(meta["gpus"]))
+    if mode == LAUNCH_ORCHESTRATOR:
+        raise SpecpipeError(
+            f"repository for {meta['engine']} runs two engines on {meta['gpus']} GPUs in leader mode, where every rank "
+            f"above 0 exits; draft-target with TP x PP > 1 needs orchestrator mode (TRTLLM_ORCHESTRATOR=1, "
+            f"gpu_device_ids per engine): repackage it with 'specpipe package'"
+        )
+    return mode
+
+
+def server_environment(meta: dict[str, Any]) -> dict[str, str]:
+    """Environment variables the server command needs (orchestrator mode only)."""
+    return dict(ORCHESTRATOR_ENV) if repository_launch_mode(meta) == LAUNCH_ORCHESTRATOR else {}
+
+
 def server_command(meta: dict[str, Any], ports: dict[str, int] | None = None) -> list[str]:
-    """The command the container runs for a repository with metadata ``meta`` (``specpipe.json``)."""
+    """The command the container runs for a repository with metadata ``meta`` (``specpipe.json``);
+    run it with :func:`server_environment`.
+
+    Raises:
+        SpecpipeError: see :func:`repository_launch_mode`.
+    """
     ports = ports or CONTAINER_PORTS
+    mode = repository_launch_mode(meta)
     if meta["runtime"] == "trtllm-llmapi":
         return _server_argv(ports)
+    if mode == LAUNCH_ORCHESTRATOR:
+        pools = [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(int(meta["gpus"]))]
+        return ["mpirun", "--allow-run-as-root", "-n", "1", *_server_argv(ports), "--pinned-memory-pool-byte-size=0",
+                "--enable-peer-access=false", *pools, "--disable-auto-complete-config",
+                "--backend-config=python,shm-region-prefix-name=prefix0_"]
     world = int(meta["world_size"])
     ranks = []
     for rank in range(world):
@@ -126,6 +178,8 @@ def container_launch(repo_dir: Path, meta: dict[str, Any], *, container: str | N
            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
     for name in ("http", "grpc", "metrics"):
         run += ["-p", f"{host[name]}:{CONTAINER_PORTS[name]}"]
+    for key, value in server_environment(meta).items():
+        run += ["-e", f"{key}={value}"]
     run += ["-v", f"{Path(repo_dir).absolute()}:{CONTAINER_REPO}:ro", "-v", f"{meta['engines_root']}:{CONTAINER_ENGINES}:ro",
             image, *server_command(meta)]
     return ContainerLaunch(container, image, build, run)

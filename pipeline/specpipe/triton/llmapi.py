@@ -12,8 +12,8 @@ Layout (TensorRT-LLM's ``triton_backend/all_models/llmapi``; in the container ``
                                      container's own LLM-API Python model (one implementation)
       trtllm-serve.yaml              the same LLM arguments for ``trtllm-serve --extra_llm_api_options``
 
-``decoding_type`` is the registry's (:attr:`specpipe.speculative.MethodSpec.decoding_type`); ``model.yaml``
-keys and spellings follow the pinned release (:mod:`specpipe.trtllm.llmapi_schema`): every key except ``triton_config`` is passed to ``LLM(...)``
+``speculative_config`` is built by :func:`specpipe.trtllm.llmapi_schema.build_speculative_config`, spelled
+for the deployment's TensorRT-LLM release: every key except ``triton_config`` is passed to ``LLM(...)``
 (the container's model.py reads ``model.yaml`` from its model version directory and merges it with
 ``update_llm_args_with_extra_dict``; tensorrtllm_backend ``all_models/llmapi/tensorrt_llm/1/model.py``
 @ c2e65b8). ``triton_config.max_batch_size`` must be 0 (that model does not batch);
@@ -32,7 +32,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe import __version__
 from specpipe.errors import CompatibilityError, SpecpipeError
-from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, Runtime
+from specpipe.speculative import Method, Runtime
 from specpipe.triton.config import model_input, model_output
 from specpipe.triton.deployment import Deployment
 from specpipe.triton.interface import ModelInterface, _t
@@ -41,7 +41,8 @@ from specpipe.triton.models.llmapi_shim import MODEL_DIR_PARAMETER
 from specpipe.triton.repo_meta import META_NAME, deployment_meta, meta_text
 from specpipe.triton.writer import MODULES, VERSION_DIR, Repository
 from specpipe.trtllm import release
-from specpipe.trtllm.llmapi_schema import ACCEPTED_KEYS
+from specpipe.trtllm.llmapi_schema import build_speculative_config
+from specpipe.trtllm.preflight import check_pipeline_parallel
 
 MODEL = "tensorrt_llm"
 MODEL_YAML = "model.yaml"
@@ -91,7 +92,7 @@ def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
     """The ``speculative_config`` mapping for the deployment's method (``None`` without speculation).
 
     Raises:
-        CompatibilityError: a method the LLM API does not run (Medusa, lookahead), EAGLE-3 with PP > 1,
+        CompatibilityError: a method the LLM API does not run (Medusa, lookahead), drafting with PP > 1 (:data:`~specpipe.trtllm.preflight.PP_REFUSED`),
             or a method that needs a draft checkpoint without one.
     """
     spec = deployment.speculative
@@ -103,28 +104,14 @@ def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
             f"{spec.method.value} does not run on TensorRT-LLM's LLM API (PyTorch backend) in {release.TRTLLM_VERSION}: "
             f"build with --runtime trtllm for the engine flow"
         )
-    decoding_type = method.decoding_type
-    if spec.method is Method.EAGLE and deployment.pp > 1:
-        raise CompatibilityError(
-            f"{decoding_type} does not support pipeline parallelism on the LLM API (TensorRT-LLM feature-combination "
-            f"matrix): use --pp 1 and a larger --tp"
-        )
-    config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": spec.max_draft_len}
+    check_pipeline_parallel(Runtime.TRTLLM_LLMAPI, spec.method, deployment.pp)
+    draft = None
     if method.weights is not None:
         if deployment.draft_path is None:
-            raise CompatibilityError(f"{decoding_type} needs a draft checkpoint, engine {deployment.name} has none: rebuild with --draft-model")
-        config["speculative_model"] = deployment.container_path(deployment.draft_path)
-    if spec.method is Method.EAGLE:
-        config["eagle3_one_model"] = True
-        if spec.tree is not None:
-            config["eagle_choices"] = spec.tree.to_list()
-    elif spec.method is Method.NGRAM:
-        config.update(max_matching_ngram_size=int(spec.max_matching_ngram_size or NGRAM_MATCH_DEFAULT),
-                      is_keep_all=True, is_use_oldest=True, is_public_pool=True)
-    unknown = set(config) - ACCEPTED_KEYS[decoding_type]
-    if unknown:
-        raise SpecpipeError(f"speculative_config keys {sorted(unknown)} are not {decoding_type} options in {release.TRTLLM_VERSION}: report this as a bug")
-    return config
+            raise CompatibilityError(f"{spec.method.value} needs a draft checkpoint, engine {deployment.name} has none: "
+                                     f"rebuild with --draft-model")
+        draft = deployment.container_path(deployment.draft_path)
+    return build_speculative_config(spec, draft, deployment.trtllm_version)
 
 
 def llm_arguments(deployment: Deployment) -> dict[str, Any]:
@@ -142,7 +129,7 @@ def llm_arguments(deployment: Deployment) -> dict[str, Any]:
     spec = speculative_config(deployment)
     if spec is not None:
         args["speculative_config"] = spec
-        if spec["decoding_type"] == "Draft_Target":
+        if deployment.speculative.method is Method.DRAFT_MODEL:
             args["disable_overlap_scheduler"] = True  # two-model speculation
     return args
 

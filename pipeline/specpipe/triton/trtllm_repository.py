@@ -38,7 +38,7 @@ from specpipe.triton.interface import (
     TENSORRT_LLM_ENGINE,
 )
 from specpipe.triton.kv_fraction import kv_cache_fractions
-from specpipe.triton.repo_meta import META_NAME, deployment_meta, meta_text
+from specpipe.triton.repo_meta import LAUNCH_ORCHESTRATOR, META_NAME, deployment_meta, launch_mode, meta_text
 from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
 
 BACKEND = "tensorrtllm"
@@ -50,8 +50,17 @@ DRAFT_DECODING_MODE = "top_k_top_p"
 LOOKAHEAD_KEYS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 
 
-def engine_parameters(deployment: Deployment, engine_path: str, kv_fraction: float, *, draft: bool) -> dict[str, str]:
-    """Parameters of a ``tensorrt_llm``/``tensorrt_llm_draft`` model (all text, as Triton stores them)."""
+def engine_parameters(deployment: Deployment, engine_path: str, kv_fraction: float, *, draft: bool,
+                      orchestrator: bool = False) -> dict[str, str]:
+    """Parameters of a ``tensorrt_llm``/``tensorrt_llm_draft`` model (all text, as Triton stores them).
+
+    In orchestrator mode (``orchestrator``) each engine names its GPUs with ``gpu_device_ids`` (the
+    container's ids ``0..TP*PP-1``; both engines share them, as the memory plan assumes): the draft-target
+    guide sets ``gpu_device_ids`` per engine (TensorRT-LLM ``examples/draft_target_model/README.md`` @ 11925f6),
+    and the backend passes them to the executor's ``ParallelConfig`` (tensorrtllm_backend
+    ``inflight_batcher_llm/src/model_state.cc`` @ c2e65b8). ``participant_ids`` is needed only with spawning
+    disabled, which specpipe does not use.
+    """
     spec = deployment.speculative
     method = spec.spec
     params = {
@@ -73,6 +82,8 @@ def engine_parameters(deployment: Deployment, engine_path: str, kv_fraction: flo
     }
     if draft or method.weights == "model":
         params["speculative_decoding_fast_logits"] = "false"
+    if orchestrator:
+        params["gpu_device_ids"] = ",".join(str(i) for i in range(deployment.tp * deployment.pp))
     if not draft and spec.tree is not None and method.choices_key:
         params[method.choices_key] = spec.tree.to_backend_text()
     if not draft and spec.lookahead is not None:
@@ -128,6 +139,8 @@ def engine_repository(deployment: Deployment) -> Repository:
     if deployment.runtime != Runtime.TRTLLM:
         raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the LLM API repository writer")
     two = deployment.speculative.spec.weights == "model"  # draft-target: a draft engine and the BLS
+    rank_models = [TARGET_MODEL] + ([DRAFT_MODEL] if two else [])
+    orchestrator = launch_mode(deployment.runtime, len(rank_models), deployment.tp * deployment.pp) == LAUNCH_ORCHESTRATOR
     target_fraction, draft_fraction = kv_cache_fractions(deployment.memory, two)
     tokenizer = {"tokenizer_dir": deployment.container_path(deployment.tokenizer_path)}
     max_batch = int(deployment.limits.get("max_batch_size", 1))
@@ -135,15 +148,14 @@ def engine_repository(deployment: Deployment) -> Repository:
         PREPROCESSING.name: python_model_config(PREPROCESSING, {**tokenizer, "add_special_tokens": "true"}),
         TARGET_MODEL: engine_model_config(
             TARGET_MODEL, engine_parameters(deployment, deployment.container_path(deployment.target_path),
-                                            target_fraction, draft=False), max_batch),
+                                            target_fraction, draft=False, orchestrator=orchestrator), max_batch),
         POSTPROCESSING.name: python_model_config(POSTPROCESSING, {**tokenizer, "skip_special_tokens": "true"}),
     }
     if two:
         configs[DRAFT_MODEL] = engine_model_config(
             DRAFT_MODEL, engine_parameters(deployment, deployment.container_path(deployment.draft_path),
-                                           draft_fraction, draft=True), max_batch)
+                                           draft_fraction, draft=True, orchestrator=orchestrator), max_batch)
         configs[BLS_MODEL] = python_model_config(TENSORRT_LLM_BLS, bls_parameters(deployment), decoupled=True)
     configs[ENSEMBLE.name] = ensemble_model_config(steps=ENGINE_ENSEMBLE_STEPS)
     modules = {**STEP_MODULES, **({BLS_MODEL: MODULES[BLS_MODEL]} if two else {})}
-    rank_models = [TARGET_MODEL] + ([DRAFT_MODEL] if two else [])
     return Repository(configs, modules, {META_NAME: meta_text(deployment_meta(deployment, rank_models))})

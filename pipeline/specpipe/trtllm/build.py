@@ -31,6 +31,7 @@ from specpipe.manifest import Manifest, Part, write_manifest
 from specpipe.progress import note, result
 from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
+from specpipe.trtllm.doctor import add_first_contact_step, materialize
 from specpipe.trtllm.executor import Executor, choose_executor, local_examples_root, run_plan, trtllm_importable
 from specpipe.trtllm.plan import Plan, make_plan, render_text
 from specpipe.trtllm.preflight import Check, raise_if_unfit, run_preflight
@@ -74,6 +75,7 @@ def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | N
         raise PresetError(f"engine name {engine_name!r} is not a plain name: give one with --name")
     plan = make_plan(request, target, draft, pre, engine_name=engine_name, engines_dir=request.engines_dir,
                      executor=executor or "none", examples_root=examples)
+    add_first_contact_step(plan)
     return plan, executor, why
 
 
@@ -165,6 +167,7 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
         return plan.engine_dir
     executor = Executor(executor_name, plan.examples_root, root=plan.engine_dir.parent, log=note)
     note(f"running {len(plan.steps)} steps with the {executor_name} executor")
+    materialize(plan)
     run_plan(plan, executor, force=force)
 
     def assemble(tmp: Path) -> None:

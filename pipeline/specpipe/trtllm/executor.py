@@ -7,6 +7,12 @@
   TensorRT-LLM/Triton docs use for these containers), with the engines root mounted at the same path
   so every path in the argv is valid inside; downloads run on the host.
 
+Host steps need no program on ``PATH``: downloads (shown as the equivalent ``hf download`` command) run
+through huggingface_hub's Python API, :func:`huggingface_hub.snapshot_download` with the same repository,
+revision, ``--exclude`` patterns (``ignore_patterns``) and local directory, with its progress bars; host
+``python3`` steps run with the interpreter running specpipe (``sys.executable``), so a virtual
+environment need not be activated.
+
 Each step writes into ``<output>.partial`` (its output path in the argv is replaced), logs to
 ``<work>/logs/<step>-<hash>.log`` and is moved into place only when it succeeds, with a marker
 holding its hash: a rerun skips finished steps and an interrupted build resumes at the first
@@ -20,6 +26,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -103,6 +110,45 @@ def choose_executor(requested: str, *, importable: Callable[[], bool] = trtllm_i
     return None, f"{local_why} and docker is not on PATH"
 
 
+def snapshot_download(**options) -> str:
+    """:func:`huggingface_hub.snapshot_download`, imported when a download runs (dry runs stay light)."""
+    import huggingface_hub
+
+    return huggingface_hub.snapshot_download(**options)
+
+
+def download_arguments(argv: list[str]) -> dict[str, object]:
+    """``snapshot_download`` keyword arguments for a planned ``hf download REPO --revision R --exclude P
+    --local-dir D`` argv (the plan's display form)."""
+    if argv[:2] != ["hf", "download"]:
+        raise ValueError(f"not a download: {argv[:2]}")
+    options: dict[str, object] = {"repo_id": argv[2], "revision": "main", "ignore_patterns": []}
+    i = 3
+    while i < len(argv):
+        flag, value = argv[i], argv[i + 1]
+        if flag == "--revision":
+            options["revision"] = value
+        elif flag == "--exclude":
+            options["ignore_patterns"].append(value)
+        elif flag == "--local-dir":
+            options["local_dir"] = value
+        else:
+            raise ValueError(f"unknown download flag {flag}")
+        i += 2
+    return options
+
+
+def run_download(argv: list[str], log) -> int:
+    """Run a download step through :func:`huggingface_hub.snapshot_download`; returns 0, or 1 with the
+    error written to ``log``."""
+    try:
+        snapshot_download(**download_arguments(argv))
+    except Exception as exc:  # network, authorisation (gated repositories), disk
+        log.write(f"download failed: {type(exc).__name__}: {exc}\n")
+        return 1
+    return 0
+
+
 def step_done(step: Step) -> bool:
     """Whether ``step`` finished before with the same hash."""
     marker = Path(step.output) / MARKER
@@ -133,7 +179,12 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
         try:
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+            if step.runs_in == "host" and command[:2] == ["hf", "download"]:
+                code = run_download(command, log)
+            else:
+                if step.runs_in == "host" and command[0] == "python3":
+                    command = [sys.executable, *command[1:]]
+                code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
         except FileNotFoundError as exc:
             raise StepFailedError(f"step {step.name}: program {command[0]!r} not found ({exc}): install it or use another --executor") from exc
     if code != 0:

@@ -5,7 +5,8 @@ index (its commit is not shown there; it is the version between the 1.2.0 releas
 speculative configs form a pydantic union discriminated on ``decoding_type``, ``Eagle3DecodingConfig``
 exists, and ``MTPDecodingConfig`` warns that a flag "will do nothing in release 1.3"). The
 tensorrtllm_backend history dates that window: submodule ``a65b0d4e`` for 1.2.0rc7 (2026-01-08),
-``release/1.2@36e34eef`` (2026-03-17), ``release/1.2.1`` in its Dockerfile @ 9e828d3.
+``release/1.2@36e34eef`` (2026-03-17; Dockerfile @ 9e828d3 builds ``release/1.2`` = 1.2.0rc8),
+``release/1.2.1`` first in its Dockerfile @ 8addf2fdc58a (2026-04-21).
 
 What that file defines, and specpipe relies on:
 
@@ -28,9 +29,22 @@ Which specpipe method uses which ``decoding_type`` is the registry's
 
 Two-model speculation (draft-target, EAGLE-3 two-model) needs ``disable_overlap_scheduler: true``
 (TensorRT-LLM ``docs/source/features/speculative-decoding.md``, draft/target example).
+
+Spellings differ by release (:data:`SPELLINGS`, one sourced row per release); the one builder of
+``speculative_config`` is :func:`build_speculative_config`, and the pinned release picks its row. The
+first-contact check (:mod:`specpipe.trtllm.first_contact`) validates the written config against the
+container's own argument classes.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from specpipe.errors import SpecpipeError
+from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, SpeculativeSettings
+from specpipe.trtllm.release import CONTAINER_IMAGE, TRTLLM_VERSION
 
 SOURCE = {"repo": "NVIDIA/TensorRT-LLM", "path": "tensorrt_llm/llmapi/llm_args.py", "release": "1.2.x",
           "identified_by": "Eagle3DecodingConfig Literal['Eagle3']; DraftTargetDecodingConfig Literal['Draft_Target']"}
@@ -55,3 +69,88 @@ NEEDS_MODEL = frozenset({"Eagle3", "Draft_Target"})
 TOP_LEVEL_KEYS = frozenset({"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size",
                             "max_seq_len", "kv_cache_config", "speculative_config", "disable_overlap_scheduler"})
 KV_CACHE_KEYS = frozenset({"free_gpu_memory_fraction", "enable_block_reuse", "max_tokens", "dtype"})
+
+
+# --- spellings by TensorRT-LLM release ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one TensorRT-LLM release spells the LLM API's ``speculative_config``.
+
+    Attributes:
+        decoding_types: method value -> ``decoding_type`` literal.
+        model_key: the key naming the draft checkpoint.
+        source: where the row was read.
+    """
+
+    decoding_types: dict[str, str]
+    model_key: str
+    source: str
+
+
+#: ``major.minor`` -> its spellings. A release missing here uses the nearest older row.
+SPELLINGS: dict[str, Spelling] = {
+    "1.0": Spelling({"eagle": "Eagle", "ngram": "NGram", "draft-model": "DraftTarget"}, "speculative_model_dir",
+                    "TensorRT-LLM docs/source/features/speculative-decoding.md @ 35dac55 (1.0: 'Eagle' is EAGLE-3, "
+                    "DraftTarget, speculative_model_dir; no Eagle3 literal)"),
+    "1.1": Spelling({"eagle": "Eagle", "ngram": "NGram", "draft-model": "DraftTarget"}, "speculative_model_dir",
+                    "as 1.0 (issue 13: 1.0/1.1 sources spell DraftTarget, speculative_model_dir, no Eagle3); "
+                    "confirmed on a container by the first-contact check"),
+    "1.2": Spelling({"eagle": "Eagle3", "ngram": "NGram", "draft-model": "Draft_Target"}, "speculative_model",
+                    "tensorrt_llm/llmapi/llm_args.py, 1.2-era copy (see module docstring): Eagle3DecodingConfig, "
+                    "DraftTargetDecodingConfig Literal['Draft_Target'], speculative_model (alias speculative_model_dir)"),
+}
+
+
+def spelling_for(version: str) -> Spelling:
+    """The row of :data:`SPELLINGS` for TensorRT-LLM ``version`` (``1.2.1`` -> ``1.2``; newer -> newest).
+
+    Raises:
+        SpecpipeError: a release older than every row.
+    """
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    rows = sorted((tuple(int(p) for p in key.split(".")), key) for key in SPELLINGS)
+    older = [key for nums, key in rows if nums <= parts]
+    if not older:
+        raise SpecpipeError(f"TensorRT-LLM {version} predates the LLM API spellings specpipe knows "
+                            f"({rows[0][1]} and newer): use {CONTAINER_IMAGE}")
+    return SPELLINGS[older[-1]]
+
+
+def build_speculative_config(settings: SpeculativeSettings, draft_path: str | None,
+                             version: str = TRTLLM_VERSION) -> dict[str, Any] | None:
+    """THE ``speculative_config`` mapping (``None`` without speculation), spelled for ``version``.
+
+    Used by the plan (:func:`specpipe.trtllm.plan.llmapi_settings`) and the repository writer
+    (:func:`specpipe.triton.llmapi.speculative_config`). ``draft_path``: the draft checkpoint as the
+    server sees it (needed by methods with weights).
+
+    Raises:
+        SpecpipeError: a method without an LLM API spelling in that release, or a key the pinned
+            release's config class does not accept (a defect).
+    """
+    if settings.method is Method.NONE:
+        return None
+    row = spelling_for(version)
+    decoding_type = row.decoding_types.get(settings.method.value)
+    if decoding_type is None:
+        raise SpecpipeError(f"{settings.method.value} has no LLM API decoding_type in TensorRT-LLM {version}: "
+                            f"build with --runtime trtllm for the engine flow")
+    config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": settings.max_draft_len}
+    if settings.spec.weights is not None and draft_path is not None:
+        config[row.model_key] = draft_path
+    if settings.method is Method.EAGLE:
+        config["eagle3_one_model"] = True
+        if settings.tree is not None:
+            config["eagle_choices"] = settings.tree.to_list()
+    elif settings.method is Method.NGRAM:
+        config.update(max_matching_ngram_size=int(settings.max_matching_ngram_size or NGRAM_MATCH_DEFAULT),
+                      is_keep_all=True, is_use_oldest=True, is_public_pool=True)
+    accepted = ACCEPTED_KEYS.get(decoding_type)
+    if accepted is not None:
+        unknown = set(config) - accepted
+        if unknown:
+            raise SpecpipeError(f"speculative_config keys {sorted(unknown)} are not {decoding_type} options in "
+                                f"TensorRT-LLM {version}: report this as a bug")
+    return config

@@ -2,6 +2,9 @@
 
 Steps (engine flow, ``--runtime trtllm``)::
 
+    first-contact     python3 <work>/first-contact/first_contact.py --input <checks> ... (every plan's first
+                      step, added by :func:`specpipe.trtllm.doctor.add_first_contact_step`: the live
+                      TensorRT-LLM's version, parsers, LLM-API classes and backends, before any download)
     download-target   hf download <repo> --revision <rev> --exclude original/* --local-dir <out>
     download-draft    the same for EAGLE/Medusa heads or the draft model
     convert-target    examples/models/core/llama/convert_checkpoint.py | quantization/quantize.py |
@@ -10,7 +13,7 @@ Steps (engine flow, ``--runtime trtllm``)::
     build-target      trtllm-build ... [--speculative_decoding_mode M --max_draft_len D]
     build-draft       trtllm-build for the draft model (draft-target only)
 
-``--runtime trtllm-llmapi`` plans only the downloads (the LLM API builds nothing ahead of time).
+``--runtime trtllm-llmapi`` plans only the first contact and the downloads (the LLM API builds nothing ahead of time).
 
 Each step's output directory is keyed by a hash of its command template (with the examples root and
 its own output left symbolic), the hashes of the steps it reads and the pinned release, so an
@@ -32,6 +35,7 @@ from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.gpus import GIB
+from specpipe.trtllm.llmapi_schema import build_speculative_config
 from specpipe.trtllm.preflight import PreflightResult
 from specpipe.trtllm.resolve import Draft, Target
 
@@ -124,20 +128,15 @@ class Plan:
 def llmapi_settings(plan: Plan) -> dict[str, Any]:
     """What the LLM API repository needs (model.yaml keys): model, parallel sizes, speculative_config.
 
-    ``decoding_type`` is the registry's (:attr:`specpipe.speculative.MethodSpec.decoding_type`); spellings
-    and key names follow the pinned release's ``llm_args.py`` (:mod:`specpipe.trtllm.llmapi_schema`).
+    ``speculative_config`` comes from the one builder, spelled for the pinned release
+    (:func:`specpipe.trtllm.llmapi_schema.build_speculative_config`).
     """
     spec = plan.preflight.speculative
     out: dict[str, Any] = {"model": plan.target_path, "backend": "pytorch", "tensor_parallel_size": plan.request.tp,
                            "pipeline_parallel_size": plan.request.pp, "max_batch_size": plan.request.max_batch_size,
                            "max_seq_len": plan.request.max_seq_len}
-    decoding_type = spec.spec.decoding_type
-    if decoding_type is not None:
-        config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": spec.max_draft_len}
-        if spec.spec.weights is not None:
-            config["speculative_model"] = plan.draft_path
-        if spec.max_matching_ngram_size is not None:
-            config["max_matching_ngram_size"] = spec.max_matching_ngram_size
+    config = build_speculative_config(spec, plan.draft_path, release.TRTLLM_VERSION)
+    if config is not None:
         out["speculative_config"] = config
     return out
 
@@ -146,7 +145,9 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-class _Builder:
+class StepBuilder:
+    """Adds steps with hashed output directories under ``work`` (see the module docstring)."""
+
     def __init__(self, work: Path, examples_root: str):
         self.work, self.examples_root = work, examples_root
         self.steps: list[Step] = []
@@ -176,7 +177,7 @@ class _Builder:
         return next(s for s in self.steps if s.name == name)
 
 
-def _download(b: _Builder, name: str, source: dict[str, Any], what: str) -> str:
+def _download(b: StepBuilder, name: str, source: dict[str, Any], what: str) -> str:
     """A download step for a Hugging Face source; returns the path placeholder of the weights."""
     if source["kind"] == "local":
         return source["path"]
@@ -187,7 +188,7 @@ def _download(b: _Builder, name: str, source: dict[str, Any], what: str) -> str:
     return "{step:" + name + "}"
 
 
-def _resolve(b: _Builder, value: str, inputs: list[str]) -> str:
+def _resolve(b: StepBuilder, value: str, inputs: list[str]) -> str:
     for n in list(inputs):
         if value == "{step:" + n + "}":
             return b.get(n).output
@@ -228,7 +229,7 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
     """
     engines_dir = Path(engines_dir).absolute()
     work = engines_dir / WORK_DIRNAME
-    b = _Builder(work, examples_root)
+    b = StepBuilder(work, examples_root)
     spec, scheme, tp, pp = pre.speculative, pre.scheme, request.tp, request.pp
     plan = Plan(request.runtime, engine_name, engines_dir / engine_name, work, executor, examples_root,
                 target, draft, pre, request)

@@ -42,6 +42,37 @@ class ParallelismError(CompatibilityError):
     """Tensor/pipeline parallel sizes the model or method cannot use."""
 
 
+#: (runtime, method) -> why TensorRT-LLM refuses pipeline parallelism (PP > 1) there, with its source.
+#: Every refusal of ``--pp > 1`` reads this table (:func:`check_pipeline_parallel`); the fix is always TP.
+PP_REFUSED: dict[tuple[Runtime, Method], str] = {
+    (Runtime.TRTLLM, Method.EAGLE):
+        "TensorRT-LLM's EAGLE converter asserts pp_size == 1 (examples/eagle/convert_checkpoint.py @ 65b31db)",
+    (Runtime.TRTLLM_LLMAPI, Method.EAGLE):
+        "EAGLE-3 does not support pipeline parallelism on the LLM API (docs/source/features/"
+        "feature-combination-matrix.md @ 4d942aa; PyExecutor refuses a drafter in its PP loop)",
+    (Runtime.TRTLLM_LLMAPI, Method.NGRAM):
+        "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
+        "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
+    (Runtime.TRTLLM_LLMAPI, Method.DRAFT_MODEL):
+        "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
+        "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
+}
+
+
+def check_pipeline_parallel(runtime: Runtime | str, method: Method | str, pp: int) -> None:
+    """Refuse ``pp > 1`` where :data:`PP_REFUSED` says TensorRT-LLM cannot run it.
+
+    Raises:
+        ParallelismError: naming the method, the runtime, the reason and the fix (PP 1, more TP).
+    """
+    why = PP_REFUSED.get((Runtime(runtime), Method(method)))
+    if pp > 1 and why is not None:
+        raise ParallelismError(
+            f"--pp {pp} with {Method(method).value} on --runtime {Runtime(runtime).value}: {why}: "
+            f"use --pp 1 and raise --tp instead"
+        )
+
+
 class MemoryPlanError(SpecpipeError):
     """The plan does not fit the GPU."""
 
@@ -133,11 +164,6 @@ def check_parallelism(name: str, arch: Architecture, tp: int, pp: int, method: s
         raise ParallelismError(f"--tp {tp} and the {kv} KV heads of {name} do not divide each other: use a --tp that divides {kv}")
     if pp > arch.num_layers:
         raise ParallelismError(f"--pp {pp} exceeds the {arch.num_layers} layers of {name}: use --pp <= {arch.num_layers}")
-    if pp > 1 and method == Method.EAGLE:
-        raise ParallelismError(
-            "--pp > 1 with EAGLE: TensorRT-LLM's EAGLE does not support pipeline parallelism "
-            "(examples/eagle/convert_checkpoint.py asserts pp_size == 1): use --pp 1 and raise --tp instead"
-        )
 
 
 def check_heads_match(target: Target, draft: Draft) -> list[Check]:
@@ -308,6 +334,7 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> Prefli
         )
     checks.append(Check("quantization x method x GPU", "ok",
                         f"{scheme.name} with {draft.method} on {gpu.name + ' (SM ' + str(gpu.sm) + ')' if gpu else 'any GPU (no --gpu)'}"))
+    check_pipeline_parallel(request.runtime, draft.method, request.pp)
     check_parallelism(target.name, target.arch, request.tp, request.pp, draft.method)
     if draft.arch is not None:
         check_parallelism(f"draft {draft.name}", draft.arch, request.tp, request.pp, "draft-model")

@@ -8,9 +8,10 @@ Sources:
       ``docs/introduction/compatibility.md`` @ 0f963c9a8c6913aa4cd9b57ee04f9c2b76ee8d2a: the
       ``26.04``–``26.07`` ``trtllm-python-py3`` images ship TensorRT-LLM 1.2.1 (TensorRT 10.14.1.48);
       ``26.03`` ships 1.2.0.
-    * The Triton TensorRT-LLM backend builds against ``release/1.2.1``
-      (triton-inference-server/tensorrtllm_backend ``dockerfile/Dockerfile.triton.trt_llm_backend``
-      @ 9e828d3d70e80a0a1794a94b5b89fb23dfb9e160) and copies TensorRT-LLM's ``examples`` to
+    * The Triton TensorRT-LLM backend builds against ``release/1.2.1`` (``TENSORRTLLM_VER=1.2.1``) from
+      triton-inference-server/tensorrtllm_backend ``dockerfile/Dockerfile.triton.trt_llm_backend``
+      @ 8addf2fdc58ac63cc6bfceded34e0960d241791f (#853, the first commit naming ``release/1.2.1``; the
+      parent 9e828d3 still builds ``release/1.2`` = 1.2.0rc8) and copies TensorRT-LLM's ``examples`` to
       ``/app/examples`` (same file @ e1611ce8612ae4973a45f2bdc5e928061ff7d7e2, ``WORKDIR /app``).
     * The engine flow (``convert_checkpoint.py`` + ``trtllm-build``) is removed upstream after 1.2.x;
       1.2.x is the last line that ships it, hence the pin.

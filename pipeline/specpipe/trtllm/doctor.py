@@ -1,0 +1,112 @@
+"""Host side of the first-contact check (:mod:`specpipe.trtllm.first_contact`): what it checks, and how
+it is run, as the first step of every TensorRT-LLM plan or on its own (``specpipe doctor``).
+
+* :func:`check_input`: the checks document of a plan: the pinned release, every TensorRT-LLM argv
+  of the plan, the LLM API ``model.yaml`` it will write, the Triton backends its repository names.
+* :func:`add_first_contact_step`: the plan's first step, ``python3 <work>/first-contact/first_contact.py
+  --input <work>/first-contact/<hash>.json --report <out>/report.txt`` (runs where TensorRT-LLM runs:
+  in the pinned container with the docker executor, so a container of another release is refused
+  before anything is downloaded).
+* :func:`materialize`: writes the script and the document into the work directory (``build`` does it
+  just before running the steps; dry runs write nothing).
+* :func:`invocation` / :func:`doctor`: the stand-alone run, in a container image (``docker run`` of the
+  image with the files mounted read-only) or locally (``python -m specpipe.trtllm.first_contact``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specpipe.speculative import Runtime
+from specpipe.trtllm import first_contact, release
+from specpipe.trtllm.plan import Plan, StepBuilder, llmapi_settings
+
+STEP = "first-contact"
+SCRIPT = Path(first_contact.__file__)
+#: Triton backends each flow's repository names (engine flow: tensorrtllm + python for the pre/post
+#: processing and BLS models; LLM API flow: python).
+BACKENDS = {Runtime.TRTLLM.value: ["tensorrtllm", "python"], Runtime.TRTLLM_LLMAPI.value: ["python"]}
+
+
+def check_input(plan: Plan, steps=None) -> dict[str, Any]:
+    """The checks document of ``plan`` (``steps``: the steps to check, default all but the check itself)."""
+    steps = [s for s in (plan.steps if steps is None else steps) if s.name != STEP]
+    doc: dict[str, Any] = {
+        "pin": release.TRTLLM_VERSION,
+        "image": release.CONTAINER_IMAGE,
+        "argvs": [{"step": s.name, "argv": s.argv} for s in steps if s.runs_in == "trtllm" and s.tool],
+        "backends": BACKENDS[plan.runtime],
+    }
+    if plan.runtime == Runtime.TRTLLM_LLMAPI.value:
+        doc["model_yaml"] = yaml.safe_dump({**llmapi_settings(plan), "triton_config": {"max_batch_size": 0, "decoupled": True}},
+                                           sort_keys=False)
+    return doc
+
+
+def _paths(plan: Plan, doc: dict[str, Any]) -> tuple[Path, Path]:
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+    folder = plan.work_dir / STEP
+    return folder / "first_contact.py", folder / f"{digest}.json"
+
+
+def add_first_contact_step(plan: Plan) -> None:
+    """Put the first-contact step first in ``plan`` (idempotent); its hash covers the checks document."""
+    if any(s.name == STEP for s in plan.steps):
+        return
+    doc = check_input(plan)
+    script, document = _paths(plan, doc)
+    step = StepBuilder(plan.work_dir, plan.examples_root).add(STEP, ["python3", str(script), "--input", str(document), "--report", "{out}/report.txt"], [], "trtllm",
+                f"first contact: TensorRT-LLM is {release.TRTLLM_VERSION}; {len(doc['argvs'])} commands parse with its own "
+                f"parsers{'; model.yaml validates' if 'model_yaml' in doc else ''}; backends {', '.join(doc['backends'])} exist")
+    plan.steps.insert(0, step)
+
+
+def materialize(plan: Plan) -> Path | None:
+    """Write the first-contact script and checks document where the plan's step reads them."""
+    if not any(s.name == STEP for s in plan.steps):
+        return None
+    doc = check_input(plan)
+    script, document = _paths(plan, doc)
+    document.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(SCRIPT, script)
+    document.write_text(json.dumps(doc, indent=1))
+    return document
+
+
+def invocation(document: Path, *, container: str | None = None, local: bool = False) -> list[str]:
+    """The command that runs the check of ``document`` in ``container`` (docker) or here (``local``).
+
+    Raises:
+        ValueError: neither or both of ``container`` and ``local``.
+    """
+    if (container is None) == (not local):
+        raise ValueError("give a container image or local=True")
+    document = Path(document).absolute()
+    if local:
+        return [sys.executable, "-m", "specpipe.trtllm.first_contact", "--input", str(document)]
+    return ["docker", "run", "--rm", "-v", f"{SCRIPT}:/specpipe/first_contact.py:ro",
+            "-v", f"{document}:/specpipe/checks.json:ro", container,
+            "python3", "/specpipe/first_contact.py", "--input", "/specpipe/checks.json"]
+
+
+def doctor(*, container: str | None = None, local: bool = False, plan: Plan | None = None, runtime: str = "trtllm",
+           run=subprocess.run) -> int:
+    """``specpipe doctor --container IMAGE | --local [PLAN]``: run the first-contact check; returns its status.
+
+    Without ``plan`` it checks the release and the backends of ``runtime``'s repositories only.
+    """
+    doc = check_input(plan) if plan is not None else {"pin": release.TRTLLM_VERSION, "image": release.CONTAINER_IMAGE,
+                                                      "argvs": [], "backends": BACKENDS[runtime]}
+    with tempfile.TemporaryDirectory(prefix="specpipe-doctor-") as tmp:
+        document = Path(tmp) / "checks.json"
+        document.write_text(json.dumps(doc, indent=1))
+        return run(invocation(document, container=container, local=local)).returncode
