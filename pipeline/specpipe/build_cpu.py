@@ -23,9 +23,11 @@ from specpipe import __version__
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, ManifestError, PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
-from specpipe.manifest import FORMAT_VERSION, canonical_hash, read_manifest_json, sha256_file, write_manifest
+from specpipe.manifest import Manifest, Part, canonical_hash, read_manifest_json, sha256_file, write_manifest
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import console
+from specpipe.speculative import Runtime, SpeculativeSettings
+from specpipe.tree import Tree
 
 CPU_METHODS = ("none", "ngram", "draft-model", "eagle", "medusa")
 HEAD_METHODS = ("eagle", "medusa")
@@ -63,17 +65,18 @@ def resolve_cpu_tree(draft: DraftPreset, max_draft_len: int | None, choices: str
     Raises:
         SpecpipeError: malformed choices, or more nodes than ``max_draft_len``.
     """
-    from specpipe.runtime.cpu.tree import CPU_DEFAULT_CHOICES, TreeSpec
-
     cpu = dict(draft.extra.get("cpu", {}))
     dynamic = bool(cpu.get("dynamic_tree", False)) and choices is None
-    paths = choices or cpu.get("choices") or CPU_DEFAULT_CHOICES
+    paths = choices or cpu.get("choices")
+    if not paths:
+        raise PresetError(f"draft preset '{draft.name}' has no [cpu] choices: add a tree or pass --choices")
     limit = max_draft_len or cpu.get("max_draft_len")
-    spec = TreeSpec.from_choices(paths, max_nodes=limit, what=f"{draft.kind}_choices")
+    spec = Tree.parse(paths, what=f"{draft.kind}_choices").breadth_first().check(
+        max_nodes=limit, what=f"{draft.kind}_choices")
     settings: dict[str, Any] = {
         "method": draft.kind,
-        "choices": [list(p) for p in spec.paths],
-        "max_draft_len": int(limit or spec.num_nodes),
+        "choices": spec.to_list(),
+        "max_draft_len": int(limit or spec.nodes),
         "tree_depth": spec.depth,
         "dynamic_tree": dynamic,
         "acceptance": cpu.get("acceptance", "exact"),
@@ -166,22 +169,19 @@ def build_cpu(request: BuildRequest) -> Path:
             draft_entry = _make_draft(draft, request.draft_model, tmp / "target", tmp / "draft")
         elif draft.kind in HEAD_METHODS:
             draft_entry = _make_heads(target, draft, request.draft_model, speculative, tmp / "target", tmp / "draft")
-        write_manifest(tmp, {
-            "format_version": FORMAT_VERSION,
-            "specpipe_version": __version__,
-            "name": name,
-            "runtime": "cpu",
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "inputs_hash": inputs_hash,
-            "target": {
-                "preset": target.name,
-                "source": target.source,
-                "path": "target",
-                "files": hash_tree(tmp / "target"),
-            },
-            "draft": draft_entry and {**draft_entry, "files": hash_tree(tmp / "draft")},
-            "speculative": speculative,
-        })
+        draft_part = None
+        if draft_entry:
+            entry = {k: v for k, v in draft_entry.items() if k != "kind"}
+            draft_part = Part(**entry, method=draft_entry["kind"], files=hash_tree(tmp / "draft"))
+        write_manifest(tmp, Manifest(
+            name=name,
+            runtime=Runtime.CPU,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            inputs_hash=inputs_hash,
+            target=Part(preset=target.name, source=target.source, path="target", files=hash_tree(tmp / "target")),
+            draft=draft_part,
+            speculative=SpeculativeSettings.from_json(speculative, "the build's speculative settings"),
+        ))
 
     write_dir_atomically(dest, assemble)
     console.print(f"[green]✓[/green] built engine {dest} ({draft.kind}, max_draft_len={speculative['max_draft_len']})")
@@ -226,7 +226,7 @@ def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, o
 def _shipped_weights(target: TargetPreset, draft: DraftPreset, draft_model: str | None) -> Path | None:
     """The compact weights file a head/distilled build reads, or ``None``."""
     from specpipe.models.heads import resolve_heads_dir, shipped_dir
-    from specpipe.training.export import COMPACT_FILES
+    from specpipe.heads_format import COMPACT_FILES
 
     if draft.kind in HEAD_METHODS:
         return resolve_heads_dir(target.name, draft.kind, draft_model) / COMPACT_FILES[draft.kind]
@@ -245,12 +245,11 @@ def _make_heads(target: TargetPreset, draft: DraftPreset, draft_model: str | Non
         than the Medusa heads.
     """
     from specpipe.models.heads import place_heads, recipe, resolve_heads_dir
-    from specpipe.runtime.cpu.tree import TreeSpec
-
     source_dir = resolve_heads_dir(target.name, draft.kind, draft_model)
     facts = place_heads(draft.kind, source_dir, target_dir, out)
     if draft.kind == "medusa":
-        TreeSpec.from_choices(speculative["choices"], max_depth=int(facts["num_heads"]), what="medusa_choices")
+        Tree.parse(speculative["choices"]).check(max_depth=int(facts["num_heads"]), what="medusa_choices",
+                                                 depth_limit="Medusa heads")
         speculative["num_medusa_heads"] = int(facts["num_heads"])
         speculative["num_medusa_layers"] = int(facts["num_layers"])
     made_by = recipe(source_dir) or {}

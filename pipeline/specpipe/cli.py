@@ -197,7 +197,7 @@ def demo(drafts, engines_dir, repo_dir, base_port, bench_requests, bench_out) ->
               help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")
 def train_draft(target, method, data, budget, max_steps, schedule_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
     """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
-    from specpipe.training.train import train_draft as run_training
+    from specpipe.training.command import train_draft as run_training
 
     if budget <= 0:
         raise click.BadParameter(f"must be a positive number of minutes, got {budget:g}", param_hint="--budget")
