@@ -118,9 +118,9 @@ def test_heads_for_another_target_or_corrupt_are_refused_before_writing(tmp_path
     "args, message",
     [
         pytest.param(["--draft", "medusa", "--choices", "[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0],[0,0,0,0,0,0]]"],
-                     "6 deep but the draft heads predict only", marks=pytest.mark.model),
-        (["--draft", "eagle", "--choices", "[[0],[1],[2]]", "--max-draft-len", "2"], "3 nodes, more than max_draft_len=2"),
-        (["--draft", "eagle", "--choices", "[[0],[1,0]]"], "lacks its parent path"),
+                     "6 deep, the draft has 3 Medusa heads", marks=pytest.mark.model),
+        (["--draft", "eagle", "--choices", "[[0],[1],[2]]", "--max-draft-len", "2"], "3 nodes, max_draft_len is 2"),
+        (["--draft", "eagle", "--choices", "[[0],[1,0]]"], "path [1, 0] has no parent [1]"),
     ],
 )
 def test_bad_trees_are_refused(tmp_path, args, message):

@@ -97,7 +97,7 @@ def make_tiny_engine(root: Path, name: str = "tiny", method: str = "none", max_d
         runtime=Runtime.CPU,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         inputs_hash=canonical_hash({"source": source, "speculative": speculative}),
-        target=Part(preset=None, source=source, path="target",
+        target=Part(preset=name, source=source, path="target",
                     files={p.name: sha256_file(p) for p in sorted(target.iterdir()) if p.is_file()}),
         draft=None,
         speculative=SpeculativeSettings(Method(method), **{k: v for k, v in speculative.items() if k != "method"}),

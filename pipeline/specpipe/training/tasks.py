@@ -3,6 +3,8 @@ held-out positions, and the tensors to save (see :mod:`specpipe.training.train` 
 
 from __future__ import annotations
 
+import copy
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -194,8 +196,6 @@ class EagleTask:
 
 class DraftModelTask:
     def __init__(self, target, features: Features, cfg: TrainConfig, vocab, inverse):
-        import copy
-
         self.cfg, self.features = cfg, features
         total = target.config.num_hidden_layers
         if not 1 <= cfg.draft_layers < total:

@@ -186,26 +186,28 @@ class EagleTreeDrafter(TreeDrafter):
 
 
 def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_vocab: bool, dynamic: bool,
-                       top_k: int, depth: int) -> EagleTreeDrafter:
+                       top_k: int, depth: int, prepack: bool = True) -> EagleTreeDrafter:
     """The EAGLE drafter of an engine's ``draft/`` folder (``eagle_heads.safetensors``) for ``target``.
 
     Args:
         target: the loaded target (its config shapes the head; its embedding and lm_head are shared).
         tree: the static tree, or ``None`` with ``dynamic``.
         draft_vocab: score the head's reduced vocabulary (if the file has one).
+        prepack: prepack the head's linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
         dynamic, top_k, depth: EAGLE-2's dynamic tree, candidates per expansion and levels.
 
     Raises:
         SpecpipeError: missing or corrupt heads, heads of an unexpected shape, or no tree without ``dynamic``.
         CompatibilityError: heads trained for another target.
     """
-    heads_file = read_heads(draft_dir, "eagle", target, draft_vocab=draft_vocab)
+    heads_file = read_heads(draft_dir, "eagle", target, draft_vocab=draft_vocab, prepack=prepack)
     try:
         head = EagleHead(EagleConfig.from_target(target.config))
         head.load_state_dict(heads_file.tensors)
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
         raise SpecpipeError(f"{heads_file.path} does not hold eagle heads of the expected shape ({exc}): "
                             f"retrain or rebuild") from exc
-    prepack_linear_layers(head)
+    if prepack:
+        prepack_linear_layers(head)
     return EagleTreeDrafter(head.eval(), target.get_input_embeddings().weight.detach(), heads_file.lm, tree,
                             dynamic=dynamic, top_k=top_k, depth=depth)

@@ -59,12 +59,13 @@ def load_checkpoint(path: Path, role: str) -> PreTrainedModel:
 
 @dataclass(frozen=True)
 class DraftSource:
-    """What a drafter factory gets: the engine directory, its manifest and the loaded target (fp32, eval,
-    not yet prepacked: heads copy rows of its embedding and lm_head first)."""
+    """What a drafter factory gets: the engine directory, its manifest, the loaded target (fp32, eval, not
+    yet prepacked: heads copy rows of its embedding and lm_head first) and whether to prepack the draft."""
 
     engine_dir: Path
     manifest: Manifest
     target: PreTrainedModel
+    prepack: bool = True
 
     @property
     def settings(self) -> SpeculativeSettings:
@@ -116,13 +117,15 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
     vocab = load_draft_vocab(draft_dir) if source.draft_vocab else None
     model = load_checkpoint(draft_dir, "draft")
     drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
-    prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
+    if source.prepack:
+        prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
     return drafter
 
 
 def _medusa_drafter(source: DraftSource) -> TreeDrafter:
     draft_dir = source.draft_dir()
-    return load_medusa_drafter(draft_dir, source.target, source.tree(), draft_vocab=source.draft_vocab)
+    return load_medusa_drafter(draft_dir, source.target, source.tree(), draft_vocab=source.draft_vocab,
+                               prepack=source.prepack)
 
 
 def _eagle_drafter(source: DraftSource) -> TreeDrafter:
@@ -133,7 +136,7 @@ def _eagle_drafter(source: DraftSource) -> TreeDrafter:
     return load_eagle_drafter(
         draft_dir, source.target, None if dynamic else source.tree(), draft_vocab=source.draft_vocab,
         dynamic=dynamic, top_k=settings.dynamic_top_k if settings.dynamic_top_k is not None else top_k,
-        depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth,
+        depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth, prepack=source.prepack,
     )
 
 
@@ -147,8 +150,13 @@ DRAFTERS: dict[Method, Callable[[DraftSource], Drafter | TreeDrafter]] = {
 }
 
 
-def load_engine(engine_dir: Path) -> tuple[SpeculativeEngine, Manifest]:
+def load_engine(engine_dir: Path, *, prepack: bool = True) -> tuple[SpeculativeEngine, Manifest]:
     """Load an engine directory: its manifest, target and drafter.
+
+    Args:
+        engine_dir: a directory written by ``specpipe build --runtime cpu``.
+        prepack: prepack the target's and the draft's linear layers (oneDNN, inference only; ``False``
+            keeps plain ``nn.Linear``, for A/B measurements).
 
     Returns:
         the engine (a :class:`TreeSpeculativeEngine` for tree drafters) and the typed manifest.
@@ -171,8 +179,9 @@ def load_engine(engine_dir: Path) -> tuple[SpeculativeEngine, Manifest]:
     if not manifest.target.path:
         raise ManifestError(f"{engine_dir}/manifest.json has no target path: {_REBUILD}")
     target = load_checkpoint(engine_dir / manifest.target.path, "target")
-    drafter = factory(DraftSource(engine_dir, manifest, target))
-    prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
+    drafter = factory(DraftSource(engine_dir, manifest, target, prepack))
+    if prepack:
+        prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
     try:
         if isinstance(drafter, TreeDrafter):
             acceptance = settings.acceptance or ACCEPTANCE_RULES[0]

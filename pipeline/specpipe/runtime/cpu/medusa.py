@@ -105,18 +105,20 @@ class MedusaTreeDrafter(TreeDrafter):
         return DraftTree(tokens, list(self.tree.parents)).prune(max_depth, max_nodes)
 
 
-def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: bool) -> MedusaTreeDrafter:
+def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: bool,
+                        prepack: bool = True) -> MedusaTreeDrafter:
     """The Medusa drafter of an engine's ``draft/`` folder (``medusa_heads.safetensors``) for ``target``.
 
     Args:
         tree: the static tree, checked against the number of heads.
         draft_vocab: score the heads' reduced vocabulary (if the file has one).
+        prepack: prepack the heads' linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
 
     Raises:
         SpecpipeError: missing or corrupt heads, heads of an unexpected shape, a tree deeper than the heads.
         CompatibilityError: heads trained for another target.
     """
-    heads_file = read_heads(draft_dir, "medusa", target, draft_vocab=draft_vocab)
+    heads_file = read_heads(draft_dir, "medusa", target, draft_vocab=draft_vocab, prepack=prepack)
     meta = heads_file.meta
     try:
         heads = MedusaHeads(int(meta["hidden_size"]), int(meta["num_heads"]), int(meta["num_layers"]))
@@ -124,5 +126,6 @@ def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: boo
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
         raise SpecpipeError(f"{heads_file.path} does not hold medusa heads of the expected shape ({exc}): "
                             f"retrain or rebuild") from exc
-    prepack_linear_layers(heads)
+    if prepack:
+        prepack_linear_layers(heads)
     return MedusaTreeDrafter(heads.eval(), heads_file.lm, tree)

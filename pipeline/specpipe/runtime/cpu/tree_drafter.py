@@ -96,12 +96,13 @@ class HeadsFile:
     lm: ReducedLMHead
 
 
-def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool) -> HeadsFile:
+def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool, prepack: bool = True) -> HeadsFile:
     """Read ``draft_dir``'s compact ``method`` file (:data:`~specpipe.heads_format.COMPACT_FILES`) for
     ``target`` (a ``LlamaForCausalLM``, whose lm_head the heads share).
 
     Args:
         draft_vocab: score the file's reduced vocabulary (if it has one) rather than the full one.
+        prepack: score with a prepacked oneDNN copy of the lm_head rows (inference only).
 
     Raises:
         SpecpipeError: a missing or corrupt file, or one of another method.
@@ -114,5 +115,6 @@ def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool) -> He
     if vocab is not None and not draft_vocab:
         vocab = None
     lm = ReducedLMHead(target.get_output_embeddings().weight, vocab)
-    lm.prepack()
+    if prepack:
+        lm.prepack()
     return HeadsFile(path, {k: v.float() for k, v in tensors.items()}, meta, lm)
