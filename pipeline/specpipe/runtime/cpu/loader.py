@@ -27,8 +27,8 @@ from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
 from specpipe.runtime.cpu.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.speculative import (
-    ACCEPTANCE_RULES, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime, SpeculativeSettings, methods_for,
-    names,
+    ACCEPTANCE_RULES, DRAFT_VOCAB_DEFAULT, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime,
+    SpeculativeSettings, methods_for, names,
 )
 from specpipe.tree import Tree
 
@@ -69,6 +69,7 @@ class DraftSource:
 
     @property
     def settings(self) -> SpeculativeSettings:
+        """The manifest's speculative settings."""
         return self.manifest.speculative
 
     def draft_dir(self) -> Path:
@@ -100,7 +101,7 @@ class DraftSource:
     @property
     def draft_vocab(self) -> bool:
         """Whether drafts score the reduced draft vocabulary (the default where the manifest says nothing)."""
-        return self.settings.draft_vocab if self.settings.draft_vocab is not None else True
+        return self.settings.draft_vocab if self.settings.draft_vocab is not None else DRAFT_VOCAB_DEFAULT
 
 
 def _no_drafter(source: DraftSource) -> Drafter:

@@ -62,12 +62,14 @@ class StaticTree:
 
     @classmethod
     def of(cls, tree: Tree) -> "StaticTree":
+        """Lay out ``tree`` (any node order) breadth-first, by depth then path."""
         ordered = tree.breadth_first()
         return cls(paths=ordered.paths, parents=ordered.parents, depths=tuple(len(p) for p in ordered.paths),
                    ranks=tuple(p[-1] for p in ordered.paths), depth=ordered.depth, max_rank=ordered.max_rank)
 
     @property
     def num_nodes(self) -> int:
+        """Draft tokens in the tree."""
         return len(self.paths)
 
 
