@@ -86,56 +86,71 @@ def chat_ids(tok, text: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def build_engines(target, target_dir: Path, methods: list[str], prepack: bool = True):
-    """In-process engines by method name, set up as ``specpipe.runtime.cpu.loader`` sets up a deployed
-    engine (reduced draft vocabulary, prepacked linear layers). With ``prepack``, the transformers peers
-    run on the same prepacked target and draft, so the comparison measures the methods, not the kernels.
+#: Benchmark method -> (draft preset, ``[cpu]`` overrides). Every engine is built from its preset by
+#: ``specpipe build --runtime cpu`` and loaded by the CPU loader, as a deployed engine is.
+ENGINE_PRESETS: dict[str, tuple[str, dict]] = {
+    "baseline": ("none", {}),
+    "ngram": ("ngram", {}),
+    "draft": ("smollm2-draft", {}),
+    "medusa": ("medusa", {}),
+    "eagle": ("eagle", {}),
+    # EAGLE-2's dynamic tree: the eagle preset with a dynamic [cpu] table (12 nodes, top-3, depth 5).
+    "eagle-dynamic": ("eagle", {"dynamic_tree": True, "dynamic_top_k": 3, "dynamic_depth": 5, "max_draft_len": 12}),
+}
+TARGET = "smollm2-135m"
+
+
+def _draft_preset(name: str, cpu_overrides: dict, folder: Path) -> str:
+    """The draft preset to build with: its name, or a TOML file of a CPU-only variant of it whose ``[cpu]``
+    table has ``cpu_overrides`` applied (the build reads only ``kind`` and ``[cpu]`` for EAGLE/Medusa)."""
+    if not cpu_overrides:
+        return name
+    from specpipe.presets import load_draft
+
+    preset = load_draft(name)
+    cpu = {**preset.extra.get("cpu", {}), **cpu_overrides}
+    lines = [f'name = "{name}-bench"', f'kind = "{preset.kind}"', f'description = "{name}, benchmark variant"', "", "[cpu]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in cpu.items()]  # ints, bools, lists: TOML = JSON
+    path = folder / f"{name}-bench.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def build_engines(methods: list[str], prepack: bool = True):
+    """In-process engines by method name: each built from its draft preset (:data:`ENGINE_PRESETS`) into a
+    temporary engines folder and loaded by ``specpipe.runtime.cpu.loader``, exactly as a deployed engine.
+    With ``prepack`` (the loader's default) linear layers are prepacked; the transformers peers then run
+    on a prepacked target and draft too, so the comparison measures the methods, not the kernels.
+
+    Returns:
+        (engines by method, extras: ``draft_model`` for assisted generation when asked for).
     """
-    from specpipe.models.heads import make_distilled_draft, shipped_dir
-    from specpipe.runtime.cpu.drafters import NgramDrafter, NoDrafter
-    from specpipe.runtime.cpu.engine import SpeculativeEngine
-    from specpipe.runtime.cpu.prepack import prepack_linear_layers
-    from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter, load_draft_vocab
-    from specpipe.runtime.cpu.tree import CPU_DEFAULT_CHOICES, TreeSpeculativeEngine, load_tree_drafter
+    import atexit
+    import shutil
+    import tempfile
 
+    from specpipe.build_cpu import build_cpu
+    from specpipe.build_request import BuildRequest
+    from specpipe.runtime.cpu.loader import load_engine
+
+    folder = Path(tempfile.mkdtemp(prefix="specpipe-bench-engines-"))  # rebuilt from the presets each run
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    wanted = [m for m in ENGINE_PRESETS if m in methods or (m == "draft" and "hf-assisted" in methods)]
     engines, extra = {}, {}
-    if "baseline" in methods:
-        engines["baseline"] = SpeculativeEngine(target, NoDrafter(), max_draft_len=0)
-    if "ngram" in methods:
-        engines["ngram"] = SpeculativeEngine(target, NgramDrafter(3), max_draft_len=5)
-    draft_model = None
-    if {"draft", "hf-assisted"} & set(methods):
-        from transformers import AutoModelForCausalLM
-
-        import atexit
-        import shutil
-        import tempfile
-
-        out = Path(tempfile.mkdtemp(prefix="specpipe-bench-draft-"))  # rebuilt from the shipped file each run
-        atexit.register(shutil.rmtree, out, ignore_errors=True)
-        make_distilled_draft(shipped_dir("smollm2-135m", "draft-model"), target_dir, out)
-        draft_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-        extra["draft_model"] = draft_model
-    if "draft" in methods:
-        drafter = ReducedVocabDraftModelDrafter(draft_model, load_draft_vocab(out))
-        engines["draft"] = SpeculativeEngine(target, drafter, max_draft_len=4)
-    for name, method, spec in (
-        ("medusa", "medusa", {"choices": CPU_DEFAULT_CHOICES[:10], "max_draft_len": 10}),
-        ("eagle", "eagle", {"choices": CPU_DEFAULT_CHOICES, "max_draft_len": 11}),
-        ("eagle-dynamic", "eagle", {"dynamic_tree": True, "dynamic_top_k": 3, "dynamic_depth": 5, "max_draft_len": 12}),
-    ):
-        if name in methods:
-            drafter = load_tree_drafter(shipped_dir("smollm2-135m", method), method, target, spec)
-            engines[name] = TreeSpeculativeEngine(target, drafter, max_draft_len=spec["max_draft_len"])
-    if prepack:  # after the drafters copied the dense rows they need
-        prepack_linear_layers(target)
-        if draft_model is not None:
-            prepack_linear_layers(draft_model)
+    for method in wanted:
+        preset, overrides = ENGINE_PRESETS[method]
+        request = BuildRequest(target=TARGET, draft=_draft_preset(preset, overrides, folder), name=method,
+                               engines_dir=folder / "engines")
+        engine, _ = load_engine(build_cpu(request), prepack=prepack)
+        if method in methods:
+            engines[method] = engine
+        if method == "draft":
+            extra["draft_model"] = engine.drafter.lm.model
     return engines, extra
 
 
 def run_engine(engine, ids: list[int], max_tokens: int):
-    from specpipe.runtime.cpu.api import SamplingParams
+    from specpipe.generation.api import SamplingParams
 
     t0 = time.perf_counter()
     tokens, stats = engine.generate_all(ids, SamplingParams(max_tokens=max_tokens))
@@ -177,11 +192,15 @@ def main() -> None:
     from specpipe.models.fetch import ensure_target_checkpoint
     from specpipe.presets import load_target
 
-    target_dir = ensure_target_checkpoint(load_target("smollm2-135m"))
+    target_dir = ensure_target_checkpoint(load_target(TARGET))
     tok, target = load(target_dir)
     eos = tok.eos_token_id
     methods = [m for m in args.methods.split(",") if m]
-    engines, extra = build_engines(target, target_dir, methods, prepack=not args.no_prepack)
+    engines, extra = build_engines(methods, prepack=not args.no_prepack)
+    if not args.no_prepack:  # the transformers peers run on prepacked layers too
+        from specpipe.runtime.cpu.prepack import prepack_linear_layers
+
+        prepack_linear_layers(target)
     prompts = PROMPTS[: args.prompts]
 
     triton = None
@@ -234,7 +253,7 @@ def start_triton() -> dict:
     from specpipe.triton.repository import package_engine
 
     engines_dir, repo_dir = Path("/tmp/specpipe-bench/engines"), Path("/tmp/specpipe-bench/triton_repo")
-    engine = build_cpu(BuildRequest(target="smollm2-135m", draft="eagle", engines_dir=engines_dir))
+    engine = build_cpu(BuildRequest(target=TARGET, draft="eagle", engines_dir=engines_dir))
     repo = package_engine(engine, repo_dir / engine.name)
     stack = ExitStack()
     server = stack.enter_context(LocalTritonServer(repo, grpc_port=8731, http_port=8730, metrics_port=8732))

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.external_drafts import DraftVerifier
 from specpipe.triton.models.bls import BlsModel, BlsRequest, RequestError
 from specpipe.triton.models.draft_loop import DraftTargetLoop, accepted_prefix

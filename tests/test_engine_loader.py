@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from specpipe import __version__
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
-from specpipe.manifest import FORMAT_VERSION, write_manifest
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.manifest import Manifest, Part, write_manifest
+from specpipe.speculative import Runtime, SpeculativeSettings
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.reference import greedy_reference
-from specpipe.runtime.cpu.tiny import tiny_llama
+from reference_decoding import greedy_reference
+from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -34,22 +35,14 @@ def write_engine(tmp_path: Path, checkpoints: Path, speculative: dict, draft: st
     engine_dir = tmp_path / "engine"
     engine_dir.mkdir()
     (engine_dir / "target").symlink_to(checkpoints / "target")
-    draft_entry = None
+    draft_part = None
     if draft is not None:
         (engine_dir / "draft").symlink_to(checkpoints / draft)
-        draft_entry = {"preset": "tiny", "kind": "draft-model", "source": {}, "path": "draft", "files": {}}
-    write_manifest(
-        engine_dir,
-        {
-            "format_version": FORMAT_VERSION,
-            "specpipe_version": __version__,
-            "name": "tiny",
-            "runtime": "cpu",
-            "target": {"preset": "tiny", "source": {}, "path": "target", "files": {}},
-            "draft": draft_entry,
-            "speculative": speculative,
-        },
-    )
+        draft_part = Part(preset="tiny", method="draft-model", source={}, path="draft")
+    write_manifest(engine_dir, Manifest(
+        name="tiny", runtime=Runtime.CPU, inputs_hash="", target=Part(preset="tiny", source={}, path="target"),
+        draft=draft_part, speculative=SpeculativeSettings.from_json(speculative),
+    ))
     return engine_dir
 
 
@@ -63,7 +56,7 @@ def write_engine(tmp_path: Path, checkpoints: Path, speculative: dict, draft: st
 )
 def test_loads_a_working_engine(speculative, draft, drafter_type, tmp_path, checkpoints):
     engine, manifest = load_engine(write_engine(tmp_path, checkpoints, speculative, draft))
-    assert manifest["speculative"] == speculative
+    assert manifest.speculative.to_json() == speculative
     assert isinstance(engine.drafter, drafter_type)
     assert engine.max_draft_len == speculative["max_draft_len"]
     if drafter_type is NgramDrafter:
@@ -98,10 +91,18 @@ def test_missing_draft_checkpoint(tmp_path, checkpoints):
         load_engine(engine_dir)
 
 
-@pytest.mark.parametrize("method", ["lookahead", None])
-def test_unsupported_method(method, tmp_path, checkpoints):
-    engine_dir = write_engine(tmp_path, checkpoints, {"method": method, "max_draft_len": 3})
+def test_unsupported_method(tmp_path, checkpoints):
+    engine_dir = write_engine(tmp_path, checkpoints, {"method": "lookahead", "max_draft_len": 3})
     with pytest.raises(SpecpipeError, match="not supported by the CPU runtime"):
+        load_engine(engine_dir)
+
+
+def test_manifest_without_a_method_is_refused(tmp_path, checkpoints):
+    engine_dir = write_engine(tmp_path, checkpoints, {"method": "none", "max_draft_len": 0})
+    data = json.loads((engine_dir / "manifest.json").read_text())
+    data["speculative"]["method"] = None  # written by hand: the typed manifest cannot hold it
+    write_manifest(engine_dir, data)
+    with pytest.raises(ManifestError, match="speculative settings are not valid.*specpipe build --force"):
         load_engine(engine_dir)
 
 

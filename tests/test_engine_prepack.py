@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters import NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_available, prepack_linear_layers
-from specpipe.runtime.cpu.reference import greedy_reference
-from specpipe.runtime.cpu.tiny import tiny_llama
+from reference_decoding import greedy_reference
+from tiny_models import tiny_llama
 
 pytestmark = [
     pytest.mark.usefixtures("single_thread"),

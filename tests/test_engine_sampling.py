@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.reference import next_token_logits
+from reference_decoding import next_token_logits
 from specpipe.runtime.cpu.sampling import (
     TokenSampler,
     residual_distribution,
@@ -19,7 +19,7 @@ from specpipe.runtime.cpu.sampling import (
     top_k_filter,
     top_p_filter,
 )
-from specpipe.runtime.cpu.tiny import tiny_llama
+from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

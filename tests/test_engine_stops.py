@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.reference import greedy_reference
-from specpipe.runtime.cpu.stopping import StopConditions
-from specpipe.runtime.cpu.tiny import tiny_llama
+from reference_decoding import greedy_reference
+from specpipe.generation.stopping import StopConditions
+from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

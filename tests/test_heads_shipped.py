@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from specpipe.cli import main
 from specpipe.models.heads import shipped_dir
-from specpipe.training import export
+from specpipe import heads_format
 
 H, V, INTER, HEADS, KV, HEAD_DIM = 576, 49152, 1536, 9, 3, 64
 
@@ -26,20 +26,20 @@ def _tensors(path):
 def test_shipped_files_are_small_float16_deltas_with_a_recipe(method):
     folder = shipped_dir("smollm2-135m", method)
     assert folder is not None, f"no shipped {method} weights"
-    path = folder / export.COMPACT_FILES[method]
+    path = folder / heads_format.COMPACT_FILES[method]
     assert path.stat().st_size < 30 * 2**20
     tensors, meta = _tensors(path)
-    assert meta["format"] == export.FORMAT and json.loads(meta["hidden_size"]) == H and json.loads(meta["vocab_size"]) == V
+    assert meta["format"] == heads_format.FORMAT and json.loads(meta["hidden_size"]) == H and json.loads(meta["vocab_size"]) == V
     floats = {k: v for k, v in tensors.items() if v.is_floating_point()}
     assert floats and all(v.dtype == torch.float16 for v in floats.values())
     assert not any("embed_tokens" in k or "lm_head" in k for k in tensors)  # the target's, never stored
     if method == "eagle":
-        expected = export.expected_eagle_tensors(H, INTER, HEADS, KV, HEAD_DIM, V)
+        expected = heads_format.expected_eagle_tensors(H, INTER, HEADS, KV, HEAD_DIM, V)
         expected.pop("embed_tokens.weight")
         assert {k: tuple(v.shape) for k, v in floats.items()} == expected
     elif method == "medusa":
         n, layers = json.loads(meta["num_heads"]), json.loads(meta["num_layers"])
-        expected = {k: s for k, s in export.expected_medusa_tensors(H, V, n, layers).items() if ".linear." in k}
+        expected = {k: s for k, s in heads_format.expected_medusa_tensors(H, V, n, layers).items() if ".linear." in k}
         assert {k: tuple(v.shape) for k, v in floats.items()} == expected
     else:
         layers = json.loads(meta["num_layers"])
@@ -50,7 +50,7 @@ def test_shipped_files_are_small_float16_deltas_with_a_recipe(method):
     if method != "draft-model":
         vocab = tensors["draft_vocab"]
         assert vocab.dtype == torch.int64 and 2 in vocab.tolist() and int(vocab.max()) < V
-    recipe = json.loads((folder / export.RECIPE_FILE).read_text())
+    recipe = json.loads((folder / heads_format.RECIPE_FILE).read_text())
     assert recipe["command"].startswith("specpipe train-draft --target smollm2-135m")
     assert recipe["seed"] == 0 and recipe["steps"] > 0 and recipe["train_seconds"] > 0
     assert recipe["data"]["answer_positions"] > 10_000
@@ -66,7 +66,7 @@ def _build(tmp_path, *args):
 @pytest.mark.model
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_build_heads_for_the_cpu_runtime(tmp_path, method):
-    from specpipe.runtime.cpu.api import SamplingParams
+    from specpipe.generation.api import SamplingParams
     from specpipe.runtime.cpu.loader import load_engine
 
     result, engines = _build(tmp_path, "--draft", method)
@@ -79,12 +79,12 @@ def test_build_heads_for_the_cpu_runtime(tmp_path, method):
     layout = engine_dir / "draft" / "trtllm"
     if method == "eagle":
         saved = torch.load(layout / "pytorch_model.bin", weights_only=True)
-        assert {k: tuple(v.shape) for k, v in saved.items()} == export.expected_eagle_tensors(H, INTER, HEADS, KV, HEAD_DIM, V)
+        assert {k: tuple(v.shape) for k, v in saved.items()} == heads_format.expected_eagle_tensors(H, INTER, HEADS, KV, HEAD_DIM, V)
         assert json.loads((layout / "config.json").read_text())["num_hidden_layers"] == 1
     else:
         n = spec["num_medusa_heads"]
         tensors, _ = _tensors(layout / "medusa_lm_head.safetensors")
-        assert {k: tuple(v.shape) for k, v in tensors.items()} == export.expected_medusa_tensors(H, V, n, 1)
+        assert {k: tuple(v.shape) for k, v in tensors.items()} == heads_format.expected_medusa_tensors(H, V, n, 1)
         config = json.loads((layout / "config.json").read_text())
         assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (n, 1)
     engine, _ = load_engine(engine_dir)
@@ -101,7 +101,7 @@ def test_build_heads_for_the_cpu_runtime(tmp_path, method):
 @pytest.mark.model
 def test_heads_for_another_target_or_corrupt_are_refused_before_writing(tmp_path):
     other = tmp_path / "other"
-    export.save_compact(other, "medusa", {"0.0.linear.weight": torch.zeros(48, 48), "0.0.linear.bias": torch.zeros(48)},
+    heads_format.save_compact(other, "medusa", {"0.0.linear.weight": torch.zeros(48, 48), "0.0.linear.bias": torch.zeros(48)},
                         {"hidden_size": 48, "vocab_size": 1000, "num_heads": 1, "num_layers": 1})
     result, engines = _build(tmp_path, "--draft", "medusa", "--draft-model", str(other))
     assert result.exit_code == 1 and "trained for a target with hidden size 48 and vocabulary 1000" in result.output
@@ -118,9 +118,9 @@ def test_heads_for_another_target_or_corrupt_are_refused_before_writing(tmp_path
     "args, message",
     [
         pytest.param(["--draft", "medusa", "--choices", "[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0],[0,0,0,0,0,0]]"],
-                     "6 deep but the draft heads predict only", marks=pytest.mark.model),
-        (["--draft", "eagle", "--choices", "[[0],[1],[2]]", "--max-draft-len", "2"], "3 nodes, more than max_draft_len=2"),
-        (["--draft", "eagle", "--choices", "[[0],[1,0]]"], "lacks its parent path"),
+                     "6 deep, the draft has 3 Medusa heads", marks=pytest.mark.model),
+        (["--draft", "eagle", "--choices", "[[0],[1],[2]]", "--max-draft-len", "2"], "3 nodes, max_draft_len is 2"),
+        (["--draft", "eagle", "--choices", "[[0],[1,0]]"], "path [1, 0] has no parent [1]"),
     ],
 )
 def test_bad_trees_are_refused(tmp_path, args, message):

@@ -9,9 +9,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specpipe.errors import CompatibilityError, SpecpipeError
-from specpipe.training import export
-from specpipe.training.data import Features, extract_features, read_user_data
-from specpipe.training.train import TrainConfig, train
+from specpipe import heads_format
+from specpipe.training.config import TrainConfig
+from specpipe.training.data import Features, extract_features
+from specpipe.training.prompts import read_user_data
+from specpipe.training.train import train
 
 HIDDEN, VOCAB, INTER, HEADS, KV, HEAD_DIM = 32, 96, 64, 4, 2, 8
 
@@ -64,13 +66,13 @@ def test_medusa_tensors_match_the_converter_layout(target, features, tmp_path):
     vocab = result.tensors.pop("draft_vocab")
     assert vocab.shape == (48,) and 2 in vocab.tolist() and torch.equal(vocab, vocab.sort().values)
     assert {k: tuple(v.shape) for k, v in result.tensors.items()} == {
-        k: s for k, s in export.expected_medusa_tensors(HIDDEN, VOCAB, 3, 1).items() if ".linear." in k
+        k: s for k, s in heads_format.expected_medusa_tensors(HIDDEN, VOCAB, 3, 1).items() if ".linear." in k
     }
-    out = export.write_medusa_layout(tmp_path / "layout", result.tensors, target, 3, 1)
+    out = heads_format.write_medusa_layout(tmp_path / "layout", result.tensors, target, 3, 1)
     from safetensors.torch import load_file
 
     saved = load_file(out / "medusa_lm_head.safetensors")
-    assert {k: tuple(v.shape) for k, v in saved.items()} == export.expected_medusa_tensors(HIDDEN, VOCAB, 3, 1)
+    assert {k: tuple(v.shape) for k, v in saved.items()} == heads_format.expected_medusa_tensors(HIDDEN, VOCAB, 3, 1)
     assert all(v.dtype == torch.float16 for v in saved.values())
     assert torch.equal(saved["1.1.weight"], target.lm_head.weight.detach().half())
     config = json.loads((out / "config.json").read_text())
@@ -82,9 +84,9 @@ def test_medusa_tensors_match_the_converter_layout(target, features, tmp_path):
 def test_eagle_tensors_match_the_converter_layout(target, features, tmp_path):
     result = run(target, features, tmp_path, "eagle")
     result.tensors.pop("draft_vocab")
-    expected = export.expected_eagle_tensors(HIDDEN, INTER, HEADS, KV, HEAD_DIM, VOCAB)
+    expected = heads_format.expected_eagle_tensors(HIDDEN, INTER, HEADS, KV, HEAD_DIM, VOCAB)
     assert {k: tuple(v.shape) for k, v in result.tensors.items()} == {k: s for k, s in expected.items() if k != "embed_tokens.weight"}
-    out = export.write_eagle_layout(tmp_path / "layout", result.tensors, target)
+    out = heads_format.write_eagle_layout(tmp_path / "layout", result.tensors, target)
     saved = torch.load(out / "pytorch_model.bin", weights_only=True)
     assert {k: tuple(v.shape) for k, v in saved.items()} == expected
     assert torch.equal(saved["embed_tokens.weight"], target.model.embed_tokens.weight.detach().half())
@@ -125,26 +127,26 @@ def test_same_seed_same_weights_and_resume_matches(target, features, tmp_path, m
 
 def test_compact_file_round_trip_and_target_check(target, tmp_path):
     tensors = {"0.0.linear.weight": torch.randn(HIDDEN, HIDDEN), "draft_vocab": torch.arange(5)}
-    path = export.save_compact(tmp_path, "medusa", tensors, {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_heads": 1})
-    loaded, meta = export.load_compact(path, "medusa")
+    path = heads_format.save_compact(tmp_path, "medusa", tensors, {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_heads": 1})
+    loaded, meta = heads_format.load_compact(path, "medusa")
     assert loaded["0.0.linear.weight"].dtype == torch.float16 and loaded["draft_vocab"].dtype == torch.int64
     assert meta["num_heads"] == 1
-    export.check_for_target(meta, target.config, path)
+    heads_format.check_for_target(meta, target.config, path)
     other = tiny_target(hidden=48).config
     with pytest.raises(CompatibilityError, match="hidden size 32 and vocabulary 96, but this target has hidden size 48"):
-        export.check_for_target(meta, other, path)
+        heads_format.check_for_target(meta, other, path)
 
 
 def test_corrupt_or_foreign_files_are_refused(tmp_path):
     bad = tmp_path / "medusa_heads.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(SpecpipeError, match="corrupt or truncated"):
-        export.load_compact(bad, "medusa")
-    path = export.save_compact(tmp_path / "e", "eagle", {"fc.bias": torch.zeros(4)}, {})
+        heads_format.load_compact(bad, "medusa")
+    path = heads_format.save_compact(tmp_path / "e", "eagle", {"fc.bias": torch.zeros(4)}, {})
     with pytest.raises(SpecpipeError, match="not a specpipe medusa file"):
-        export.load_compact(path, "medusa")
+        heads_format.load_compact(path, "medusa")
     with pytest.raises(SpecpipeError, match="are missing"):
-        export.load_compact(tmp_path / "none.safetensors", "eagle")
+        heads_format.load_compact(tmp_path / "none.safetensors", "eagle")
 
 
 def test_bad_training_input(target, features, tmp_path):
@@ -198,9 +200,10 @@ def test_cli_refuses_bad_input_before_writing(tmp_path):
 def test_unrolled_eagle_training_sees_what_the_drafter_computes(target, features):
     """Step d of the unrolled training pass at root position t equals the run-time drafter's depth-d
     feature for the chain that follows the same tokens (same inputs, positions and attention)."""
-    from specpipe.runtime.cpu.heads import ReducedLMHead
-    from specpipe.runtime.cpu.tree import EagleTreeDrafter, TreeSpec
-    from specpipe.training.train import _EagleTask, unrolled_attention_mask
+    from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
+    from specpipe.runtime.cpu.eagle import EagleTreeDrafter
+    from specpipe.training.tasks import EagleTask, unrolled_attention_mask
+    from specpipe.tree import Tree
 
     mask = unrolled_attention_mask(4, 3)[0, 0]
     assert mask.shape == (4, 12)
@@ -208,7 +211,7 @@ def test_unrolled_eagle_training_sees_what_the_drafter_computes(target, features
     assert torch.equal(mask[:, 4:8], torch.eye(4, dtype=torch.bool)) and torch.equal(mask[:, 8:], torch.eye(4, dtype=torch.bool))
 
     cfg = TrainConfig.defaults_for("eagle", max_steps=1, seed=3, batch=1, window=6, draft_vocab_size=0)
-    task = _EagleTask(target, features, cfg, None, torch.arange(VOCAB))
+    task = EagleTask(target, features, cfg, None, torch.arange(VOCAB))
     with torch.no_grad():  # sharp attention, so that positions and masks matter
         g = torch.Generator().manual_seed(5)
         for name, p in task.module.named_parameters():
@@ -218,7 +221,7 @@ def test_unrolled_eagle_training_sees_what_the_drafter_computes(target, features
     with torch.no_grad():
         unrolled = {d: pred[0, t].clone() for d, pred, _ in task._unroll(features, torch.tensor([start]), 3)}
     tokens = features.tokens[: t + 4].tolist()
-    drafter = EagleTreeDrafter(task.module, task.embed, ReducedLMHead(target.lm_head.weight), TreeSpec.from_choices([[0]]))
+    drafter = EagleTreeDrafter(task.module, task.embed, ReducedLMHead(target.lm_head.weight), Tree.parse([[0]]))
     drafter.reset(tokens[: t + 2])
     drafter.commit(tokens[: t + 2], features.hidden[: t + 1].float())
     drafter._advance(tokens[: t + 2])

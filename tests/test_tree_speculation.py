@@ -6,40 +6,47 @@ import pytest
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters import NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.heads import EagleConfig, EagleHead, MedusaHeads, ReducedLMHead
-from specpipe.runtime.cpu.tiny import tiny_llama
-from specpipe.runtime.cpu.tree import (
-    CPU_DEFAULT_CHOICES, DraftTree, EagleTreeDrafter, MedusaTreeDrafter, TreeDrafter, TreeSpec,
-    TreeSpeculativeEngine, greedy_tree_accept, parse_choices, sampled_tree_accept, tree_attention,
-)
+from specpipe.presets import load_draft
+from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.eagle import EagleTreeDrafter
+from specpipe.runtime.cpu.eagle_head import EagleConfig, EagleHead
+from specpipe.runtime.cpu.medusa import MedusaHeads, MedusaTreeDrafter
+from specpipe.runtime.cpu.tree_accept import DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention
+from specpipe.runtime.cpu.tree_drafter import StaticTree, TreeDrafter
+from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.tree import Tree
+from tiny_models import tiny_llama
+
+#: The CPU tree of the eagle preset (``build/drafts/eagle.toml [cpu]``), 11 nodes.
+CPU_EAGLE_CHOICES = load_draft("eagle").extra["cpu"]["choices"]
 
 
 def test_choices_parse_and_order():
-    assert parse_choices("{0, 0, 0}, {0, 1}") == [[0, 0, 0], [0, 1]]
-    spec = TreeSpec.from_choices("[[1], [0, 0], [0]]")
+    assert Tree.parse("{0}, {0, 0}, {0, 0, 0}, {0, 1}").to_list() == [[0], [0, 0], [0, 0, 0], [0, 1]]
+    spec = StaticTree.of(Tree.parse("[[1], [0, 0], [0]]"))
     assert spec.paths == ((0,), (1,), (0, 0))
     assert spec.parents == (-1, -1, 0) and spec.depths == (1, 1, 2) and spec.ranks == (0, 1, 0)
-    assert spec.max_rank() == 2 and spec.depth == 2
-    assert TreeSpec.from_choices(CPU_DEFAULT_CHOICES).num_nodes == 11
+    assert spec.max_rank == 2 and spec.depth == 2
+    assert StaticTree.of(Tree.parse(CPU_EAGLE_CHOICES)).num_nodes == 11
 
 
 @pytest.mark.parametrize(
     "choices, kw, message",
     [
-        ("[[0], [1, 0]]", {}, "path [1, 0] lacks its parent path [1]"),
+        ("[[0], [1, 0]]", {}, "path [1, 0] has no parent [1]"),
         ("[[0], [0]]", {}, "lists a path twice"),
-        ("[[0], [0, 0], [0, 0, 0]]", {"max_depth": 2}, "3 deep but the draft heads predict only 2"),
-        ("[[0], [1], [2]]", {"max_nodes": 2}, "3 nodes, more than max_draft_len=2"),
+        ("[[0], [0, 0], [0, 0, 0]]", {"max_depth": 2}, "3 deep, the draft has 2 draft heads"),
+        ("[[0], [1], [2]]", {"max_nodes": 2}, "3 nodes, max_draft_len is 2"),
         ("[[0], [-1]]", {}, "non-negative integers"),
         ("not a tree", {}, "is not a list of paths"),
     ],
 )
 def test_bad_choices_are_refused(choices, kw, message):
     with pytest.raises(SpecpipeError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        TreeSpec.from_choices(choices, **kw)
+        Tree.parse(choices).check(**kw)
 
 
 def test_tree_mask_and_positions():
@@ -121,9 +128,9 @@ def test_greedy_tree_output_is_identical_to_plain_decoding(kind):
     if kind == "oracle":
         drafter = OracleDrafter(prompt + reference)
     elif kind == "medusa":
-        drafter = MedusaTreeDrafter(medusa, lm, TreeSpec.from_choices(CPU_DEFAULT_CHOICES[:10]))
+        drafter = MedusaTreeDrafter(medusa, lm, Tree.parse(CPU_EAGLE_CHOICES[:10]))
     elif kind == "eagle":
-        drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, TreeSpec.from_choices(CPU_DEFAULT_CHOICES))
+        drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, Tree.parse(CPU_EAGLE_CHOICES))
     else:
         drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, dynamic=True, top_k=3, depth=4)
     engine = TreeSpeculativeEngine(model, drafter, max_draft_len=11)
@@ -143,7 +150,7 @@ def test_tree_engine_samples_with_a_seed_reproducibly():
     params = SamplingParams(max_tokens=24, greedy=False, temperature=1.0, seed=11)
     runs = []
     for _ in range(2):
-        drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, TreeSpec.from_choices("[[0],[1],[0,0]]"))
+        drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, Tree.parse("[[0],[1],[0,0]]"))
         engine = TreeSpeculativeEngine(model, drafter, max_draft_len=3)
         runs.append(engine.generate_all([1, 2, 3], params)[0])
     assert runs[0] == runs[1] and len(runs[0]) == 24
@@ -153,7 +160,7 @@ def test_medusa_tree_deeper_than_heads_is_refused():
     model = tiny_llama(0, vocab_size=64)
     _, medusa = _heads_for(model)
     with pytest.raises(SpecpipeError, match="only 3 Medusa heads"):
-        MedusaTreeDrafter(medusa, ReducedLMHead(model.lm_head.weight), TreeSpec.from_choices("[[0],[0,0],[0,0,0],[0,0,0,0]]"))
+        MedusaTreeDrafter(medusa, ReducedLMHead(model.lm_head.weight), Tree.parse("[[0],[0,0],[0,0,0],[0,0,0,0]]"))
 
 
 def test_reduced_vocab_draft_model_keeps_greedy_output():
@@ -180,11 +187,11 @@ def engine_sampler():
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_engine_directory_with_heads_loads_a_tree_engine(tmp_path, method):
-    from specpipe import __version__
+    from specpipe import heads_format
     from specpipe.errors import CompatibilityError
-    from specpipe.manifest import FORMAT_VERSION, write_manifest
+    from specpipe.manifest import Manifest, Part, write_manifest
     from specpipe.runtime.cpu.loader import load_engine
-    from specpipe.training import export
+    from specpipe.speculative import Method, Runtime, SpeculativeSettings
 
     model = tiny_llama(6, vocab_size=64)
     model.save_pretrained(tmp_path / "engine" / "target")
@@ -192,14 +199,12 @@ def test_engine_directory_with_heads_loads_a_tree_engine(tmp_path, method):
     tensors = medusa.state_dict_flat() if method == "medusa" else dict(eagle.state_dict())
     tensors["draft_vocab"] = torch.arange(0, 64, 2)
     meta = {"hidden_size": 32, "vocab_size": 64, "num_heads": 3, "num_layers": 1}
-    export.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)
-    speculative = {"method": method, "max_draft_len": 6, "choices": [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 1]]}
-    manifest = {
-        "format_version": FORMAT_VERSION, "specpipe_version": __version__, "name": "tiny", "runtime": "cpu",
-        "target": {"preset": "tiny", "source": {}, "path": "target", "files": {}},
-        "draft": {"preset": method, "kind": method, "source": {}, "path": "draft", "files": {}},
-        "speculative": speculative,
-    }
+    heads_format.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)
+    speculative = SpeculativeSettings(Method(method), max_draft_len=6,
+                                      tree=Tree.parse([[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 1]]))
+    manifest = Manifest(name="tiny", runtime=Runtime.CPU, inputs_hash="", speculative=speculative,
+                        target=Part(preset="tiny", source={}, path="target"),
+                        draft=Part(preset=method, method=method, source={}, path="draft"))
     write_manifest(tmp_path / "engine", manifest)
     engine, _ = load_engine(tmp_path / "engine")
     assert isinstance(engine, TreeSpeculativeEngine)
@@ -207,6 +212,6 @@ def test_engine_directory_with_heads_loads_a_tree_engine(tmp_path, method):
     assert engine.generate_all(prompt, SamplingParams(max_tokens=20))[0] == _baseline(model, prompt, 20)
     # Heads made for another target are refused.
     meta["hidden_size"] = 48
-    export.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)
+    heads_format.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)
     with pytest.raises(CompatibilityError, match="hidden size 48"):
         load_engine(tmp_path / "engine")

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from specpipe.runtime.cpu.api import RequestStats, StepOutput
+from specpipe.generation.api import RequestStats, StepOutput
 from specpipe.triton.models.engine_request import parse_request
 from specpipe.triton.models.generation import run_request
 from specpipe.triton.models.postprocessing import Detokenizer, _rows

@@ -62,8 +62,8 @@ def make_tiny_engine(root: Path, name: str = "tiny", method: str = "none", max_d
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specpipe import __version__
-    from specpipe.manifest import FORMAT_VERSION, canonical_hash, sha256_file, write_manifest
+    from specpipe.manifest import Manifest, Part, canonical_hash, sha256_file, write_manifest
+    from specpipe.speculative import Method, Runtime, SpeculativeSettings
 
     engine_dir = Path(root) / name
     target = engine_dir / "target"
@@ -92,20 +92,14 @@ def make_tiny_engine(root: Path, name: str = "tiny", method: str = "none", max_d
     if method == "ngram":
         speculative["max_matching_ngram_size"] = 3
     source = {"kind": "tiny-random", "seed": seed}
-    write_manifest(engine_dir, {
-        "format_version": FORMAT_VERSION,
-        "specpipe_version": __version__,
-        "name": name,
-        "runtime": "cpu",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "inputs_hash": canonical_hash({"source": source, "speculative": speculative}),
-        "target": {
-            "preset": None,
-            "source": source,
-            "path": "target",
-            "files": {p.name: sha256_file(p) for p in sorted(target.iterdir()) if p.is_file()},
-        },
-        "draft": None,
-        "speculative": speculative,
-    })
+    write_manifest(engine_dir, Manifest(
+        name=name,
+        runtime=Runtime.CPU,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        inputs_hash=canonical_hash({"source": source, "speculative": speculative}),
+        target=Part(preset=name, source=source, path="target",
+                    files={p.name: sha256_file(p) for p in sorted(target.iterdir()) if p.is_file()}),
+        draft=None,
+        speculative=SpeculativeSettings(Method(method), **{k: v for k, v in speculative.items() if k != "method"}),
+    ))
     return engine_dir

@@ -28,6 +28,7 @@ from specpipe.build_common import check_writable, is_engine_name, up_to_date
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, FlagError, PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
+from specpipe.heads_format import COMPACT_FILES
 from specpipe.manifest import Manifest, Part, canonical_hash, sha256_file, write_manifest
 from specpipe.models.draft import check_same_vocabulary, truncate_target
 from specpipe.models.fetch import (COMPLETE_MARKER, check_checkpoint_dir, checkpoint_cache_dir,
@@ -346,8 +347,6 @@ def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, o
 
 def _shipped_weights(target: TargetPreset, draft: DraftPreset, draft_model: str | None) -> Path | None:
     """The compact weights file a head/distilled build reads, or ``None``."""
-    from specpipe.training.export import COMPACT_FILES  # heavy (torch): the heads file format
-
     if METHODS[Method(draft.kind)].weights == "heads":
         return resolve_heads_dir(target.name, draft.kind, draft_model) / COMPACT_FILES[draft.kind]
     if draft.kind == Method.DRAFT_MODEL.value and not draft_model and draft.source.get("kind") == "distilled":

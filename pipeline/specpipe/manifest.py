@@ -131,8 +131,8 @@ class Manifest:
                                 f"'specpipe build --force'") from exc
 
 
-def read_manifest_json(engine_dir: Path, *, check_version: bool = True) -> dict[str, Any]:
-    """Read and check ``engine_dir/manifest.json`` as raw JSON (transitional: use :func:`read_manifest`).
+def _read_manifest_json(engine_dir: Path, *, check_version: bool = True) -> dict[str, Any]:
+    """Read and check ``engine_dir/manifest.json`` as raw JSON.
 
     Raises:
         ManifestError: the directory or manifest is missing or unreadable, or (with
@@ -171,7 +171,7 @@ def read_manifest(engine_dir: Path) -> Manifest:
         ManifestError: the directory or manifest is missing, unreadable or malformed, or written by
             another specpipe version or manifest format; the message says to rebuild.
     """
-    return Manifest.from_json(read_manifest_json(engine_dir), f"{Path(engine_dir) / MANIFEST_NAME}")
+    return Manifest.from_json(_read_manifest_json(engine_dir), f"{Path(engine_dir) / MANIFEST_NAME}")
 
 
 def write_manifest(engine_dir: Path, manifest: "Manifest | dict[str, Any]") -> Path:

@@ -154,6 +154,7 @@ def names(methods) -> str:
 NGRAM_MATCH_DEFAULT = 3          # max_matching_ngram_size, tokens
 DYNAMIC_TREE_DEFAULTS = (4, 4)   # EAGLE-2 dynamic tree: top-k per expansion, depth
 ACCEPTANCE_RULES = ("exact", "typical")
+DRAFT_VOCAB_DEFAULT = True       # drafts score the heads' reduced vocabulary unless the settings say not
 
 
 @dataclass(frozen=True)

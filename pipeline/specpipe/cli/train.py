@@ -30,7 +30,7 @@ from specpipe.cli.options import MINUTES, POSITIVE, TRAINABLE
               help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")
 def train_draft(target, method, data, budget, max_steps, schedule_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
     """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
-    from specpipe.training.train import train_draft as run_training
+    from specpipe.training.command import train_draft as run_training
 
     run_training(
         target, method, data=str(data) if data else None, budget_minutes=budget, out_dir=out, seed=seed,

@@ -31,7 +31,6 @@ from specpipe.presets import TargetPreset
 from specpipe.progress import console, status
 
 COMPLETE_MARKER = ".specpipe-complete"
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
 def checkpoint_cache_dir(preset: TargetPreset) -> Path:

@@ -1,7 +1,7 @@
 """Draft heads and distilled drafts shipped with specpipe, and their placement into engine directories.
 
 Shipped files live in ``build/heads/<target>/<eagle|medusa|draft>/`` of a source checkout (or
-``specpipe/_heads`` in a wheel): one compact float16 file (see :mod:`specpipe.training.export`) and
+``specpipe/_heads`` in a wheel): one compact float16 file (see :mod:`specpipe.heads_format`) and
 ``recipe.json`` (command, data, seed, steps, time, held-out accuracy). A build copies the compact file
 into ``engines/NAME/draft/`` and writes the TensorRT-LLM converter layout next to it, so the same heads
 can be converted for a GPU engine.
@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from specpipe import heads_format
 from specpipe.errors import PresetError, SpecpipeError
+from specpipe.heads_format import COMPACT_FILES, RECIPE_FILE
 from specpipe.paths import PACKAGE_DIR
-
-HEAD_METHODS = ("eagle", "medusa")
 
 
 def heads_roots() -> list[Path]:
@@ -27,8 +27,6 @@ def heads_roots() -> list[Path]:
 
 def shipped_dir(target: str, method: str) -> Path | None:
     """Folder of the shipped ``method`` weights for ``target`` (``draft-model`` -> ``draft``), or ``None``."""
-    from specpipe.training.export import COMPACT_FILES
-
     sub = "draft" if method == "draft-model" else method
     for root in heads_roots():
         candidate = root / target / sub
@@ -44,8 +42,6 @@ def resolve_heads_dir(target: str, method: str, draft_model: str | None) -> Path
         PresetError: no heads given and none shipped for this target.
         SpecpipeError: ``--draft-model`` is not a folder with the compact file.
     """
-    from specpipe.training.export import COMPACT_FILES
-
     if draft_model:
         path = Path(draft_model).expanduser()
         if not (path / COMPACT_FILES[method]).is_file():
@@ -73,23 +69,21 @@ def place_heads(method: str, source_dir: Path, target_dir: Path, out: Path) -> d
     Raises:
         SpecpipeError: corrupt file. CompatibilityError: heads for another target.
     """
-    import torch
+    import torch  # heavy: loading the target to check and lay out the heads
     from transformers import AutoModelForCausalLM
 
-    from specpipe.training import export
-
-    tensors, meta = export.load_compact(source_dir / export.COMPACT_FILES[method], method)
+    tensors, meta = heads_format.load_compact(source_dir / COMPACT_FILES[method], method)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    export.check_for_target(meta, target.config, source_dir / export.COMPACT_FILES[method])
+    heads_format.check_for_target(meta, target.config, source_dir / COMPACT_FILES[method])
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(source_dir / export.COMPACT_FILES[method], out / export.COMPACT_FILES[method])
-    if (source_dir / export.RECIPE_FILE).is_file():
-        shutil.copy2(source_dir / export.RECIPE_FILE, out / export.RECIPE_FILE)
+    shutil.copy2(source_dir / COMPACT_FILES[method], out / COMPACT_FILES[method])
+    if (source_dir / RECIPE_FILE).is_file():
+        shutil.copy2(source_dir / RECIPE_FILE, out / RECIPE_FILE)
     heads = {k: v for k, v in tensors.items() if k != "draft_vocab"}
     if method == "eagle":
-        export.write_eagle_layout(out / "trtllm", heads, target)
+        heads_format.write_eagle_layout(out / "trtllm", heads, target)
     else:
-        export.write_medusa_layout(out / "trtllm", heads, target, int(meta["num_heads"]), int(meta["num_layers"]))
+        heads_format.write_medusa_layout(out / "trtllm", heads, target, int(meta["num_heads"]), int(meta["num_layers"]))
     facts = {k: meta[k] for k in ("hidden_size", "vocab_size", "num_heads", "num_layers", "draft_vocab_size") if k in meta}
     facts["trtllm_layout"] = "trtllm"
     return facts
@@ -101,21 +95,17 @@ def make_distilled_draft(source_dir: Path, target_dir: Path, out: Path) -> dict[
     Returns:
         facts for the manifest (``num_layers``).
     """
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy: the target's config
 
-    from specpipe.training import export
-
-    tensors, meta = export.load_compact(source_dir / export.COMPACT_FILES["draft-model"], "draft-model")
-    export.check_for_target(meta, AutoConfig.from_pretrained(target_dir), source_dir / export.COMPACT_FILES["draft-model"])
-    export.write_draft_model(out, tensors, target_dir, int(meta["num_layers"]))
-    if (source_dir / export.RECIPE_FILE).is_file():
-        shutil.copy2(source_dir / export.RECIPE_FILE, out / export.RECIPE_FILE)
+    tensors, meta = heads_format.load_compact(source_dir / COMPACT_FILES["draft-model"], "draft-model")
+    heads_format.check_for_target(meta, AutoConfig.from_pretrained(target_dir), source_dir / COMPACT_FILES["draft-model"])
+    heads_format.write_draft_model(out, tensors, target_dir, int(meta["num_layers"]))
+    if (source_dir / RECIPE_FILE).is_file():
+        shutil.copy2(source_dir / RECIPE_FILE, out / RECIPE_FILE)
     return {"num_layers": int(meta["num_layers"]), "distilled": True}
 
 
 def recipe(source_dir: Path) -> dict[str, Any] | None:
     """The recipe next to shipped weights, or ``None``."""
-    from specpipe.training.export import RECIPE_FILE
-
     path = Path(source_dir) / RECIPE_FILE
     return json.loads(path.read_text()) if path.is_file() else None

@@ -2,12 +2,14 @@
 
 Modules:
 
-* :mod:`specpipe.training.data`: the offline corpus (CPython standard library source, self-distilled
-  chat answers) and the target's hidden states and greedy labels over it.
-* :mod:`specpipe.training.train`: the training loops (deterministic for a seed, resumable, time budget).
-* :mod:`specpipe.training.export`: saving in the layouts TensorRT-LLM's converters read, and the
-  compact float16 "delta" files shipped with specpipe.
+* :mod:`specpipe.training.prompts`: the corpus text (built-in prompts, CPython standard library source,
+  user data).
+* :mod:`specpipe.training.data`: self-distilled answers and the target's hidden states and greedy labels.
+* :mod:`specpipe.training.config`: hyper-parameters and results; :mod:`specpipe.training.tasks`: the
+  per-method modules and losses; :mod:`specpipe.training.train`: the loop (deterministic for a seed,
+  resumable, time budget); :mod:`specpipe.training.command`: the ``specpipe train-draft`` flow.
 
-The head modules themselves live in :mod:`specpipe.runtime.cpu.heads`, so the CPU engine loads exactly
-what was trained.
+Files are written in the heads file format (:mod:`specpipe.heads_format`). The head modules themselves
+live in the CPU runtime (:mod:`specpipe.runtime.cpu.eagle_head`, :mod:`specpipe.runtime.cpu.medusa`), so
+the CPU engine loads exactly what was trained.
 """

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from specpipe.runtime.cpu.cached_lm import CachedLM
 from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.speculative import NGRAM_MATCH_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class NgramDrafter(Drafter):
     costs O(max_matching_ngram_size) dictionary look-ups.
     """
 
-    def __init__(self, max_matching_ngram_size: int = 3):
+    def __init__(self, max_matching_ngram_size: int = NGRAM_MATCH_DEFAULT):
         if max_matching_ngram_size < 1:
             raise ValueError(f"max_matching_ngram_size must be >= 1, got {max_matching_ngram_size}")
         self.max_matching_ngram_size = max_matching_ngram_size

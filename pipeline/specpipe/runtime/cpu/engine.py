@@ -23,16 +23,19 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import PreTrainedModel
 
-from specpipe.runtime.cpu.api import RequestStats, SamplingParams, StepOutput
+from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.runtime.cpu.cached_lm import CachedLM
 from specpipe.runtime.cpu.drafters import Draft, Drafter
 from specpipe.runtime.cpu.sampling import TokenSampler
-from specpipe.runtime.cpu.stopping import StopConditions
+from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.validation import validate_request
 
 
 @dataclass
-class _Request:
+class ActiveRequest:
+    """The state of the request an engine is serving: committed context (prompt + output), token choice,
+    stop conditions and cumulative stats."""
+
     context: list[int]
     sampler: TokenSampler
     stop: StopConditions
@@ -96,7 +99,7 @@ class SpeculativeEngine:
                 f"the draft model's vocabulary has {drafter.vocab_size} tokens, the target's "
                 f"{self.target.vocab_size}: a draft model must share the target's vocabulary"
             )
-        self._current: _Request | None = None
+        self._current: ActiveRequest | None = None
 
     def generate(self, input_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
         """Generate tokens after ``input_ids``, one :class:`StepOutput` per engine step.
@@ -119,7 +122,7 @@ class SpeculativeEngine:
         else:
             generator.seed()
         end_ids = self.default_end_ids if params.end_id is None else frozenset((params.end_id,))
-        request = _Request(
+        request = ActiveRequest(
             context=input_ids,
             sampler=TokenSampler(params, generator),
             stop=StopConditions(end_ids, params.stop_words, params.max_tokens),
@@ -141,7 +144,7 @@ class SpeculativeEngine:
             stats = step.stats
         return tokens, stats
 
-    def _steps(self, request: _Request) -> Iterator[StepOutput]:
+    def _steps(self, request: ActiveRequest) -> Iterator[StepOutput]:
         self._ensure_current(request)
         committed = self._prefill(request)
         while True:
@@ -156,12 +159,12 @@ class SpeculativeEngine:
             self._ensure_current(request)
             committed = self._decode_step(request)
 
-    def _ensure_current(self, request: _Request) -> None:
+    def _ensure_current(self, request: ActiveRequest) -> None:
         if self._current is not request:
             raise RuntimeError("another request was started on this engine; this one was abandoned")
 
     @torch.inference_mode()
-    def _prefill(self, request: _Request) -> list[int]:
+    def _prefill(self, request: ActiveRequest) -> list[int]:
         self.target.reset()
         self.drafter.reset(list(request.context))
         logits = self.target.forward(request.context, last_only=True)
@@ -172,7 +175,7 @@ class SpeculativeEngine:
         return [token]
 
     @torch.inference_mode()
-    def _decode_step(self, request: _Request) -> list[int]:
+    def _decode_step(self, request: ActiveRequest) -> list[int]:
         context = request.context
         # Each step also commits one target token, so K + 1 must fit the token budget and the context.
         k = min(self.max_draft_len, request.stop.remaining - 1, self.max_context - len(context) - 1)

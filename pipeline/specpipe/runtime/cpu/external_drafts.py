@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import torch
 
-from specpipe.runtime.cpu.api import RequestStats, SamplingParams, StepOutput
+from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.runtime.cpu.sampling import TokenSampler
-from specpipe.runtime.cpu.stopping import StopConditions
+from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.validation import validate_request
 
 

@@ -1,22 +1,39 @@
-"""Build a :class:`SpeculativeEngine` from an engine directory written by ``specpipe build``."""
+"""Build a CPU engine from an engine directory written by ``specpipe build``.
+
+:data:`DRAFTERS` maps every method the registry (:data:`specpipe.speculative.METHODS`) runs on
+:attr:`~specpipe.speculative.Runtime.CPU` to its drafter factory; adding a CPU method adds one entry.
+Tree drafters (EAGLE, Medusa) get the :class:`~specpipe.runtime.cpu.tree_engine.TreeSpeculativeEngine`,
+chain drafters the :class:`~specpipe.runtime.cpu.engine.SpeculativeEngine`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
-from specpipe.manifest import read_manifest_json
+from specpipe.heads_format import load_draft_vocab
+from specpipe.manifest import Manifest, read_manifest
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.eagle import load_eagle_drafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.medusa import load_medusa_drafter
 from specpipe.runtime.cpu.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
+from specpipe.runtime.cpu.tree_drafter import TreeDrafter
+from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.speculative import (
+    ACCEPTANCE_RULES, DRAFT_VOCAB_DEFAULT, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime,
+    SpeculativeSettings, methods_for, names,
+)
+from specpipe.tree import Tree
 
-METHODS = ("none", "ngram", "draft-model", "eagle", "medusa")
-HEAD_METHODS = ("eagle", "medusa")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_REBUILD = "rebuild the engine with 'specpipe build --force'"
 
 
 def load_checkpoint(path: Path, role: str) -> PreTrainedModel:
@@ -29,95 +46,147 @@ def load_checkpoint(path: Path, role: str) -> PreTrainedModel:
     Raises:
         SpecpipeError: the directory, its config or weights are missing, or loading them fails.
     """
-    fix = "rebuild the engine with 'specpipe build --force'"
     if not (path / "config.json").is_file():
-        raise SpecpipeError(f"{role} checkpoint {path} is missing (no config.json): {fix}")
+        raise SpecpipeError(f"{role} checkpoint {path} is missing (no config.json): {_REBUILD}")
     if not any((path / name).is_file() for name in _WEIGHT_FILES):
-        raise SpecpipeError(f"{role} checkpoint {path} has no weights ({_WEIGHT_FILES[0]}): {fix}")
+        raise SpecpipeError(f"{role} checkpoint {path} has no weights ({_WEIGHT_FILES[0]}): {_REBUILD}")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except Exception as exc:  # any loading failure means an unusable checkpoint, whatever raised it
-        raise SpecpipeError(f"{role} checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}): {fix}") from exc
+        raise SpecpipeError(f"{role} checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}): {_REBUILD}") from exc
     return model.eval()
 
 
-def _drafter(engine_dir: Path, manifest: dict[str, Any], speculative: dict[str, Any]) -> Drafter:
-    method = speculative.get("method")
-    if method == "none":
-        return NoDrafter()
-    if method == "ngram":
-        return NgramDrafter(int(speculative.get("max_matching_ngram_size", 3)))
-    if method == "draft-model":
-        draft = manifest.get("draft")
-        if not draft or draft.get("kind") != "draft-model" or "path" not in draft:
-            raise ManifestError(
-                f"{engine_dir}: speculative method 'draft-model' needs a 'draft' entry of kind 'draft-model' "
-                f"with a 'path': rebuild the engine with 'specpipe build --force'"
-            )
-        draft_dir = engine_dir / draft["path"]
-        from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter, load_draft_vocab
+@dataclass(frozen=True)
+class DraftSource:
+    """What a drafter factory gets: the engine directory, its manifest, the loaded target (fp32, eval, not
+    yet prepacked: heads copy rows of its embedding and lm_head first) and whether to prepack the draft."""
 
-        vocab = load_draft_vocab(draft_dir) if speculative.get("draft_vocab", True) else None
-        model = load_checkpoint(draft_dir, "draft")
-        drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
+    engine_dir: Path
+    manifest: Manifest
+    target: PreTrainedModel
+    prepack: bool = True
+
+    @property
+    def settings(self) -> SpeculativeSettings:
+        """The manifest's speculative settings."""
+        return self.manifest.speculative
+
+    def draft_dir(self) -> Path:
+        """The folder of the manifest's draft entry for this method.
+
+        Raises:
+            ManifestError: no draft entry of this method with a path.
+        """
+        method = self.settings.method
+        draft = self.manifest.draft
+        if draft is None or draft.method != method.value or not draft.path:
+            raise ManifestError(f"{self.engine_dir}: speculative method '{method.value}' needs a 'draft' entry "
+                                f"of that method with a 'path': {_REBUILD}")
+        return self.engine_dir / draft.path
+
+    def tree(self) -> Tree:
+        """The static tree, checked against ``max_draft_len``.
+
+        Raises:
+            ManifestError: the manifest has no tree. TreeError: more nodes than ``max_draft_len``.
+        """
+        settings = self.settings
+        if settings.tree is None:
+            raise ManifestError(f"{self.engine_dir}: method '{settings.method.value}' needs a tree (choices) in "
+                                f"the manifest: {_REBUILD}")
+        return settings.tree.check(max_nodes=settings.max_draft_len or None,
+                                   what=f"{settings.method.value}_choices")
+
+    @property
+    def draft_vocab(self) -> bool:
+        """Whether drafts score the reduced draft vocabulary (the default where the manifest says nothing)."""
+        return self.settings.draft_vocab if self.settings.draft_vocab is not None else DRAFT_VOCAB_DEFAULT
+
+
+def _no_drafter(source: DraftSource) -> Drafter:
+    return NoDrafter()
+
+
+def _ngram_drafter(source: DraftSource) -> Drafter:
+    size = source.settings.max_matching_ngram_size
+    return NgramDrafter(size if size is not None else NGRAM_MATCH_DEFAULT)
+
+
+def _draft_model_drafter(source: DraftSource) -> Drafter:
+    draft_dir = source.draft_dir()
+    vocab = load_draft_vocab(draft_dir) if source.draft_vocab else None
+    model = load_checkpoint(draft_dir, "draft")
+    drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
+    if source.prepack:
         prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
-        return drafter
-    raise SpecpipeError(
-        f"{engine_dir}: speculative method {method!r} is not supported by the CPU runtime "
-        f"(supported: {', '.join(METHODS)}): build the engine with one of those drafts"
+    return drafter
+
+
+def _medusa_drafter(source: DraftSource) -> TreeDrafter:
+    draft_dir = source.draft_dir()
+    return load_medusa_drafter(draft_dir, source.target, source.tree(), draft_vocab=source.draft_vocab,
+                               prepack=source.prepack)
+
+
+def _eagle_drafter(source: DraftSource) -> TreeDrafter:
+    settings = source.settings
+    draft_dir = source.draft_dir()
+    dynamic = bool(settings.dynamic_tree)
+    top_k, depth = DYNAMIC_TREE_DEFAULTS
+    return load_eagle_drafter(
+        draft_dir, source.target, None if dynamic else source.tree(), draft_vocab=source.draft_vocab,
+        dynamic=dynamic, top_k=settings.dynamic_top_k if settings.dynamic_top_k is not None else top_k,
+        depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth, prepack=source.prepack,
     )
 
 
-def load_engine(engine_dir: Path) -> tuple[SpeculativeEngine, dict[str, Any]]:
+#: The drafter factory of every method the CPU runtime runs (``methods_for(Runtime.CPU)``).
+DRAFTERS: dict[Method, Callable[[DraftSource], Drafter | TreeDrafter]] = {
+    Method.NONE: _no_drafter,
+    Method.NGRAM: _ngram_drafter,
+    Method.DRAFT_MODEL: _draft_model_drafter,
+    Method.EAGLE: _eagle_drafter,
+    Method.MEDUSA: _medusa_drafter,
+}
+
+
+def load_engine(engine_dir: Path, *, prepack: bool = True) -> tuple[SpeculativeEngine, Manifest]:
     """Load an engine directory: its manifest, target and drafter.
 
+    Args:
+        engine_dir: a directory written by ``specpipe build --runtime cpu``.
+        prepack: prepack the target's and the draft's linear layers (oneDNN, inference only; ``False``
+            keeps plain ``nn.Linear``, for A/B measurements).
+
     Returns:
-        the engine and the manifest (``manifest.json`` as a dict).
+        the engine (a :class:`TreeSpeculativeEngine` for tree drafters) and the typed manifest.
 
     Raises:
         ManifestError: the manifest is missing, unreadable, from another version or incomplete.
-        SpecpipeError: a checkpoint is missing or corrupt, or the speculative method is unsupported.
-        CompatibilityError: the draft model's vocabulary differs from the target's.
+        SpecpipeError: a checkpoint or heads file is missing or corrupt, the speculative method is not
+            run by the CPU runtime, or the tree does not fit the heads or ``max_draft_len``.
+        CompatibilityError: the draft's vocabulary or heads do not fit the target.
     """
     engine_dir = Path(engine_dir)
-    manifest = read_manifest_json(engine_dir)
-    try:
-        target_path = engine_dir / manifest["target"]["path"]
-        speculative = dict(manifest["speculative"])
-        max_draft_len = int(speculative.get("max_draft_len", 0))
-        if max_draft_len < 0:
-            raise ValueError(f"max_draft_len {max_draft_len} < 0")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ManifestError(
-            f"{engine_dir}/manifest.json lacks a valid target path or speculative settings ({exc!r}): "
-            f"rebuild the engine with 'specpipe build --force'"
-        ) from exc
-    if speculative.get("method") in HEAD_METHODS:
-        return _load_tree_engine(engine_dir, manifest, speculative, target_path, max_draft_len), manifest
-    target = load_checkpoint(target_path, "target")
-    drafter = _drafter(engine_dir, manifest, speculative)
-    prepack_linear_layers(target)
-    try:
-        engine = SpeculativeEngine(target, drafter, max_draft_len=max_draft_len)
-    except ValueError as exc:
-        raise CompatibilityError(f"{engine_dir}: {exc}") from exc
-    return engine, manifest
-
-
-def _load_tree_engine(engine_dir: Path, manifest: dict[str, Any], speculative: dict[str, Any], target_path: Path, max_draft_len: int):
-    """EAGLE/Medusa: the heads read the target's features, so the target loads first; tree steps."""
-    from specpipe.runtime.cpu.tree import TreeSpeculativeEngine, load_tree_drafter
-
-    draft = manifest.get("draft")
-    if not draft or draft.get("kind") != speculative["method"] or "path" not in draft:
-        raise ManifestError(
-            f"{engine_dir}: speculative method {speculative['method']!r} needs a 'draft' entry of that kind with a "
-            f"'path': rebuild the engine with 'specpipe build --force'"
+    manifest = read_manifest(engine_dir)
+    settings = manifest.speculative
+    factory = DRAFTERS.get(settings.method)
+    if factory is None or settings.method not in methods_for(Runtime.CPU):
+        raise SpecpipeError(
+            f"{engine_dir}: speculative method {settings.method.value!r} is not supported by the CPU runtime "
+            f"(supported: {names(methods_for(Runtime.CPU))}): build the engine with one of those drafts"
         )
-    target = load_checkpoint(target_path, "target")
-    drafter = load_tree_drafter(engine_dir / draft["path"], speculative["method"], target, speculative)
-    prepack_linear_layers(target)  # after the heads took their (dense) copies of embedding and lm_head rows
+    if not manifest.target.path:
+        raise ManifestError(f"{engine_dir}/manifest.json has no target path: {_REBUILD}")
+    target = load_checkpoint(engine_dir / manifest.target.path, "target")
+    drafter = factory(DraftSource(engine_dir, manifest, target, prepack))
+    if prepack:
+        prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
     try:
-        return TreeSpeculativeEngine(target, drafter, max_draft_len, acceptance=speculative.get("acceptance", "exact"))
+        if isinstance(drafter, TreeDrafter):
+            acceptance = settings.acceptance or ACCEPTANCE_RULES[0]
+            return TreeSpeculativeEngine(target, drafter, settings.max_draft_len, acceptance=acceptance), manifest
+        return SpeculativeEngine(target, drafter, max_draft_len=settings.max_draft_len), manifest
     except ValueError as exc:
         raise CompatibilityError(f"{engine_dir}: {exc}") from exc

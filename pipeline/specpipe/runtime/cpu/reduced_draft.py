@@ -10,8 +10,6 @@ whole vocabulary.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from specpipe.runtime.cpu.drafters import Draft, DraftModelDrafter
@@ -33,17 +31,6 @@ class ReducedVocabDraftModelDrafter(DraftModelDrafter):
         self._weight = draft_model.lm_head.weight.detach()[self.draft_vocab].float().contiguous()
 
     @torch.inference_mode()
-    def _last_hidden(self, token_ids: list[int]) -> torch.Tensor:
-        lm = self.lm
-        start = lm.length
-        positions = torch.arange(start, start + len(token_ids), dtype=torch.long)[None]
-        out = lm.model.model(
-            input_ids=torch.tensor([token_ids], dtype=torch.long), position_ids=positions, use_cache=True,
-            **{lm._cache_argument: lm.cache},
-        )
-        return out.last_hidden_state[0, -1]
-
-    @torch.inference_mode()
     def propose(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
         if not sampler.greedy:
             return super().propose(context_ids, k, sampler)
@@ -51,21 +38,10 @@ class ReducedVocabDraftModelDrafter(DraftModelDrafter):
         unseen = context_ids[len(self._cached_ids) :]
         tokens: list[int] = []
         for _ in range(k):
-            hidden = self._last_hidden(unseen)
+            hidden = self.lm.hidden(unseen)[-1]
             self._cached_ids.extend(unseen)
             token = int(self.draft_vocab[int((self._weight @ hidden).argmax())])
             tokens.append(token)
             unseen = [token]
         return Draft(tokens)
 
-
-def load_draft_vocab(draft_dir: Path) -> torch.Tensor | None:
-    """The frequent-token list beside a distilled draft checkpoint, or ``None``."""
-    from specpipe.training.export import DRAFT_VOCAB_FILE
-
-    path = Path(draft_dir) / DRAFT_VOCAB_FILE
-    if not path.is_file():
-        return None
-    from safetensors.torch import load_file
-
-    return load_file(str(path))["draft_vocab"]

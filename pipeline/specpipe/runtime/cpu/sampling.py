@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 
 NEG_INF = float("-inf")
 

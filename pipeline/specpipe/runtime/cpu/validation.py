@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.sampling import is_greedy, single_token_bad_words
 
 

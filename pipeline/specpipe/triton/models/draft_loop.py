@@ -10,7 +10,7 @@ re-implemented):
    tokens it commits: the accepted drafts, then its own token (TensorRT-LLM may continue past a
    rejection up to ``k + 1`` tokens; whatever it returns is the target's own output);
 3. the returned tokens go through the request's stop conditions (end id, stop words, ``max_tokens``;
-   :class:`~specpipe.runtime.cpu.stopping.StopConditions`) and are emitted as one chunk.
+   :class:`~specpipe.generation.stopping.StopConditions`) and are emitted as one chunk.
 
 The request ends when a stop condition fires, or when the target returned only drafts (its own token
 was an end id or stop word that it removed): nothing more would be generated. Acceptance counters:
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from specpipe.runtime.cpu.stopping import StopConditions
+from specpipe.generation.stopping import StopConditions
 
 
 @dataclass

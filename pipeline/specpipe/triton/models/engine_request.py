@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specpipe.runtime.cpu.api import SamplingParams
+from specpipe.generation.api import SamplingParams
 from specpipe.triton.models.common import scalar
 from specpipe.triton.models.words import from_words_layout
 

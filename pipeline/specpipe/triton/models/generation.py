@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from specpipe.runtime.cpu.api import RequestStats
+from specpipe.generation.api import RequestStats
 from specpipe.triton.models.engine_request import EngineRequest
 
 

@@ -153,7 +153,7 @@ class TritonPythonModel:
             return engine
 
         self.worker = RequestWorker(load=load, log_error=logger.log_error)
-        logger.log_info(f"specpipe CPU engine '{self.manifest.get('name')}' loaded from {engine_dir}")
+        logger.log_info(f"specpipe CPU engine '{self.manifest.name}' loaded from {engine_dir}")
 
     def execute(self, requests):
         for request in requests:

@@ -1,28 +1,17 @@
-"""Draft heads that read the target's hidden state: Medusa and EAGLE (model code, CPU, PyTorch).
+"""The EAGLE draft head (model code, CPU, PyTorch).
 
-* **Medusa** (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple
-  Decoding Heads", arXiv:2401.10774): head k (0-based) maps the target's final hidden state h_t (after
-  the final RMSNorm) to the token at t + k + 2 through ``num_layers`` residual blocks
-  ``x + SiLU(W x + b)`` and an lm_head. Here every head's lm_head is the target's (frozen, tied), so
-  only the residual blocks are trained and stored.
-* **EAGLE** (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
-  arXiv:2401.15077): an autoregressive head over features. The input at position t is
-  ``fc(concat(embed(x_{t+1}), f_t))`` (embedding first), followed by one Llama decoder layer without
-  its input RMSNorm; the output predicts the target's next feature f_{t+1}, which the target's lm_head
-  turns into logits for x_{t+2} (no final norm: features are already post-norm). Drafting a tree feeds
-  the head its own predicted features, with its own small KV cache.
+EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+arXiv:2401.15077): an autoregressive head over features. The input at position t is
+``fc(concat(embed(x_{t+1}), f_t))`` (embedding first), followed by one Llama decoder layer without its
+input RMSNorm; the output predicts the target's next feature f_{t+1}, which the target's lm_head turns
+into logits for x_{t+2} (no final norm: features are already post-norm). Drafting a tree
+(:mod:`specpipe.runtime.cpu.eagle`) feeds the head its own predicted features, with its own small KV cache.
 
-Both heads can score a reduced draft vocabulary: the most frequent target tokens (``draft_vocab``,
-int64 target ids), as in FR-Spec (Zhao et al. 2025, arXiv:2502.14856) and EAGLE-3's ``d2t`` map. The
-49152 x 576 lm_head costs about 10 ms per row on 2 CPU cores; 8192 rows cost a sixth of that. Drafted
-ids are always target ids, so verification is unchanged.
-
-Tensor names follow the layouts TensorRT-LLM's converters read (see :mod:`specpipe.training.export`).
+Tensor names follow the layout TensorRT-LLM's EAGLE converter reads (see :mod:`specpipe.heads_format`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -43,47 +32,6 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-class ResBlock(nn.Module):
-    """Medusa residual block ``x + SiLU(linear(x))``; the linear layer starts at zero (identity block)."""
-
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + F.silu(self.linear(x))
-
-
-class MedusaHeads(nn.Module):
-    """``num_heads`` Medusa heads of ``num_layers`` residual blocks each (lm_head shared, not owned).
-
-    State-dict names are ``{head}.{layer}.linear.weight`` / ``.bias`` (FasterDecoding's, without the
-    per-head lm_head ``{head}.{num_layers}.weight`` that :mod:`specpipe.training.export` adds).
-    """
-
-    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1):
-        super().__init__()
-        if num_heads < 1 or num_layers < 1:
-            raise ValueError(f"need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
-        self.hidden_size, self.num_heads, self.num_layers = hidden_size, num_heads, num_layers
-        self.heads = nn.ModuleList(
-            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads)
-        )
-
-    def state_dict_flat(self) -> dict[str, torch.Tensor]:
-        """Tensors named ``{head}.{layer}.linear.weight|bias`` (the FasterDecoding names)."""
-        return {k.removeprefix("heads."): v for k, v in self.state_dict().items()}
-
-    def load_flat(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.load_state_dict({f"heads.{k}": v for k, v in tensors.items()})
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Head features: ``hidden`` ``[..., H]`` -> ``[num_heads, ..., H]`` (inputs to the lm_head)."""
-        return torch.stack([head(hidden) for head in self.heads])
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,61 +194,3 @@ class EagleHead(nn.Module):
             s, t = past_k.shape[2], x.shape[1]
             mask = torch.ones(t, s + t, dtype=torch.bool).tril(diagonal=s)[None, None]
         return self.layers[0](x, cos, sin, past_k, past_v, mask)
-
-
-class ReducedLMHead:
-    """The target's lm_head restricted to a draft vocabulary (frozen, fp32).
-
-    Args:
-        weight: float ``[V, H]`` the target's lm_head weight.
-        draft_vocab: int64 ``[V']`` target ids scored by the draft, or ``None`` for all ``V``.
-    """
-
-    def __init__(self, weight: torch.Tensor, draft_vocab: torch.Tensor | None = None):
-        self.draft_vocab = draft_vocab
-        w = weight.detach()
-        self.weight = (w[draft_vocab] if draft_vocab is not None else w).float().contiguous()
-        self._packed = None
-
-    def prepack(self) -> None:
-        """Score with a prepacked oneDNN copy of the weight (inference only; see
-        :mod:`specpipe.runtime.cpu.prepack`). A no-op where oneDNN is unavailable."""
-        from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_available
-
-        if prepack_available():
-            self._packed = PrepackedLinear.from_weight(self.weight)
-
-    @property
-    def size(self) -> int:
-        return int(self.weight.shape[0])
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """float ``[..., V']`` logits of features ``[..., H]`` over the draft vocabulary."""
-        if self._packed is not None:
-            return self._packed(x)
-        return x @ self.weight.T
-
-    def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
-        """Map draft-vocabulary indices to target token ids."""
-        return self.draft_vocab[index] if self.draft_vocab is not None else index
-
-
-def frequent_tokens(labels: torch.Tensor, vocab_size: int, size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
-    """The ``size`` most frequent ids in ``labels`` (ties by id), plus ``always``, sorted by id.
-
-    Args:
-        labels: int64 token ids (e.g. the target's greedy tokens over the training corpus).
-        vocab_size: ids are in ``[0, vocab_size)``.
-        size: draft vocabulary size; ``>= vocab_size`` returns every id.
-        always: ids to include regardless of frequency (end tokens).
-
-    Returns:
-        int64 ``[min(size, vocab_size)]`` sorted ascending.
-    """
-    if size >= vocab_size:
-        return torch.arange(vocab_size)
-    counts = torch.bincount(labels.flatten(), minlength=vocab_size).double()
-    counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # stable tie-break: lower ids first
-    for token in always:
-        counts[token] = math.inf
-    return torch.topk(counts, size).indices.sort().values

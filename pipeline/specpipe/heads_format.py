@@ -1,4 +1,7 @@
-"""Saving and loading trained drafts.
+"""The heads file format: how trained drafts (EAGLE/Medusa heads, distilled draft layers) are stored.
+
+A base module: training writes these files, the build places them (:mod:`specpipe.models.heads`) and the
+CPU runtime reads them; it imports none of those packages.
 
 Two forms:
 
@@ -36,12 +39,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from specpipe.errors import CompatibilityError, SpecpipeError
 from specpipe.fsutil import make_readable
+
+if TYPE_CHECKING:
+    import torch
 
 COMPACT_FILES = {"eagle": "eagle_heads.safetensors", "medusa": "medusa_heads.safetensors", "draft-model": "draft_layers.safetensors"}
 RECIPE_FILE = "recipe.json"
@@ -49,11 +53,23 @@ DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # beside a distilled draft checkpo
 FORMAT = "specpipe-heads-1"
 
 
+def load_draft_vocab(draft_dir: Path) -> torch.Tensor | None:
+    """The frequent-token list (int64 ``[V']`` target ids) beside a distilled draft checkpoint
+    (``DRAFT_VOCAB_FILE``), or ``None`` where there is none."""
+    from safetensors.torch import load_file
+
+    path = Path(draft_dir) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    return load_file(str(path))["draft_vocab"]
+
+
 def save_compact(out_dir: Path, method: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     """Write the compact float16 file (int tensors kept as int64) with ``meta`` as safetensors metadata.
 
     Written to a temporary name and renamed, so a reader never sees half a file.
     """
+    import torch
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -144,13 +160,16 @@ def expected_medusa_tensors(hidden: int, vocab: int, num_heads: int, num_layers:
     return shapes
 
 
-def write_eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, dtype=torch.float16) -> Path:
+def write_eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, dtype: "torch.dtype | None" = None) -> Path:
     """Write the EAGLE authors' layout (``config.json`` + ``pytorch_model.bin``) for ``target``.
 
     Args:
         heads: ``fc.*`` and ``layers.0.*`` tensors (compact form).
         target: the target ``LlamaForCausalLM`` (its config and token embedding are used).
     """
+    import torch
+
+    dtype = dtype or torch.float16
     out_dir.mkdir(parents=True, exist_ok=True)
     c = target.config
     state = {k: v.to(dtype).contiguous() for k, v in heads.items() if k.startswith(("fc.", "layers."))}
@@ -179,14 +198,16 @@ def write_eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, dt
     return out_dir
 
 
-def write_medusa_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, num_heads: int, num_layers: int, dtype=torch.float16) -> Path:
+def write_medusa_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, num_heads: int, num_layers: int, dtype: "torch.dtype | None" = None) -> Path:
     """Write FasterDecoding's layout (``config.json`` + ``medusa_lm_head.safetensors``) for ``target``.
 
     Each head's lm_head (``{h}.{num_layers}.weight``) is a copy of the target's lm_head, which the heads
     were trained against (frozen).
     """
+    import torch
     from safetensors.torch import save_file
 
+    dtype = dtype or torch.float16
     out_dir.mkdir(parents=True, exist_ok=True)
     lm_head = target.get_output_embeddings().weight.detach().to(dtype).contiguous()
     state = {k: v.to(dtype).contiguous() for k, v in heads.items() if ".linear." in k}
@@ -213,6 +234,8 @@ def write_draft_model(out_dir: Path, layers: dict[str, torch.Tensor], target_dir
     Raises:
         CompatibilityError: a distilled tensor's name or shape does not fit the truncated target.
     """
+    import torch
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
@@ -234,7 +257,5 @@ def write_draft_model(out_dir: Path, layers: dict[str, torch.Tensor], target_dir
     model.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(target_dir).save_pretrained(out_dir)
     if vocab is not None:
-        from safetensors.torch import save_file
-
         save_file({"draft_vocab": vocab.to(torch.int64).contiguous()}, str(Path(out_dir) / DRAFT_VOCAB_FILE))
     return out_dir

@@ -1,0 +1,213 @@
+"""EAGLE and EAGLE-2 tree drafting on CPU (Li et al. 2024, arXiv:2401.15077; EAGLE-2 dynamic trees,
+arXiv:2406.16858): the head (:mod:`specpipe.runtime.cpu.eagle_head`) drafts a token tree autoregressively
+over the target's features, on a static ``eagle_choices`` tree or a dynamic, confidence-ranked one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.runtime.cpu.eagle_head import EagleConfig, EagleHead
+from specpipe.runtime.cpu.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.tree_accept import DraftTree
+from specpipe.runtime.cpu.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
+from specpipe.speculative import DYNAMIC_TREE_DEFAULTS
+from specpipe.tree import Tree
+
+
+class EagleTreeDrafter(TreeDrafter):
+    """EAGLE head drafting a tree autoregressively over features (Li et al. 2024; EAGLE-2 dynamic trees,
+    arXiv:2406.16858).
+
+    State: the head's keys/values for every committed position t whose input ``(f_t, x_{t+1})`` is
+    known (the *stable* cache). A proposal feeds the inputs not yet seen, predicts f_n for the newest
+    token, and expands the tree depth by depth, each node's input being its parent's predicted feature
+    and its own token; draft entries are discarded after the proposal.
+
+    Args:
+        head: a trained :class:`~specpipe.runtime.cpu.eagle_head.EagleHead` (eval, fp32).
+        embed: float ``[V, H]`` the target's token embedding.
+        lm: the target's lm_head over the draft vocabulary.
+        tree: a static tree (``eagle_choices``), or ``None`` with ``dynamic=True``.
+        dynamic: EAGLE-2: expand the ``top_k`` most confident nodes per depth (cumulative draft
+            log-probability), ``depth`` levels, then keep the ``max_nodes`` best nodes.
+        top_k, depth: dynamic-tree width per expansion and depth.
+    """
+
+    def __init__(self, head, embed: torch.Tensor, lm, tree: Tree | None = None, *, dynamic: bool = False,
+                 top_k: int = DYNAMIC_TREE_DEFAULTS[0], depth: int = DYNAMIC_TREE_DEFAULTS[1]):
+        if tree is None and not dynamic:
+            raise SpecpipeError("an EAGLE drafter needs eagle_choices or dynamic=True")
+        self.head, self.embed, self.lm = head, embed, lm
+        self.tree = StaticTree.of(tree) if tree is not None else None
+        self.dynamic, self.top_k, self.depth_limit = dynamic, top_k, depth
+        self.max_depth = None
+        self.reset([])
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._stable = 0  # head entries in the stable cache (positions 0 .. stable - 1)
+        self._features: list[torch.Tensor] = []  # target features f_t not yet fed, with their positions
+        self._f_last: torch.Tensor | None = None  # predicted f_n for the newest token
+
+    def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
+        self._features.append(features)
+
+    @torch.inference_mode()
+    def _advance(self, context_ids: list[int]) -> None:
+        """Feed the stable inputs ``(f_t, x_{t+1})`` for every position with a known feature."""
+        if not self._features:
+            return
+        feats = torch.cat(self._features)
+        self._features = []
+        start = self._stable
+        n = feats.shape[0]
+        tokens = torch.tensor(context_ids[start + 1 : start + 1 + n], dtype=torch.long)
+        out, k, v = self.head(
+            feats[None].float(), self.embed[tokens][None], torch.arange(start, start + n), self._k, self._v
+        )
+        self._k, self._v = k, v
+        self._stable = start + n
+        self._f_last = out[0, -1]
+
+    @torch.inference_mode()
+    def _expand(self, parent_feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, dk, dv, masks) -> tuple:
+        """One draft forward for some nodes; returns their predicted features and the grown draft cache."""
+        s = self._k.shape[2]
+        past_k = self._k if dk is None else torch.cat([self._k, dk], dim=2)
+        past_v = self._v if dv is None else torch.cat([self._v, dv], dim=2)
+        n_draft = 0 if dk is None else dk.shape[2]
+        mask = torch.zeros(1, 1, tokens.numel(), s + n_draft + tokens.numel(), dtype=torch.bool)
+        mask[..., :s] = True
+        for row, draft_visible in enumerate(masks):
+            for j in draft_visible:
+                mask[0, 0, row, s + j] = True
+            mask[0, 0, row, s + n_draft + row] = True
+        out, k, v = self.head(parent_feats[None], self.embed[tokens][None], positions, past_k, past_v, mask)
+        return out[0], k[:, :, s:], v[:, :, s:]
+
+    @torch.inference_mode()
+    def propose(self, context_ids: list[int], max_nodes: int, max_depth: int) -> DraftTree:
+        self._advance(context_ids)
+        if self._f_last is None or max_nodes <= 0 or max_depth <= 0:
+            return DraftTree([], [])
+        n = len(context_ids) - 1  # position of the newest token x_n; its head entry is at n - 1
+        if self.dynamic:
+            return self._propose_dynamic(n, max_nodes, max_depth)
+        return self._propose_static(n, max_nodes, max_depth)
+
+    def _propose_static(self, n: int, max_nodes: int, max_depth: int) -> DraftTree:
+        tree = self.tree
+        depth = min(tree.depth, max_depth)
+        width = tree.max_rank
+        tokens = [0] * tree.num_nodes
+        ids, _ = topk_ids(self.lm.logits(self._f_last[None]), width, self.lm)
+        for i in range(tree.num_nodes):
+            if tree.depths[i] == 1:
+                tokens[i] = int(ids[0, tree.ranks[i]])
+        has_children = {p for p in tree.parents if p >= 0}
+        slot: dict[int, int] = {}  # node -> index in the draft cache
+        pred: dict[int, torch.Tensor] = {}  # node -> predicted feature for its children
+        dk = dv = None
+        for d in range(1, depth):
+            level = [i for i in range(tree.num_nodes) if tree.depths[i] == d and i in has_children]
+            if not level:
+                break
+            parent_feats = torch.stack([self._f_last if tree.parents[i] < 0 else pred[tree.parents[i]] for i in level])
+            visible = [self._ancestors(i, tree.parents, slot) for i in level]
+            base = 0 if dk is None else dk.shape[2]
+            out, dk, dv = self._expand(parent_feats, torch.tensor([tokens[i] for i in level]), torch.full((len(level),), n + d - 1), dk, dv, visible)
+            for row, i in enumerate(level):
+                slot[i] = base + row
+                pred[i] = out[row]
+            child_ids, _ = topk_ids(self.lm.logits(out), width, self.lm)
+            for j in range(tree.num_nodes):
+                p = tree.parents[j]
+                if p in slot and tree.depths[j] == d + 1:
+                    tokens[j] = int(child_ids[level.index(p), tree.ranks[j]])
+        return DraftTree(tokens, list(tree.parents)).prune(depth, max_nodes)
+
+    @staticmethod
+    def _ancestors(node: int, parents, slot: dict[int, int]) -> list[int]:
+        out = []
+        p = parents[node]
+        while p >= 0:
+            out.append(slot[p])
+            p = parents[p]
+        return out
+
+    def _propose_dynamic(self, n: int, max_nodes: int, max_depth: int) -> DraftTree:
+        """EAGLE-2: expand the ``top_k`` best nodes per level by cumulative log-probability, then keep the
+        ``max_nodes`` best of all drafted nodes (an ancestor always scores at least as high as its
+        descendants, so the kept set is a tree)."""
+        k = self.top_k
+        depth = min(self.depth_limit, max_depth)
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        depths: list[int] = []
+        ids, logp = topk_ids(self.lm.logits(self._f_last[None]), k, self.lm)
+        frontier = []
+        for j in range(ids.shape[1]):
+            tokens.append(int(ids[0, j])); parents.append(-1); scores.append(float(logp[0, j])); depths.append(1)
+            frontier.append(len(tokens) - 1)
+        slot: dict[int, int] = {}
+        pred: dict[int, torch.Tensor] = {}
+        dk = dv = None
+        for d in range(1, depth):
+            parent_feats = torch.stack([self._f_last if parents[i] < 0 else pred[parents[i]] for i in frontier])
+            visible = [self._ancestors(i, parents, slot) for i in frontier]
+            base = 0 if dk is None else dk.shape[2]
+            out, dk, dv = self._expand(parent_feats, torch.tensor([tokens[i] for i in frontier]), torch.full((len(frontier),), n + d - 1), dk, dv, visible)
+            child_ids, child_logp = topk_ids(self.lm.logits(out), k, self.lm)
+            candidates = []
+            for row, i in enumerate(frontier):
+                slot[i] = base + row
+                pred[i] = out[row]
+                for j in range(child_ids.shape[1]):
+                    tokens.append(int(child_ids[row, j])); parents.append(i)
+                    scores.append(scores[i] + float(child_logp[row, j])); depths.append(d + 1)
+                    candidates.append(len(tokens) - 1)
+            frontier = sorted(candidates, key=lambda c: -scores[c])[:k]
+        order = sorted(range(len(tokens)), key=lambda c: (-scores[c], depths[c]))[:max_nodes]
+        chosen = set(order)
+        for c in list(order):  # guard against ties breaking ancestor closure
+            p = parents[c]
+            while p >= 0 and p not in chosen:
+                chosen.add(p)
+                p = parents[p]
+        keep = sorted(chosen, key=lambda c: (depths[c], c))[:max_nodes]
+        index = {old: new for new, old in enumerate(keep)}
+        return DraftTree([tokens[c] for c in keep], [index[parents[c]] if parents[c] >= 0 else -1 for c in keep])
+
+
+def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_vocab: bool, dynamic: bool,
+                       top_k: int, depth: int, prepack: bool = True) -> EagleTreeDrafter:
+    """The EAGLE drafter of an engine's ``draft/`` folder (``eagle_heads.safetensors``) for ``target``.
+
+    Args:
+        target: the loaded target (its config shapes the head; its embedding and lm_head are shared).
+        tree: the static tree, or ``None`` with ``dynamic``.
+        draft_vocab: score the head's reduced vocabulary (if the file has one).
+        prepack: prepack the head's linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
+        dynamic, top_k, depth: EAGLE-2's dynamic tree, candidates per expansion and levels.
+
+    Raises:
+        SpecpipeError: missing or corrupt heads, heads of an unexpected shape, or no tree without ``dynamic``.
+        CompatibilityError: heads trained for another target.
+    """
+    heads_file = read_heads(draft_dir, "eagle", target, draft_vocab=draft_vocab, prepack=prepack)
+    try:
+        head = EagleHead(EagleConfig.from_target(target.config))
+        head.load_state_dict(heads_file.tensors)
+    except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
+        raise SpecpipeError(f"{heads_file.path} does not hold eagle heads of the expected shape ({exc}): "
+                            f"retrain or rebuild") from exc
+    if prepack:
+        prepack_linear_layers(head)
+    return EagleTreeDrafter(head.eval(), target.get_input_embeddings().weight.detach(), heads_file.lm, tree,
+                            dynamic=dynamic, top_k=top_k, depth=depth)

@@ -1,0 +1,122 @@
+"""What tree drafters (Medusa, EAGLE) share: the protocol the tree engine calls, a static tree laid out
+for drafting, top-k candidate selection, and reading a heads file for a loaded target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specpipe.heads_format import COMPACT_FILES, check_for_target, load_compact
+from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.tree_accept import DraftTree
+from specpipe.tree import Tree
+
+
+class TreeDrafter:
+    """Protocol of drafters for :class:`~specpipe.runtime.cpu.tree_engine.TreeSpeculativeEngine`.
+
+    Per request: :meth:`reset`; after the prefill and after each step :meth:`commit` with the context
+    and the target's features (final hidden states, after the final norm) of the positions just added to
+    the target's cache; :meth:`propose` returns the tree below the newest token.
+
+    Attributes:
+        max_depth: deepest tree the drafter can fill (``None``: unbounded).
+        vocab_size: ``None``: tree drafters score the target's own (possibly reduced) vocabulary.
+    """
+
+    max_depth: int | None = None
+    vocab_size: int | None = None
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Forget the previous request."""
+
+    def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
+        """``features``: float ``[n, H]`` for the last n cached positions (those added since the last call)."""
+
+    def propose(self, context_ids: list[int], max_nodes: int, max_depth: int) -> DraftTree:
+        """The tree below ``context_ids[-1]``: at most ``max_nodes`` nodes, at most ``max_depth`` deep."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """A :class:`~specpipe.tree.Tree` laid out for drafting: nodes breadth-first (parents before children).
+
+    Attributes:
+        paths: the path of each node (ranks per depth).
+        parents: parent node index per node, ``-1`` for children of the root.
+        depths: depth per node (1 for children of the root).
+        ranks: candidate rank of each node among its parent's candidates (``path[-1]``).
+        depth: the deepest node's depth; max_rank: candidates needed per node (1 + the highest rank).
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    ranks: tuple[int, ...]
+    depth: int
+    max_rank: int
+
+    @classmethod
+    def of(cls, tree: Tree) -> "StaticTree":
+        """Lay out ``tree`` (any node order) breadth-first, by depth then path."""
+        ordered = tree.breadth_first()
+        return cls(paths=ordered.paths, parents=ordered.parents, depths=tuple(len(p) for p in ordered.paths),
+                   ranks=tuple(p[-1] for p in ordered.paths), depth=ordered.depth, max_rank=ordered.max_rank)
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft tokens in the tree."""
+        return len(self.paths)
+
+
+def topk_ids(logits: torch.Tensor, k: int, lm: ReducedLMHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best draft-vocabulary entries per row of ``logits`` ``[n, V']``: (int64 target ids ``[n, k]``,
+    float32 log-probabilities ``[n, k]``), best first (k is capped at ``V'``)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, index = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return lm.to_target_ids(index), values
+
+
+@dataclass
+class HeadsFile:
+    """A heads file read for a loaded target.
+
+    Attributes:
+        path: the compact file.
+        tensors: the heads' tensors as float32 (``draft_vocab`` removed).
+        meta: its metadata (``hidden_size``, ``vocab_size``, ``num_heads``, ``num_layers`` ...).
+        lm: the target's lm_head over the draft vocabulary (prepacked where oneDNN allows).
+    """
+
+    path: Path
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    lm: ReducedLMHead
+
+
+def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool, prepack: bool = True) -> HeadsFile:
+    """Read ``draft_dir``'s compact ``method`` file (:data:`~specpipe.heads_format.COMPACT_FILES`) for
+    ``target`` (a ``LlamaForCausalLM``, whose lm_head the heads share).
+
+    Args:
+        draft_vocab: score the file's reduced vocabulary (if it has one) rather than the full one.
+        prepack: score with a prepacked oneDNN copy of the lm_head rows (inference only).
+
+    Raises:
+        SpecpipeError: a missing or corrupt file, or one of another method.
+        CompatibilityError: heads trained for another target (hidden size or vocabulary).
+    """
+    path = Path(draft_dir) / COMPACT_FILES[method]
+    tensors, meta = load_compact(path, method)
+    check_for_target(meta, target.config, path)
+    vocab = tensors.pop("draft_vocab", None)
+    if vocab is not None and not draft_vocab:
+        vocab = None
+    lm = ReducedLMHead(target.get_output_embeddings().weight, vocab)
+    if prepack:
+        lm.prepack()
+    return HeadsFile(path, {k: v.float() for k, v in tensors.items()}, meta, lm)

@@ -1,0 +1,127 @@
+"""The whole ``specpipe train-draft`` flow: target, corpus, training, and the files it writes."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specpipe import heads_format
+from specpipe.errors import SpecpipeError
+from specpipe.models.fetch import ensure_target_checkpoint
+from specpipe.paths import cache_dir
+from specpipe.presets import load_target
+from specpipe.progress import console
+from specpipe.training.config import CHECKPOINT_NAME, TrainConfig
+from specpipe.training.data import CorpusSpec, build_corpus
+from specpipe.training.prompts import read_user_data
+from specpipe.training.train import environment, train
+
+
+def train_draft(
+    target_name: str,
+    method: str,
+    *,
+    data: str | None = None,
+    budget_minutes: float = 12.0,
+    out_dir: Path | None = None,
+    seed: int = 0,
+    max_steps: int | None = None,
+    schedule_steps: int | None = None,
+    num_prompts: int | None = None,
+    stdlib_tokens: int | None = None,
+    export_trtllm: bool = True,
+    command: str = "",
+) -> Path:
+    """The whole ``specpipe train-draft`` flow: load the target, build (or reuse) the corpus, train,
+    evaluate, and write the compact file, ``recipe.json`` and the TensorRT-LLM converter layout.
+
+    Returns:
+        the output folder.
+
+    Raises:
+        SpecpipeError: unknown target, bad budget/steps, empty data, unwritable output.
+    """
+    cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=max_steps, seed=seed, schedule_steps=schedule_steps)
+    preset = load_target(target_name)
+    out_dir = Path(out_dir) if out_dir else Path("heads") / preset.name / ("draft" if method == "draft-model" else method)
+    if data:
+        read_user_data(Path(data))  # fail on missing, empty or malformed data before writing anything
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecpipeError(f"cannot create output folder {out_dir} ({exc.strerror}): choose another with --out") from exc
+    spec = CorpusSpec(seed=seed, user_data=str(Path(data).resolve()) if data else None)
+    if num_prompts is not None:
+        spec = CorpusSpec(**{**spec.__dict__, "num_prompts": num_prompts})
+    if stdlib_tokens is not None:
+        spec = CorpusSpec(**{**spec.__dict__, "stdlib_tokens": stdlib_tokens})
+
+    torch.set_num_threads(min(torch.get_num_threads(), 2) or 1)
+    model_dir = ensure_target_checkpoint(preset)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    started = time.time()
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bars:
+        def factory(description: str, total: int):
+            task_id = bars.add_task(description, total=total, info="")
+            return lambda n: bars.advance(task_id, n)
+
+        features = build_corpus(target, tokenizer, model_dir, spec, cache_dir() / "training" / preset.name, factory)
+        train_id = bars.add_task(f"Training {method} ({cfg.budget_minutes:g} min budget)", total=None, info="")
+
+        def on_step(step: int, total: int, info: dict[str, float]) -> None:
+            bars.update(train_id, completed=step, total=total, info=f"loss {info['loss']:.3f}")
+
+        end_ids = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
+        result = train(target, features, cfg, out_dir, end_ids=end_ids, progress=on_step)
+
+    meta = {**result.meta, "target": preset.name}
+    heads_format.save_compact(out_dir, method, result.tensors, meta)
+    if export_trtllm:
+        layout = out_dir / "trtllm"
+        if method == "eagle":
+            heads_format.write_eagle_layout(layout, result.tensors, target)
+        elif method == "medusa":
+            heads_format.write_medusa_layout(layout, result.tensors, target, cfg.num_heads, cfg.num_layers)
+    recipe = {
+        "command": command or f"specpipe train-draft --target {preset.name} --method {method} --budget {budget_minutes:g} --seed {seed}",
+        "reproduce_exactly": f"add --max-steps {result.steps} --schedule-steps {result.meta['schedule_steps']} (same seed, same corpus)",
+        "target": preset.name,
+        "method": method,
+        "seed": seed,
+        "steps": result.steps,
+        "train_seconds": result.train_seconds,
+        "wall_seconds_total": round(time.time() - started, 1),
+        "config": asdict(cfg),
+        "data": {
+            **spec.__dict__,
+            "positions": len(features),
+            "answer_positions": int(features.is_answer.sum()),
+            "sources": [
+                "CPython standard library .py files (Python Software Foundation License), "
+                f"{spec.stdlib_tokens} tokens in {spec.chunk_len}-token chunks",
+                f"{spec.num_prompts} built-in prompts (specpipe.training.data) in the target's chat template, "
+                f"answered by the target (greedy, up to {spec.max_new_tokens} tokens)",
+            ] + ([f"user data {spec.user_data}"] if spec.user_data else []),
+        },
+        "heldout_metrics": result.metrics,
+        "loss_history": result.history,
+        "environment": environment(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+    (out_dir / heads_format.RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+    (out_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
+    console.print(f"[green]✓[/green] {method} for {preset.name}: {result.steps} steps in {result.train_seconds:.0f} s; "
+                  f"held-out {json.dumps(result.metrics)}; wrote {out_dir}")
+    return out_dir

@@ -1,0 +1,93 @@
+"""Hyper-parameters of ``specpipe train-draft`` and what a run produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.speculative import METHODS
+
+#: Methods ``specpipe train-draft`` trains, from the registry (``MethodSpec.trainable``).
+TRAINABLE = tuple(method.value for method, spec in METHODS.items() if spec.trainable)
+CHECKPOINT_NAME = ".train-checkpoint.pt"
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters (defaults: the shipped SmolLM2 recipe).
+
+    Attributes:
+        method: ``eagle``, ``medusa`` or ``draft-model``.
+        budget_minutes: wall-clock training budget (> 0); data preparation is not counted.
+        max_steps: fixed number of optimizer steps (overrides the budget's estimate; exact reproduction).
+        seed: seeds initialisation, batch sampling and the held-out split.
+        lr: peak AdamW learning rate (warm-up 20 steps, cosine decay to 10 %).
+        batch: positions (Medusa), windows (EAGLE, draft model) per step.
+        window: tokens per window (EAGLE, draft model).
+        draft_vocab_size: reduced vocabulary scored by the heads (``0``: full vocabulary).
+        num_heads, num_layers: Medusa heads and residual blocks per head.
+        draft_layers: decoder layers kept in the distilled draft model.
+        cls_weight: EAGLE's weight of the token loss against the feature loss.
+        noise: EAGLE's uniform input-feature noise, as a fraction of the features' RMS.
+        unroll: EAGLE steps unrolled per window in training (1: the EAGLE-1 objective; more: each
+            deeper step reads the head's own predictions, as drafting at that depth does).
+        answer_weight: sampling weight of self-distilled answer positions against other positions.
+        checkpoint_seconds: interval between resumable checkpoints.
+        schedule_steps: steps of the learning-rate schedule (warm-up + cosine); ``None``: fixed after 50
+            steps from the measured speed so that the schedule fills the budget. After it the rate stays
+            at its final value (10 % of ``lr``) while budget remains.
+    """
+
+    method: str
+    budget_minutes: float = 12.0
+    max_steps: int | None = None
+    seed: int = 0
+    lr: float = 1e-3
+    batch: int = 256
+    window: int = 64
+    draft_vocab_size: int = 8192
+    num_heads: int = 3
+    num_layers: int = 1
+    draft_layers: int = 4
+    cls_weight: float = 0.5
+    noise: float = 0.1
+    unroll: int = 1
+    answer_weight: float = 3.0
+    checkpoint_seconds: float = 60.0
+    schedule_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in TRAINABLE:
+            raise SpecpipeError(f"unknown method {self.method!r}: choose one of {', '.join(TRAINABLE)}")
+        if not self.budget_minutes > 0:
+            raise SpecpipeError(f"--budget must be a positive number of minutes, got {self.budget_minutes}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise SpecpipeError(f"--max-steps must be positive, got {self.max_steps}")
+        if self.unroll < 1:
+            raise SpecpipeError(f"unroll must be at least 1 (one EAGLE step), got {self.unroll}")
+
+    @classmethod
+    def defaults_for(cls, method: str, **overrides: Any) -> "TrainConfig":
+        """Per-method defaults (EAGLE and the draft model use windows, Medusa single positions)."""
+        base: dict[str, Any] = {"method": method}
+        if method == "eagle":
+            base.update(batch=16, window=64, lr=1e-3, unroll=3)
+        elif method == "draft-model":
+            base.update(batch=8, window=128, lr=2e-4)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: tensors for the compact file, metrics and the facts for the recipe."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    metrics: dict[str, Any]
+    steps: int
+    train_seconds: float
+    history: list[dict[str, float]] = field(default_factory=list)
