@@ -105,3 +105,24 @@ def test_tune_receives_every_flag():
 def test_train_draft_offers_only_the_methods_the_registry_can_train():
     result = invoke("train-draft", "--target", "t", "--method", "ngram")
     assert result.exit_code == 2 and "'ngram' is not one of 'draft-model', 'eagle', 'medusa'" in result.output
+
+
+def test_train_draft_receives_every_flag(tmp_path):
+    from specpipe.training.command import TrainRequest
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "hi"}\n')
+    with patch("specpipe.training.command.train_draft") as train_draft:
+        result = invoke("train-draft", "--target", "smollm2-135m", "--method", "medusa", "--data", str(data), "--budget", "2.5",
+                        "--max-steps", "7", "--schedule-steps", "9", "--out", "o", "--seed", "3", "--num-prompts", "5",
+                        "--stdlib-tokens", "0", "--no-trtllm-layout")
+    assert result.exit_code == 0, result.output
+    request = train_draft.call_args.args[0]
+    assert request == TrainRequest(
+        target="smollm2-135m", method="medusa", data=data, budget_minutes=2.5, out_dir=Path("o"), seed=3, max_steps=7,
+        schedule_steps=9, num_prompts=5, stdlib_tokens=0, export_trtllm=False, command=request.command)
+
+
+def test_train_draft_method_is_a_choice_of_the_trainable_methods():
+    result = invoke("train-draft", "--target", "smollm2-135m", "--method", "ngram")
+    assert result.exit_code == 2 and "'ngram' is not one of" in result.output

@@ -30,10 +30,10 @@ from specpipe.cli.options import MINUTES, POSITIVE, TRAINABLE
               help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")
 def train_draft(target, method, data, budget, max_steps, schedule_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
     """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
-    from specpipe.training.command import train_draft as run_training
+    from specpipe.training.command import TrainRequest, train_draft as run_training
 
-    run_training(
-        target, method, data=str(data) if data else None, budget_minutes=budget, out_dir=out, seed=seed,
-        max_steps=max_steps, schedule_steps=schedule_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
+    run_training(TrainRequest(
+        target=target, method=method, data=data, budget_minutes=budget, out_dir=out, seed=seed, max_steps=max_steps,
+        schedule_steps=schedule_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
         command="specpipe " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("specpipe") else "",
-    )
+    ))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -23,21 +23,39 @@ from specpipe.training.prompts import read_user_data
 from specpipe.training.train import environment, train
 
 
-def train_draft(
-    target_name: str,
-    method: str,
-    *,
-    data: str | None = None,
-    budget_minutes: float = 12.0,
-    out_dir: Path | None = None,
-    seed: int = 0,
-    max_steps: int | None = None,
-    schedule_steps: int | None = None,
-    num_prompts: int | None = None,
-    stdlib_tokens: int | None = None,
-    export_trtllm: bool = True,
-    command: str = "",
-) -> Path:
+@dataclass(frozen=True)
+class TrainRequest:
+    """Everything ``specpipe train-draft`` was asked to do.
+
+    Attributes:
+        target: target preset name or TOML path.
+        method: ``eagle``, ``medusa`` or ``draft-model`` (a method the registry marks ``trainable``).
+        data: extra data, a JSONL of prompts or a text file/folder, or ``None``.
+        budget_minutes: training time budget (minutes, data preparation not counted).
+        out_dir: output folder (``None``: ``heads/<target>/<method>``).
+        seed: random seed (data order, initialisation).
+        max_steps, schedule_steps: exact optimizer steps and learning-rate schedule steps (``None``: fitted
+            to the budget).
+        num_prompts, stdlib_tokens: built-in prompts and standard-library tokens (``None``: the defaults).
+        export_trtllm: also write the TensorRT-LLM converter layout.
+        command: the command line recorded in ``recipe.json`` (``""``: rebuilt from the fields).
+    """
+
+    target: str
+    method: str
+    data: Path | None = None
+    budget_minutes: float = 12.0
+    out_dir: Path | None = None
+    seed: int = 0
+    max_steps: int | None = None
+    schedule_steps: int | None = None
+    num_prompts: int | None = None
+    stdlib_tokens: int | None = None
+    export_trtllm: bool = True
+    command: str = ""
+
+
+def train_draft(request: TrainRequest) -> Path:
     """The whole ``specpipe train-draft`` flow: load the target, build (or reuse) the corpus, train,
     evaluate, and write the compact file, ``recipe.json`` and the TensorRT-LLM converter layout.
 
@@ -47,9 +65,12 @@ def train_draft(
     Raises:
         SpecpipeError: unknown target, bad budget/steps, empty data, unwritable output.
     """
-    cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=max_steps, seed=seed, schedule_steps=schedule_steps)
-    preset = load_target(target_name)
-    out_dir = Path(out_dir) if out_dir else Path("heads") / preset.name / ("draft" if method == "draft-model" else method)
+    method, data, budget_minutes, seed = request.method, request.data, request.budget_minutes, request.seed
+    num_prompts, stdlib_tokens, command = request.num_prompts, request.stdlib_tokens, request.command
+    cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=request.max_steps, seed=seed,
+                                   schedule_steps=request.schedule_steps)
+    preset = load_target(request.target)
+    out_dir = Path(request.out_dir) if request.out_dir else Path("heads") / preset.name / ("draft" if method == "draft-model" else method)
     if data:
         read_user_data(Path(data))  # fail on missing, empty or malformed data before writing anything
     try:
@@ -88,7 +109,7 @@ def train_draft(
 
     meta = {**result.meta, "target": preset.name}
     heads_format.save_compact(out_dir, method, result.tensors, meta)
-    if export_trtllm:
+    if request.export_trtllm:
         layout = out_dir / "trtllm"
         if method == "eagle":
             heads_format.write_eagle_layout(layout, result.tensors, target)
