@@ -22,7 +22,7 @@ def invoke(*args):
 
 def test_build_cpu_receives_every_flag():
     with patch("specpipe.build_cpu.build_cpu") as build_cpu, patch("specpipe.trtllm.build.build_trtllm") as build_trtllm:
-        result = invoke("build", "--target", "t", "--draft", "eagle", "--name", "n", "--engines-dir", "e", "--max-draft-len", "3",
+        result = invoke("build", "--target", "t", "--draft", "eagle", "--runtime", "cpu", "--name", "n", "--engines-dir", "e", "--max-draft-len", "3",
                         "--draft-model", "d", "--choices", "[[0]]", "--dry-run", "--json", "--force")
     assert result.exit_code == 0, result.output
     assert build_trtllm.call_count == 0

@@ -180,3 +180,44 @@ def test_llmapi_build_downloads_and_records_the_speculative_config(tmp_path, sta
     assert llmapi["speculative_config"]["decoding_type"] == "Eagle3" and llmapi["speculative_config"]["max_draft_len"] == 3
     assert llmapi["speculative_config"]["speculative_model"] == manifest["draft"]["path"]
     assert (tmp_path / "engines" / ".trtllm-work").is_dir() and sorted(p.name for p in engine.iterdir()) == ["manifest.json"]
+
+
+def test_eagle_build_prepares_the_head_for_real_before_the_converter(tmp_path, standins):
+    """The prepare-eagle-head host step runs specpipe's module with this interpreter (torch, for real) on a
+    head without fc.bias; the stand-in converter is then given the prepared directory."""
+    import torch
+
+    from trtllm_fakes import causal_lm, eagle1_head
+
+    target = causal_lm(tmp_path / "tiny-target", hidden=64, layers=2, heads=4, kv=2, vocab=256, positions=16384)
+    head = eagle1_head(tmp_path / "head", hidden=64, heads=4, kv=2, vocab=256, bias=False)
+    engine = build_trtllm(request(tmp_path, target=str(target), draft="eagle", draft_model=str(head), quantization="bf16",
+                                  choices="[[0], [0, 0], [1]]"), importable=lambda: True)
+    calls = standins()
+    assert [c[0] for c in calls] == ["python3", "python3", "trtllm-build"]  # first contact, convert, build (prepare: host)
+    convert = calls[1]
+    prepared = convert[convert.index("--eagle_model_dir") + 1]
+    assert prepared.endswith(tuple("0123456789abcdef")) and "prepare-eagle-head-" in prepared
+    state = torch.load(os.path.join(prepared, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    assert state["fc.bias"].shape == (64,) and not state["fc.bias"].any() and state["fc.bias"].dtype == torch.float16
+    steps = json.loads((engine / "manifest.json").read_text())["trtllm"]["steps"]
+    assert [s["name"] for s in steps] == ["first-contact", "prepare-eagle-head", "convert-target", "build-target"]
+
+
+def test_a_container_of_another_release_stops_the_build_before_any_download_naming_both(tmp_path, standins, monkeypatch):
+    """The real first-contact script against a stand-in tensorrt_llm 1.1: the build's error line names both
+    releases and the fix (not only the log), and nothing was downloaded."""
+    from fake_trtllm import write_fake
+
+    site, examples = write_fake(tmp_path / "fake", "1.1")
+    python3 = tmp_path / "bin" / "python3"
+    python3.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv(release.EXAMPLES_ENV, str(examples))
+    with pytest.raises(StepFailedError) as info:
+        build_trtllm(request(tmp_path, draft="lookahead", quantization="bf16"), importable=lambda: True)
+    message = str(info.value)
+    assert message.startswith("step first-contact failed with exit status 1: [FAILED] tensorrt_llm 1.1.0: this "
+                              "TensorRT-LLM is 1.1.0, the plan is pinned to 1.2.1: use " + release.CONTAINER_IMAGE + "; see ")
+    assert "\n" not in message and standins() == []  # no download ran
+    assert not (tmp_path / "engines" / "llama3.1-8b-lookahead").exists()

@@ -75,7 +75,7 @@ def test_matrix(target, draft, quant, tp, medusa_dirs, tmp_path):
     # Every TensorRT-LLM command was checked; downloads are plain `hf download`; the first step is the
     # first-contact check, which parses the same commands in the container.
     assert plan.steps[0].name == "first-contact" and plan.steps[0].runs_in == "trtllm"
-    assert all(s.tool or s.argv[:2] == ["hf", "download"] for s in plan.steps[1:])
+    assert all(s.tool or s.argv[:2] == ["hf", "download"] or s.name == "prepare-eagle-head" for s in plan.steps[1:])
     convert, build = parsed["convert-target"], parsed["build-target"]
     assert convert["--tp_size"] == tp and convert["--pp_size"] == 1
     assert build["--checkpoint_dir"] == steps["convert-target"].output
@@ -93,7 +93,10 @@ def test_matrix(target, draft, quant, tp, medusa_dirs, tmp_path):
         assert steps["convert-target"].tool == "eagle-convert"
         assert convert["--num_eagle_layers"] == spec.tree.depth == 4
         assert convert["--max_draft_len"] == build["--max_draft_len"] == 63
-        assert convert["--eagle_model_dir"] == steps["download-draft"].output
+        prepare = steps["prepare-eagle-head"]  # the head, prepared for the converter, after its download
+        assert prepare.argv[3] == steps["download-draft"].output and convert["--eagle_model_dir"] == prepare.output
+        names = [s.name for s in plan.steps]
+        assert names.index("download-draft") < names.index("prepare-eagle-head") < names.index("download-target")
     elif draft == "medusa":
         assert convert["--num_medusa_heads"] == 4 and convert["--medusa_model_dir"] == medusa_dirs[HIDDEN.get(target, 8192)]
         key = "--max_draft_len" if quant == "fp8" else "--max_medusa_token_len"

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from specpipe.build_request import RUNTIMES, BuildRequest
+from specpipe.errors import SpecpipeError
+from specpipe.speculative import Runtime
+from specpipe.trtllm.environment import cannot_run_here, detect_gpu, resolve_runtime, what_is_missing
 from specpipe.cli.options import POSITIVE, QUANTIZATION, LookaheadType, engines_dir_option
 
 
@@ -14,15 +19,17 @@ from specpipe.cli.options import POSITIVE, QUANTIZATION, LookaheadType, engines_
                    "a local Hugging Face checkpoint directory.")
 @click.option("--draft", default="none", show_default=True,
               help="Draft preset: none, ngram, smollm2-draft, eagle, medusa, lookahead, a draft model preset, or a .toml path.")
-@click.option("--runtime", type=click.Choice(RUNTIMES), default="cpu", show_default=True,
+@click.option("--runtime", type=click.Choice(["auto", *RUNTIMES]), default="auto", show_default=True,
               help="Where the engine runs: cpu (the CPU reference runtime, here), trtllm (TensorRT-LLM engine flow) "
-                   "or trtllm-llmapi (TensorRT-LLM LLM API).")
+                   "or trtllm-llmapi (TensorRT-LLM LLM API); auto: cpu for targets the CPU runtime serves, else trtllm "
+                   "(without a GPU and an executor here: the plan and what is missing, exit status 1).")
 @click.option("--name", default=None, help="Engine name, the directory under --engines-dir (default: <target>-<draft>).")
 @engines_dir_option()
 @click.option("--max-draft-len", type=POSITIVE, default=None,
               help="Draft tokens verified per step (tree methods: tree nodes); overrides the preset.")
 @click.option("--draft-model", default=None, help="Local directory or Hugging Face id of the draft weights (heads or a causal LM).")
-@click.option("--gpu", default=None, help="TensorRT-LLM runtimes: GPU for the memory plan, e.g. h100-80gb.")
+@click.option("--gpu", default=None,
+              help="TensorRT-LLM runtimes: GPU for the memory plan, e.g. h100-80gb (default: GPU 0 from nvidia-smi, if any).")
 @click.option("--tp", type=POSITIVE, default=1, show_default=True, help="TensorRT-LLM runtimes: tensor-parallel size (GPUs).")
 @click.option("--pp", type=POSITIVE, default=1, show_default=True, help="TensorRT-LLM runtimes: pipeline-parallel size (GPUs).")
 @click.option("--quantization", "-q", type=QUANTIZATION, default="auto", show_default=True,
@@ -45,15 +52,24 @@ from specpipe.cli.options import POSITIVE, QUANTIZATION, LookaheadType, engines_
 @click.option("--force", is_flag=True, help="Rebuild even if nothing changed.")
 def build(**options) -> None:
     """Resolve presets, check compatibility, fetch and convert weights, and build an engine directory."""
-    request = BuildRequest(**options)
+    requested = options.pop("runtime")
+    runtime = resolve_runtime(options["target"], requested)
+    if runtime is not Runtime.CPU and options["gpu"] is None:
+        options["gpu"] = detect_gpu()
+    request = BuildRequest(runtime=runtime.value, **options)
     if request.json_output and not request.dry_run:
         raise click.BadParameter("--json goes with --dry-run", param_hint="--json")
+    if requested == "auto" and runtime is not Runtime.CPU and not request.dry_run:
+        missing = cannot_run_here(what_is_missing())
+        if missing:
+            run_build(replace(request, dry_run=True, json_output=False))  # the plan; nothing is downloaded
+            raise SpecpipeError(f"--runtime auto chose {runtime.value} for target {request.target}, {missing}")
     run_build(request)
 
 
 def run_build(request: BuildRequest) -> None:
     """The build stage of ``request.runtime`` (TensorRT-LLM's imported only when asked for)."""
-    if request.runtime == "cpu":
+    if request.runtime == Runtime.CPU.value:
         from specpipe.build_cpu import build_cpu
 
         build_cpu(request)

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from specpipe.errors import SpecpipeError
 from specpipe.speculative import Runtime
 from specpipe.trtllm import first_contact, release
 from specpipe.trtllm.plan import Plan, StepBuilder, llmapi_settings
@@ -98,14 +99,59 @@ def invocation(document: Path, *, container: str | None = None, local: bool = Fa
             "python3", "/specpipe/first_contact.py", "--input", "/specpipe/checks.json"]
 
 
-def doctor(*, container: str | None = None, local: bool = False, plan: Plan | None = None, runtime: str = "trtllm",
-           run=subprocess.run) -> int:
-    """``specpipe doctor --container IMAGE | --local [PLAN]``: run the first-contact check; returns its status.
+def checks_from_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """The checks document of a plan written by ``specpipe build --dry-run --json`` (``PLAN_FORMAT``).
 
-    Without ``plan`` it checks the release and the backends of ``runtime``'s repositories only.
+    Raises:
+        SpecpipeError: not a specpipe TensorRT-LLM plan document.
     """
-    doc = check_input(plan) if plan is not None else {"pin": release.TRTLLM_VERSION, "image": release.CONTAINER_IMAGE,
-                                                      "argvs": [], "backends": BACKENDS[runtime]}
+    runtime = doc.get("runtime") if isinstance(doc, dict) else None
+    if runtime not in BACKENDS or not isinstance(doc.get("steps"), list):
+        raise SpecpipeError("the --plan file is not a TensorRT-LLM plan: write one with 'specpipe build --runtime "
+                            "trtllm|trtllm-llmapi --dry-run --json > PLAN.json'")
+    checks: dict[str, Any] = {
+        "pin": release.TRTLLM_VERSION, "image": release.CONTAINER_IMAGE,
+        "argvs": [{"step": s["name"], "argv": s["argv"]} for s in doc["steps"]
+                  if s.get("runs_in") == "trtllm" and s.get("tool") and s["name"] != STEP],
+        "backends": BACKENDS[runtime],
+    }
+    if doc.get("llmapi") is not None:
+        checks["model_yaml"] = yaml.safe_dump({**doc["llmapi"], "triton_config": {"max_batch_size": 0, "decoupled": True}},
+                                              sort_keys=False)
+    return checks
+
+
+def read_plan_file(path: Path) -> dict[str, Any]:
+    """The checks document of the plan JSON at ``path``.
+
+    Raises:
+        SpecpipeError: unreadable, not JSON, or not a TensorRT-LLM plan.
+    """
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecpipeError(f"cannot read the plan {path} ({exc}): write it with 'specpipe build ... --dry-run --json'") from exc
+    return checks_from_document(doc)
+
+
+def doctor(*, container: str | None = None, local: bool = False, plan: Plan | None = None, plan_file: Path | None = None,
+           runtime: str = "trtllm", run=subprocess.run) -> int:
+    """``specpipe doctor --container IMAGE | --local [--plan PLAN.json]``: run the first-contact check; returns
+    its exit status (0: every check passed). Its report goes to the terminal.
+
+    Without a plan it checks the release and the backends of ``runtime``'s repositories only; with one
+    (``plan``, or ``plan_file`` from ``build --dry-run --json``) also every command and the model.yaml.
+
+    Raises:
+        SpecpipeError: an unreadable ``plan_file``.
+        ValueError: neither or both of ``container`` and ``local``.
+    """
+    if plan is not None:
+        doc = check_input(plan)
+    elif plan_file is not None:
+        doc = read_plan_file(plan_file)
+    else:
+        doc = {"pin": release.TRTLLM_VERSION, "image": release.CONTAINER_IMAGE, "argvs": [], "backends": BACKENDS[runtime]}
     with tempfile.TemporaryDirectory(prefix="specpipe-doctor-") as tmp:
         document = Path(tmp) / "checks.json"
         document.write_text(json.dumps(doc, indent=1))

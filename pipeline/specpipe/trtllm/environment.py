@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 from specpipe.presets import load_target
 from specpipe.speculative import Runtime
+from specpipe.trtllm import release
 from specpipe.trtllm.executor import trtllm_importable
 from specpipe.trtllm.gpus import GPUS, MIB
 
@@ -55,15 +57,30 @@ def what_is_missing(run=subprocess.run) -> list[str]:
     return missing
 
 
+def cannot_run_here(missing: list[str]) -> str | None:
+    """Why a TensorRT-LLM build cannot run on a machine lacking ``missing`` (from :func:`what_is_missing`),
+    as the end of a one-line error naming the fix; ``None`` when it can (a GPU, and docker or
+    ``tensorrt_llm``)."""
+    if "GPU" not in missing and not {"docker", "importable tensorrt_llm"} <= set(missing):
+        return None
+    words = {"GPU": "a GPU (no nvidia-smi)", "docker": "docker", "importable tensorrt_llm": "an importable tensorrt_llm"}
+    return (f"but this machine lacks {' and '.join(words.get(m, m) for m in missing)}: build on a machine with an NVIDIA GPU and docker "
+            f"(the steps run in {release.CONTAINER_IMAGE}) or inside that container; the plan above lists every step, "
+            f"nothing was downloaded")
+
+
 def resolve_runtime(target_preset: str, requested: str = "auto") -> Runtime:
     """``--runtime``: an explicit runtime as given; ``auto`` -> the CPU runtime for targets it serves
-    (those with a CPU source, e.g. ``smollm2-135m``), otherwise the TensorRT-LLM engine flow.
+    (those with a CPU source, e.g. ``smollm2-135m``), otherwise (Hugging Face sources, checkpoint
+    directories) the TensorRT-LLM engine flow.
 
     Raises:
         PresetError: unknown target (from :func:`specpipe.presets.load_target`).
     """
     if requested != "auto":
         return Runtime(requested)
+    if not target_preset.endswith(".toml") and Path(target_preset).is_dir():
+        return Runtime.TRTLLM  # a Hugging Face checkpoint directory: only the TensorRT-LLM flows read those
     source = load_target(target_preset).source
     kind = source.get("kind") if isinstance(source, dict) else getattr(source, "kind", None)
     return Runtime.CPU if kind not in (None, "hf") else Runtime.TRTLLM

@@ -149,6 +149,17 @@ def run_download(argv: list[str], log) -> int:
     return 0
 
 
+def failure_line(log_path: Path) -> str | None:
+    """The first line of a step's log that says why it failed: a first-contact ``[FAILED] ...`` line (e.g.
+    both TensorRT-LLM releases of a version mismatch) or an ``error: ...`` line of specpipe's own steps."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()[1:]  # line 0: the command
+    except OSError:
+        return None
+    found = next((line.strip() for line in lines if line.startswith(("[FAILED]", "error:"))), None)
+    return found.removeprefix("error: ")[:400] if found else None
+
+
 def step_done(step: Step) -> bool:
     """Whether ``step`` finished before with the same hash."""
     marker = Path(step.output) / MARKER
@@ -189,7 +200,8 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
             raise StepFailedError(f"step {step.name}: program {command[0]!r} not found ({exc}): install it or use another --executor") from exc
     if code != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise StepFailedError(f"step {step.name} failed with exit status {code}: see {log_path}")
+        reason = failure_line(log_path)
+        raise StepFailedError(f"step {step.name} failed with exit status {code}: {reason + '; ' if reason else ''}see {log_path}")
     if not partial.is_dir():
         raise StepFailedError(f"step {step.name} exited 0 but wrote nothing to its output directory: see {log_path}")
     (partial / MARKER).write_text(json.dumps({"step": step.name, "hash": step.hash, "argv": step.argv}, indent=1))

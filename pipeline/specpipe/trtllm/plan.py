@@ -6,7 +6,9 @@ Steps (engine flow, ``--runtime trtllm``)::
                       step, added by :func:`specpipe.trtllm.doctor.add_first_contact_step`: the live
                       TensorRT-LLM's version, parsers, LLM-API classes and backends, before any download)
     download-target   hf download <repo> --revision <rev> --exclude original/* --local-dir <out>
-    download-draft    the same for EAGLE/Medusa heads or the draft model
+    download-draft    the same for EAGLE/Medusa heads or the draft model (EAGLE: before the target)
+    prepare-eagle-head  python3 -m specpipe.trtllm.prepare_eagle <head> <out>: the head as TensorRT-LLM's
+                      EAGLE converter reads it (zero fc.bias, pytorch_model.bin; :mod:`specpipe.trtllm.eagle_head`)
     convert-target    examples/models/core/llama/convert_checkpoint.py | quantization/quantize.py |
                       eagle/convert_checkpoint.py | medusa/convert_checkpoint.py  -> TensorRT-LLM checkpoint
     convert-draft     the draft model's checkpoint (draft-target only)
@@ -33,6 +35,7 @@ from typing import Any
 from specpipe.build_request import BuildRequest
 from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
+from specpipe.trtllm.eagle_head import CONVERTER_WEIGHTS, PREPARE_MODULE, PREPARE_STEP, preparation
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.gpus import GIB
 from specpipe.trtllm.llmapi_schema import build_speculative_config
@@ -220,6 +223,15 @@ def _build_argv(checkpoint: str, req: BuildRequest, extra: list[str]) -> list[st
             "--workers", str(req.tp * req.pp), *extra]
 
 
+def _preparation(draft: Draft) -> list[str]:
+    """What ``prepare-eagle-head`` adds to ``draft``'s head (known exactly for a local head)."""
+    info = draft.checkpoint
+    if info is None:
+        return ["a zero fc.bias if absent", f"{CONVERTER_WEIGHTS} from safetensors if absent"]
+    files = [p.name for p in Path(info.path).iterdir()] if Path(info.path).is_dir() else []
+    return preparation([f for f in files if f.endswith((".safetensors", ".bin"))], info.tensors or None)
+
+
 def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: PreflightResult, *, engine_name: str,
               engines_dir: Path, executor: str, examples_root: str) -> Plan:
     """The ordered steps for ``request`` (see module docstring); every argv is flag-checked.
@@ -233,9 +245,17 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
     spec, scheme, tp, pp = pre.speculative, pre.scheme, request.tp, request.pp
     plan = Plan(request.runtime, engine_name, engines_dir / engine_name, work, executor, examples_root,
                 target, draft, pre, request)
-    model = _download(b, "download-target", target.source, "target")
+    # EAGLE on the engine flow: the head first, so that its preparation (which checks it against the
+    # converter's contract) runs before the target's download.
+    eagle_engine = request.runtime == Runtime.TRTLLM.value and Method(draft.method) is Method.EAGLE
     heads = None
-    if draft.source is not None:
+    if draft.source is not None and eagle_engine:
+        heads = _download(b, "download-draft", draft.source, WEIGHTS_WHAT[Method.EAGLE])
+        b.add(PREPARE_STEP, ["python3", "-m", PREPARE_MODULE, heads, "{out}"],
+              ["download-draft"] if draft.source["kind"] == "hf" else [], "host",
+              f"prepare the EAGLE head for TensorRT-LLM's converter: check it, add {', '.join(_preparation(draft))}")
+    model = _download(b, "download-target", target.source, "target")
+    if draft.source is not None and not eagle_engine:
         what = WEIGHTS_WHAT.get(Method(draft.method), "draft")
         heads = _download(b, "download-draft", draft.source, what)
     deps = [n for n in ("download-target", "download-draft") if any(s.name == n for s in b.steps)]
@@ -248,7 +268,9 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
     two_engines = spec.spec.weights == "model"  # a separate draft engine (draft-target)
     tdeps = [d for d in deps if d == "download-target" or spec_of(draft.method).weights == "heads"]
     if spec.method is Method.EAGLE:
-        template = ["python3", "{examples}/" + release.EAGLE_CONVERT, "--model_dir", model, "--eagle_model_dir", heads,
+        tdeps = [d for d in tdeps if d != "download-draft"] + [PREPARE_STEP]
+        template = ["python3", "{examples}/" + release.EAGLE_CONVERT, "--model_dir", model,
+                    "--eagle_model_dir", "{step:" + PREPARE_STEP + "}",
                     "--output_dir", "{out}", "--dtype", scheme.dtype, "--max_draft_len", str(spec.max_draft_len),
                     "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer",
                     str(spec.max_non_leaves_per_layer), "--tp_size", str(tp), "--pp_size", str(pp), "--workers", str(tp * pp)]

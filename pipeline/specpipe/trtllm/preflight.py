@@ -21,6 +21,7 @@ from specpipe.errors import CompatibilityError, PresetError, SpecpipeError
 from specpipe.presets import Architecture
 from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, Runtime, SpeculativeSettings, methods_for, spec_of
 from specpipe.tree import Tree
+from specpipe.trtllm import eagle_head
 from specpipe.trtllm.gpus import GIB, Gpu, lookup_gpu
 from specpipe.trtllm.memory import MemoryPlan, plan_memory
 from specpipe.trtllm.quant import Scheme, check_support, engine_quantizations, resolve_scheme
@@ -350,6 +351,8 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> Prefli
             f"positions: use --max-seq-len <= {target.arch.max_position_embeddings}"
         )
     checks.extend(check_heads_match(target, draft))
+    if request.runtime == Runtime.TRTLLM.value and draft.method == Method.EAGLE:
+        checks.append(Check("EAGLE head vs TensorRT-LLM's converter", *eagle_head.preflight(draft, target)))
     spec = resolve_speculative(request, draft)
     if spec.method is Method.EAGLE and request.max_batch_size > EAGLE_MAX_BATCH:
         raise CompatibilityError(f"--max-batch-size {request.max_batch_size} exceeds EAGLE's limit of {EAGLE_MAX_BATCH} in TensorRT-LLM: use <= 512")

@@ -1,0 +1,92 @@
+"""``python -m specpipe.trtllm.prepare_eagle SRC DST``: an EAGLE-1/2 head as TensorRT-LLM's converter reads it.
+
+The plan's ``prepare-eagle-head`` step (a host step, run with the interpreter running specpipe) before
+``convert-target``. It reads the head in ``SRC`` (``*.safetensors``, else ``pytorch_model*.bin``), checks
+the converter's contract (:mod:`specpipe.trtllm.eagle_head`) on the real tensors, and writes ``DST``:
+
+* ``pytorch_model.bin``: every tensor of the head, plus ``fc.bias`` = zeros of shape ``[hidden]`` in
+  ``fc.weight``'s dtype when the head has none (the head's output is unchanged: ``x W^T + 0``);
+* ``config.json``: the head's config, with ``"bias": true`` to describe the written weights.
+
+Exit status 0, or 1 with one ``error: ...`` line (the head would be rejected by the converter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from specpipe.progress import note
+from specpipe.trtllm.checkpoint_flavour import CheckpointFlavourError, read_config
+from specpipe.trtllm.eagle_head import CONVERTER_WEIGHTS, EagleHeadError, check_config, check_tensors
+
+#: Pickled files in a Hugging Face folder that are not weights (training state).
+_NOT_WEIGHTS = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")
+
+
+def load_head(src: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the head in ``src``: its safetensors files, else its ``.bin`` files (merged, sorted by name).
+
+    Raises:
+        EagleHeadError: no weight file.
+    """
+    files = sorted(src.glob("*.safetensors"))
+    if files:
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        return state
+    files = [f for f in sorted(src.glob("*.bin")) if f.name not in _NOT_WEIGHTS]
+    if not files:
+        raise EagleHeadError(f"EAGLE head {src} has no weights (*.safetensors or pytorch_model*.bin): pass the exported head")
+    state = {}
+    for file in files:
+        state.update(torch.load(file, map_location="cpu", weights_only=True))
+    return state
+
+
+def prepare(src: Path | str, dst: Path | str) -> dict[str, Any]:
+    """Write the converter's input for the head in ``src`` into ``dst``; returns what was done.
+
+    Raises:
+        EagleHeadError: the head breaks the converter's contract (names the tensor or key and the fix).
+        CheckpointFlavourError: ``src`` has no readable config.json.
+    """
+    src, dst = Path(src), Path(dst)
+    config = read_config(src)
+    check_config(config, str(src))
+    state = load_head(src)
+    added = check_tensors(config, {name: tuple(t.shape) for name, t in state.items()}, str(src))
+    fc = state["fc.weight"]
+    if "fc.bias" not in state:
+        state["fc.bias"] = torch.zeros(fc.shape[0], dtype=fc.dtype)
+    dst.mkdir(parents=True, exist_ok=True)
+    torch.save(state, dst / CONVERTER_WEIGHTS)
+    (dst / "config.json").write_text(json.dumps({**config, "bias": True}, indent=2))
+    return {"source": str(src), "tensors": len(state), "added": added, "dtype": str(fc.dtype).removeprefix("torch.")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specpipe.trtllm.prepare_eagle",
+                                     description="Write an EAGLE-1/2 head as TensorRT-LLM's EAGLE converter reads it.")
+    parser.add_argument("src", type=Path, help="the head's directory (config.json and weights)")
+    parser.add_argument("dst", type=Path, help="the directory to write (config.json, pytorch_model.bin)")
+    args = parser.parse_args(argv)
+    try:
+        done = prepare(args.src, args.dst)
+    except (EagleHeadError, CheckpointFlavourError) as exc:
+        note(f"error: {exc}")
+        return 1
+    note(f"prepared {done['source']} -> {args.dst}: {done['tensors']} tensors ({done['dtype']})"
+         + (f", added {', '.join(done['added'])}" if done["added"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
