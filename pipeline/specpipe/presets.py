@@ -16,8 +16,10 @@ from typing import Any
 
 from specpipe.errors import PresetError
 from specpipe.paths import preset_roots
+from specpipe.speculative import Method
 
-DRAFT_KINDS = ("none", "ngram", "draft-model", "eagle", "medusa", "lookahead")
+#: The ``kind`` values a draft preset may take: the registry's methods.
+DRAFT_KINDS = tuple(m.value for m in Method)
 
 
 @dataclass(frozen=True)
