@@ -138,11 +138,12 @@ def test_bench_refuses_bad_deployments_clearly(servers, prompts_file, tmp_path):
         (["--url", f"pre={servers['ngram'].grpc_url}", "--model", "preprocessing"],
          "model 'preprocessing' of deployment 'pre' is not a TensorRT-LLM-style ensemble (no text_input, max_tokens, stream, text_output)"),
         (["--url", f"x={servers['ngram'].grpc_url}", "--model", "nope"], "has no ready model 'nope' (models: ensemble, postprocessing"),
-        (["--url", f"x={servers['ngram'].grpc_url}", "--concurrency", "0"], "--concurrency must list positive integers"),
     ]
     for args, message in cases:
         result = runner.invoke(main, base + args)
         assert result.exit_code == 1 and message in result.output, result.output
+    result = runner.invoke(main, base + ["--url", f"x={servers['ngram'].grpc_url}", "--concurrency", "0"])
+    assert result.exit_code == 2 and "'--concurrency': must list positive integers" in result.output, result.output
     assert not (tmp_path / "none").exists()  # nothing was measured, nothing written
 
 
