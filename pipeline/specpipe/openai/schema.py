@@ -176,7 +176,7 @@ class ChatCompletionRequest(_Common):
 
 
 def openapi_document(title: str = "specpipe OpenAI-compatible gateway") -> dict[str, Any]:
-    """OpenAPI 3.0 document of the gateway's routes, request bodies from the models above."""
+    """OpenAPI 3.1 document of the gateway's routes, request bodies from the models above."""
     from pydantic.json_schema import models_json_schema
 
     _, schemas = models_json_schema(
@@ -187,8 +187,8 @@ def openapi_document(title: str = "specpipe OpenAI-compatible gateway") -> dict[
     error = {"description": "OpenAI error object", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     components["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["message", "type"], "properties": {
-            "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": True},
-            "code": {"type": "string", "nullable": True}}}}}
+            "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+            "code": {"type": ["string", "null"]}}}}}
 
     def post(schema: str) -> dict[str, Any]:
         return {"post": {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
@@ -196,7 +196,7 @@ def openapi_document(title: str = "specpipe OpenAI-compatible gateway") -> dict[
                                        "400": error, "503": error}}}
 
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": title, "version": "1"},
         "paths": {
             "/v1/completions": post("CompletionRequest"),
