@@ -19,9 +19,10 @@ from specpipe.openai.protocol import (
 
 def test_completion_defaults_and_greedy_mapping():
     parsed = parse_request({"model": "m", "prompt": ["Hello"], "temperature": 0}, chat=False)
-    assert parsed.prompt == "Hello" and parsed.max_tokens == COMPLETIONS_DEFAULT_MAX_TOKENS and not parsed.stream
-    request = parsed.generation_request("Hello")
-    assert (request.temperature, request.top_p, request.seed, request.max_tokens) == (None, None, None, 16)
+    assert parsed.prompt == "Hello" and parsed.max_tokens is None and not parsed.stream  # None: the rest of the context
+    request = parsed.generation_request("Hello", max_tokens=30)
+    assert (request.temperature, request.top_p, request.seed, request.max_tokens) == (None, None, None, 30)
+    assert parsed.generation_request("Hello").max_tokens == COMPLETIONS_DEFAULT_MAX_TOKENS  # no context known
 
 
 def test_sampling_is_sent_unless_temperature_is_zero():
@@ -30,11 +31,11 @@ def test_sampling_is_sent_unless_temperature_is_zero():
                             "stream_options": {"include_usage": True}}, chat=True)
     assert parsed.max_tokens == 20 and parsed.stream and parsed.include_usage and parsed.stop == ("\n\n",)
     request = parsed.generation_request("formatted")
-    assert (request.temperature, request.top_p, request.seed, request.stop_words, request.stream) == (1.0, 1.0, 7, ("\n\n",), True)
+    assert (request.temperature, request.top_p, request.seed, request.stop_words, request.stream) == (1.0, 1.0, 7, (), True)
     chat = parse_request({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                                  {"type": "text", "text": "b"}]}],
                           "temperature": 0.5, "top_p": 0.9}, chat=True)
-    assert chat.messages == [{"role": "user", "content": "ab"}] and chat.max_tokens == CHAT_DEFAULT_MAX_TOKENS
+    assert chat.messages == [{"role": "user", "content": "ab"}] and chat.max_tokens is None and CHAT_DEFAULT_MAX_TOKENS
     assert (chat.generation_request("x").temperature, chat.generation_request("x").top_p) == (0.5, pytest.approx(0.9))
 
 

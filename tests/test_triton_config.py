@@ -39,7 +39,13 @@ UPSTREAM_ENSEMBLE_INPUTS = {
     "return_perf_metrics": ("BOOL", (1,), True),
     "return_num_input_tokens": ("BOOL", (1,), True),
     "return_num_output_tokens": ("BOOL", (1,), True),
+    "repetition_penalty": ("FP32", (1,), True),
+    "min_tokens": ("INT32", (1,), True),
+    "presence_penalty": ("FP32", (1,), True),
+    "frequency_penalty": ("FP32", (1,), True),
 }
+#: specpipe's documented additions to the ensemble's inputs (see specpipe.triton.interface).
+SPECPIPE_ENSEMBLE_INPUTS = {"text_segments": ("STRING", (-1,), True)}
 UPSTREAM_ENSEMBLE_OUTPUTS = {
     "text_output": ("STRING", (-1,)),
     "acceptance_rate": ("FP32", (1,)),
@@ -58,7 +64,7 @@ def step_configs() -> dict[str, mc.ModelConfig]:
 
 
 def test_ensemble_interface_matches_tensorrt_llm():
-    assert {s.name: (s.dtype, s.dims, s.optional) for s in itf.ENSEMBLE.inputs} == UPSTREAM_ENSEMBLE_INPUTS
+    assert {s.name: (s.dtype, s.dims, s.optional) for s in itf.ENSEMBLE.inputs} == {**UPSTREAM_ENSEMBLE_INPUTS, **SPECPIPE_ENSEMBLE_INPUTS}
     assert {s.name: (s.dtype, s.dims) for s in itf.ENSEMBLE.outputs} == UPSTREAM_ENSEMBLE_OUTPUTS
     required = [s.name for s in itf.ENSEMBLE.inputs if not s.optional]
     assert required == ["text_input", "max_tokens"]

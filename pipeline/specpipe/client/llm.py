@@ -30,7 +30,10 @@ class GenerationRequest:
     request greedy (as in TensorRT-LLM). ``stop_words`` are strings; the server stops before them.
     ``return_perf_metrics=None`` leaves the flag out (for ensembles that do not declare it);
     ``return_num_tokens=True`` also sends ``return_num_input_tokens``/``return_num_output_tokens``
-    (upstream ensembles return the token counts only when asked).
+    (upstream ensembles return the token counts only when asked). ``repetition_penalty``,
+    ``presence_penalty``, ``frequency_penalty`` and ``min_tokens`` (TensorRT-LLM's definitions) are
+    sent only when set. ``text_segments`` (specpipe ensembles only): the prompt in pieces whose odd
+    pieces are tokenized as plain text (see :mod:`specpipe.triton.models.preprocessing`).
     """
 
     prompt: str
@@ -46,6 +49,11 @@ class GenerationRequest:
     exclude_input_in_output: bool = True
     return_perf_metrics: bool | None = True
     return_num_tokens: bool | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_tokens: int | None = None
+    text_segments: tuple[str, ...] = ()
 
 
 @dataclass
@@ -110,13 +118,20 @@ def build_inputs(request: GenerationRequest, batched: bool) -> list:
         "top_p": (request.top_p, np.float32),
         "seed": (request.seed, np.uint64),
         "end_id": (request.end_id, np.int32),
+        "repetition_penalty": (request.repetition_penalty, np.float32),
+        "presence_penalty": (request.presence_penalty, np.float32),
+        "frequency_penalty": (request.frequency_penalty, np.float32),
+        "min_tokens": (request.min_tokens, np.int32),
     }
     for name, (value, dtype) in optional.items():
         if value is not None:
             tensors.append(_input(name, np.array([value], dtype=dtype), batched))
-    for name, words in (("stop_words", request.stop_words), ("bad_words", request.bad_words)):
+    for name, words in (("stop_words", request.stop_words), ("bad_words", request.bad_words),
+                        ("text_segments", request.text_segments)):
         if words:
             tensors.append(_input(name, np.array([w.encode() for w in words], dtype=object), batched))
+    if request.text_segments and "".join(request.text_segments) != request.prompt:
+        raise SpecpipeError("text_segments must join to exactly the prompt")
     return tensors
 
 
@@ -198,6 +213,9 @@ class LLMClient:
     async def generate(self, request: GenerationRequest, on_text: Callable[[str], None] | None = None) -> GenerationResult:
         """Run one request; ``on_text`` is called with each non-empty text chunk as it arrives.
 
+        ``on_text`` returning ``True`` ends the request there: the gRPC stream is cancelled, which
+        cancels the request in Triton (as leaving this coroutine early, e.g. by task cancellation, does).
+
         Returns a result with ``error`` set when the server answers with an error (the exception is
         not raised, so load generators can count errors).
 
@@ -219,11 +237,11 @@ class LLMClient:
                     result.error = error.message() if hasattr(error, "message") else str(error)
                     break
                 text = _text_of(response)
+                result.perf.update(_perf_of(response))
                 if text:
                     result.add_chunk(text, now)
-                    if on_text:
-                        on_text(text)
-                result.perf.update(_perf_of(response))
+                    if on_text and on_text(text) is True:
+                        break  # the caller has all it wants (a stop string): cancel the request
                 if _is_final(response):
                     break
         except Exception as exc:  # grpc transport errors surface here

@@ -26,6 +26,16 @@ class SamplingParams:
             the stop sequence itself is not returned.
         bad_words: token-id sequences that must not be generated (only single-token entries are
             enforced, by masking their logits).
+        repetition_penalty: > 0; 1.0 is off. The logit of every token that occurs in the prompt or the
+            output so far is divided by it when positive, multiplied by it when negative.
+        presence_penalty: subtracted once from the logit of every token that occurs so far; 0.0 is off.
+        frequency_penalty: subtracted ``count`` times from the logit of a token that occurs ``count``
+            times so far; 0.0 is off.
+        min_tokens: the end ids cannot be generated before this many output tokens; 0 is off.
+
+    The penalties and ``min_tokens`` follow TensorRT-LLM's ``batchApplyPenalty``
+    (``cpp/tensorrt_llm/kernels/penaltyKernels.cu``): occurrences are counted over prompt and output
+    tokens, and they are applied after the temperature, in the order repetition, presence, frequency.
     """
 
     max_tokens: int
@@ -37,6 +47,15 @@ class SamplingParams:
     end_id: int | None = None
     stop_words: tuple[tuple[int, ...], ...] = ()
     bad_words: tuple[tuple[int, ...], ...] = ()
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any of the repetition, presence or frequency penalties is on."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass

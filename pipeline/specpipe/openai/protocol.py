@@ -2,25 +2,34 @@
 
 Field names and response objects follow OpenAI's API reference for ``/v1/completions``,
 ``/v1/chat/completions`` (``text_completion``, ``chat.completion``, ``chat.completion.chunk``) and
-``/v1/models``. Sampling maps onto the ensemble's inputs as in TensorRT-LLM: ``temperature`` 0 is
-greedy (nothing sent); otherwise ``temperature`` (OpenAI's default 1.0) and ``top_p`` (default 1.0)
-are sent, which makes the request sample. ``stop`` becomes ``stop_words``.
+``/v1/models``. Request bodies are validated by the strict pydantic models of
+:mod:`specpipe.openai.schema`; every refusal is an :class:`APIError` (HTTP 400, OpenAI's error object
+naming the field and the value sent).
+
+Sampling maps onto the ensemble's inputs as in TensorRT-LLM: ``temperature`` 0 is greedy (no
+sampling input sent); otherwise ``temperature`` (OpenAI's default 1.0) and ``top_p`` (default 1.0)
+are sent, which makes the request sample. ``top_k``, ``seed``, ``repetition_penalty``,
+``presence_penalty``, ``frequency_penalty`` and ``min_tokens`` go to the ensemble inputs of the same
+names (TensorRT-LLM's definitions). ``stop`` is string-exact and handled by the gateway on the decoded
+text (:mod:`specpipe.openai.stops`), not sent as the ensemble's token-level ``stop_words``.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from specpipe.client.llm import GenerationRequest
+from pydantic import ValidationError
 
-#: OpenAI's documented default of ``max_tokens`` for ``/v1/completions``.
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-#: The gateway's default for chat (OpenAI's is "up to the context length").
+from specpipe.client.llm import GenerationRequest
+from specpipe.openai.schema import UNSUPPORTED_OFF, ChatCompletionRequest, CompletionRequest, UnsupportedOption
+
+#: The gateway's fallback ``max_tokens`` when the context size is unknown (no tokenizer config).
 CHAT_DEFAULT_MAX_TOKENS = 512
+COMPLETIONS_DEFAULT_MAX_TOKENS = CHAT_DEFAULT_MAX_TOKENS
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "list[str]", "list[TextPart]"}
 
 
 class APIError(Exception):
@@ -42,12 +51,15 @@ class ParsedRequest:
         chat: a chat completion (``messages``) rather than a text completion (``prompt``).
         prompt: the completion prompt (``None`` for chat until the template is applied).
         messages: the chat messages as ``{"role", "content"}`` with text content.
+        max_tokens: the requested budget, ``None`` for "the rest of the context".
+        stop: string-exact stop strings (handled by the gateway).
         include_usage: ``stream_options.include_usage`` (streamed usage chunk at the end).
+        options: the ensemble's optional sampling inputs that were set (name -> value).
     """
 
     chat: bool
     model: str
-    max_tokens: int
+    max_tokens: int | None
     stream: bool
     temperature: float
     top_p: float | None
@@ -56,115 +68,82 @@ class ParsedRequest:
     include_usage: bool
     prompt: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
+    top_k: int | None = None
+    options: dict[str, float | int] = field(default_factory=dict)
 
-    def generation_request(self, prompt: str) -> GenerationRequest:
-        """The ensemble request for ``prompt`` (the formatted chat or the completion prompt)."""
+    def generation_request(self, prompt: str, max_tokens: int | None = None, segments: tuple[str, ...] = ()) -> GenerationRequest:
+        """The ensemble request for ``prompt`` (the formatted chat or the completion prompt).
+
+        ``max_tokens``: the resolved budget (default: the request's, else the fallback);
+        ``segments``: ``text_segments`` to send (empty: none).
+        """
         sampling = self.temperature > 0
+        budget = max_tokens if max_tokens is not None else (self.max_tokens or CHAT_DEFAULT_MAX_TOKENS)
         return GenerationRequest(
             prompt=prompt,
-            max_tokens=self.max_tokens,
+            max_tokens=budget,
             stream=self.stream,
             temperature=self.temperature if sampling else None,
             top_p=(self.top_p if self.top_p is not None else 1.0) if sampling else None,
+            top_k=self.top_k if sampling else None,
             seed=self.seed if sampling else None,
-            stop_words=self.stop,
+            text_segments=tuple(segments),
+            **self.options,
         )
 
 
-def _number(body: dict, name: str, default: float | None, low: float, high: float) -> float | None:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-        raise APIError(400, f"{name} must be a number in [{low:g}, {high:g}], got {value!r}", name)
-    return float(value)
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _int(body: dict, name: str, default: int | None, low: int) -> int | None:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise APIError(400, f"{name} must be an integer >= {low}, got {value!r}", name)
-    return value
-
-
-def _stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,) if value else ()
-    if isinstance(value, list) and all(isinstance(v, str) for v in value) and len(value) <= 4:
-        return tuple(v for v in value if v)
-    raise APIError(400, "stop must be a string or a list of at most 4 strings", "stop")
-
-
-def _content(message: Any, index: int) -> dict[str, str]:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise APIError(400, f"messages[{index}] must be an object with a string role", "messages")
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: keep the text ones
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise APIError(400, f"messages[{index}].content: only text parts are supported", "messages")
-        content = "".join(p["text"] for p in content)
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise APIError(400, f"messages[{index}].content must be a string or a list of text parts", "messages")
-    return {"role": message["role"], "content": content}
+def _from_validation(error: ValidationError) -> APIError:
+    """The first problem of a pydantic error, as one line naming the field and the value sent."""
+    first = error.errors(include_url=False)[0]
+    loc = [str(p) for p in first["loc"] if isinstance(p, int) or (p not in _UNION_TAGS and "[" not in str(p))]
+    where = ".".join(loc).replace(".[", "[") or "body"
+    param = loc[0] if loc else None
+    if first["type"] == "extra_forbidden":
+        return APIError(400, f"{where} is not supported by the specpipe gateway, got {_describe(first['input'])}", param)
+    if first["type"] == "missing":
+        return APIError(400, f"{where} is required", param)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return APIError(400, f"{where}: {message}, got {_describe(first['input'])}", param)
 
 
 def parse_request(body: Any, chat: bool) -> ParsedRequest:
-    """Check an OpenAI request body.
+    """Check an OpenAI request body (strict types and ranges, :mod:`specpipe.openai.schema`).
 
     Raises:
-        APIError: a malformed body, an unsupported option (``n`` > 1, ``logprobs``, ``echo``,
-            tools), or a value out of range.
+        APIError: 400 for a malformed body, an unknown or unsupported option (``n`` > 1,
+            ``logprobs``, ``echo``, tools ...), or a value of the wrong type or out of range.
     """
     if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise APIError(400, "model must be a non-empty string", "model")
-    if _int(body, "n", 1, 1) != 1:
-        raise APIError(400, "n must be 1: the gateway returns one choice", "n")
-    for unsupported in ("logprobs", "echo", "tools", "functions", "best_of", "suffix"):
-        if body.get(unsupported) not in (None, False, 1 if unsupported == "best_of" else None):
-            raise APIError(400, f"{unsupported} is not supported by the specpipe gateway", unsupported)
-    default_max = CHAT_DEFAULT_MAX_TOKENS if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-    max_tokens = _int(body, "max_completion_tokens", None, 1) if chat else None
-    max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens", default_max, 1)
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise APIError(400, "stream_options must be an object", "stream_options")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise APIError(400, f"seed must be a non-negative integer, got {seed!r}", "seed")
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    for name, off in UNSUPPORTED_OFF.items():
+        if name in body and not any(body[name] == o and type(body[name]) is type(o) for o in off):
+            raise APIError(400, str(UnsupportedOption(name, body[name])), name)
+    if "n" in body and body["n"] not in (None, 1) and type(body["n"]) is int:
+        raise APIError(400, f"n must be 1: the gateway returns one choice, got {body['n']}", "n")
+    try:
+        model = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body, strict=True)
+    except ValidationError as exc:
+        raise _from_validation(exc) from None
+    max_tokens = model.max_tokens
+    if chat and model.max_completion_tokens is not None:
+        max_tokens = model.max_completion_tokens
+    options = {name: getattr(model, name) for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
+               if getattr(model, name) is not None}
     parsed = ParsedRequest(
-        chat=chat,
-        model=model,
-        max_tokens=max_tokens,
-        stream=bool(body.get("stream", False)),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", None, 0.0, 1.0),
-        seed=seed,
-        stop=_stop(body.get("stop")),
-        include_usage=bool(options.get("include_usage", False)),
+        chat=chat, model=model.model, max_tokens=max_tokens, stream=model.stream,
+        temperature=1.0 if model.temperature is None else model.temperature, top_p=model.top_p, seed=model.seed,
+        stop=model.stop_strings(), include_usage=bool(model.stream_options and model.stream_options.include_usage),
+        top_k=model.top_k, options=options,
     )
-    if parsed.top_p is not None and parsed.top_p <= 0:
-        raise APIError(400, "top_p must be in (0, 1]", "top_p")
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise APIError(400, "messages must be a non-empty list", "messages")
-        parsed.messages = [_content(m, i) for i, m in enumerate(messages)]
+        parsed.messages = [{"role": m.role, "content": m.text()} for m in model.messages]
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise APIError(400, "prompt must be a non-empty string (or a list of one string)", "prompt")
-        parsed.prompt = prompt
+        parsed.prompt = model.prompt
     return parsed
 
 
@@ -180,9 +159,18 @@ def usage(perf: dict[str, float]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def finish_reason(perf: dict[str, float], max_tokens: int) -> str:
-    """``"length"`` when ``max_tokens`` tokens were generated, else ``"stop"`` (EOS or a stop word)."""
-    return "length" if int(perf.get("num_output_tokens", 0)) >= max_tokens else "stop"
+def finish_reason(perf: dict[str, float], max_tokens: int, max_context: int | None = None, stopped: bool = False) -> str:
+    """OpenAI's ``finish_reason``: ``"stop"`` when a stop string ended the output (``stopped``);
+    ``"length"`` when ``max_tokens`` tokens were generated or prompt + output filled ``max_context``;
+    else ``"stop"`` (the end-of-sequence token)."""
+    if stopped:
+        return "stop"
+    output = int(perf.get("num_output_tokens", 0))
+    if output >= max_tokens:
+        return "length"
+    if max_context is not None and int(perf.get("num_input_tokens", 0)) + output >= max_context:
+        return "length"
+    return "stop"
 
 
 def completion_object(request_id: str, created: int, model: str, text: str, reason: str, used: dict) -> dict[str, Any]:
@@ -226,7 +214,13 @@ def usage_chunk(chat: bool, request_id: str, created: int, model: str, used: dic
             "model": model, "choices": [], "usage": used}
 
 
+def model_object(name: str, created: int | None = None) -> dict[str, Any]:
+    """One ``model`` object (``GET /v1/models/{id}``)."""
+    created = int(time.time()) if created is None else created
+    return {"id": name, "object": "model", "created": created, "owned_by": "specpipe"}
+
+
 def models_object(names: list[str], created: int | None = None) -> dict[str, Any]:
     """The ``/v1/models`` list."""
     created = int(time.time()) if created is None else created
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "specpipe"} for n in names]}
+    return {"object": "list", "data": [model_object(n, created) for n in names]}

@@ -2,10 +2,17 @@
 
 Each OpenAI request becomes one streamed gRPC request to the ensemble; the ensemble's text chunks
 are relayed as server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``) or joined into one
-JSON response. Ensemble errors become OpenAI error objects: HTTP 503 when the Triton server cannot
-be reached, 400 otherwise (the CPU runtime reports request problems such as a prompt over the
-context limit this way). Any ``model`` string is accepted, since the gateway serves one deployment;
-responses and ``/v1/models`` name it by the deployment's name.
+JSON response. Any ``model`` string is accepted, since the gateway serves one deployment; responses,
+``/v1/models`` and ``/v1/models/{id}`` name it by the deployment's name.
+
+Order of work per request (issue 12): strict validation (:mod:`.schema`), prompt formatting and
+tokenization with the budget checks (:mod:`.prompting`), then the request to Triton; the HTTP status
+is sent only once Triton's first response (or error) arrived, so every refusal is an HTTP error with
+an OpenAI error object, and only failures during generation travel inside an event stream. Ensemble
+errors become HTTP 503 when Triton cannot be reached, 400 otherwise. ``stop`` is string-exact
+(:mod:`.stops`): when a stop string completes, the Triton request is cancelled. When the HTTP client
+goes away (closed transport; aiohttp cancels the handler), the gRPC stream is cancelled, which
+cancels the Triton request. Unknown routes and methods answer OpenAI-style JSON errors (404/405).
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import threading
 import time
 from typing import Any
 
-from specpipe.client.llm import GenerationResult
+from specpipe.client.llm import GenerationRequest
 from specpipe.errors import SpecpipeError
 from specpipe.openai.metrics import GatewayMetrics
+from specpipe.openai.prompting import PreparedPrompt, Prompter
 from specpipe.openai.protocol import (
     APIError,
     ParsedRequest,
@@ -26,12 +34,15 @@ from specpipe.openai.protocol import (
     chunk_object,
     completion_object,
     finish_reason,
+    model_object,
     models_object,
     new_id,
     parse_request,
     usage,
     usage_chunk,
 )
+from specpipe.openai.schema import openapi_document
+from specpipe.openai.relay import Generation
 
 _UNREACHABLE = ("UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
 
@@ -42,78 +53,117 @@ class Gateway:
     Args:
         grpc_url: Triton gRPC endpoint ``HOST:PORT``.
         name: the deployment's name (the served model id).
-        tokenizer_dir: tokenizer for the chat template; ``None`` reads the ``tokenizer_dir``
-            parameter of the deployment's ``preprocessing`` model on first use.
+        tokenizer_dir: the deployment's tokenizer; ``None`` reads the ``tokenizer_dir`` parameter of
+            its ``preprocessing`` model on first use.
         model: the ensemble's Triton model name.
+        max_context: prompt + output tokens of the engine; ``None`` reads ``max_position_embeddings``
+            beside the tokenizer.
+        client: an :class:`~specpipe.client.llm.LLMClient`-like object (tests pass a fake one);
+            ``None`` connects to ``grpc_url`` on start.
     """
 
-    def __init__(self, grpc_url: str, name: str, tokenizer_dir: str | None = None, model: str = "ensemble"):
+    def __init__(self, grpc_url: str, name: str, tokenizer_dir: str | None = None, model: str = "ensemble",
+                 max_context: int | None = None, client=None):
         self.grpc_url, self.name, self.model = grpc_url, name, model
-        self.tokenizer_dir = tokenizer_dir
+        self.tokenizer_dir, self.max_context = tokenizer_dir, max_context
         self.metrics = GatewayMetrics()
-        self.client = None
-        self._template = None
+        self.client = client
+        self._own_client = client is None
+        self._prompter: Prompter | None = None
         self._inputs: set[str] | None = None
 
     async def start(self, app=None) -> None:
-        from specpipe.client.llm import LLMClient
+        if self.client is None:
+            from specpipe.client.llm import LLMClient
 
-        self.client = LLMClient(self.grpc_url, self.model)
-        await self.client.__aenter__()
+            self.client = LLMClient(self.grpc_url, self.model)
+            await self.client.__aenter__()
 
     async def stop(self, app=None) -> None:
-        if self.client is not None:
+        if self.client is not None and self._own_client:
             await self.client.close()
             self.client = None
 
-    async def chat_template(self):
-        """The deployment's :class:`~specpipe.openai.chat_template.ChatTemplate` (loaded once)."""
-        if self._template is None:
-            from specpipe.client.chat import tokenizer_dir_from_config
-            from specpipe.openai.chat_template import ChatTemplate
+    async def prompter(self) -> Prompter:
+        """The deployment's :class:`~specpipe.openai.prompting.Prompter` (loaded once).
 
-            source = self.tokenizer_dir
-            if source is None:
-                try:
-                    source = tokenizer_dir_from_config(await self.client.model_config("preprocessing"))
-                except SpecpipeError as exc:
-                    raise APIError(500, f"cannot find the deployment's tokenizer for the chat template: {exc}", kind="server_error") from exc
-            if not source:
-                raise APIError(500, "the deployment's preprocessing model names no tokenizer_dir: use /v1/completions", kind="server_error")
+        Raises:
+            APIError: 500 when the tokenizer cannot be found or loaded.
+        """
+        if self._prompter is None:
+            from specpipe.client.chat import tokenizer_dir_from_config
+            from specpipe.triton.models.common import parse_bool
+
+            source, special = self.tokenizer_dir, True
             try:
-                self._template = await asyncio.to_thread(ChatTemplate, source)
+                config = await self.client.model_config("preprocessing")
+                params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+                special = parse_bool(params.get("add_special_tokens"), True)
+                source = source or tokenizer_dir_from_config(config)
+            except (SpecpipeError, ValueError) as exc:
+                if source is None:
+                    raise APIError(503, f"cannot find the deployment's tokenizer: {exc}", kind="server_error") from exc
+            if not source:
+                raise APIError(500, "the deployment's preprocessing model names no tokenizer_dir", kind="server_error")
+            try:
+                self._prompter = await asyncio.to_thread(Prompter, source, special, self.max_context)
             except SpecpipeError as exc:
                 raise APIError(500, str(exc), kind="server_error") from exc
-        return self._template
+        return self._prompter
 
-    async def ensemble_request(self, parsed: ParsedRequest, prompt: str):
-        """The ensemble request for ``parsed``, asking for the perf outputs and token counts only when
-        the ensemble declares those inputs (older TensorRT-LLM ensembles do not)."""
-        import dataclasses
-
+    async def ensemble_inputs(self) -> set[str] | None:
+        """Names of the ensemble's inputs (read once), or ``None`` while the server cannot be asked."""
         if self._inputs is None:
             try:
                 metadata = await self.client.raw.get_model_metadata(self.model, as_json=True, client_timeout=10)
                 self._inputs = {t["name"] for t in metadata.get("inputs", [])}
-            except Exception:  # unreachable now: ask for everything; the request itself will report the error
-                return parsed.generation_request(prompt)
-        return dataclasses.replace(
-            parsed.generation_request(prompt),
-            return_perf_metrics=True if "return_perf_metrics" in self._inputs else None,
-            return_num_tokens=True if "return_num_output_tokens" in self._inputs else None,
-        )
+            except Exception:  # unreachable now: the request itself will report the error
+                return None
+        return self._inputs
 
-    async def prompt_of(self, parsed: ParsedRequest) -> str:
-        if not parsed.chat:
-            return parsed.prompt
-        template = await self.chat_template()
-        return template.format(parsed.messages)
+    async def ensemble_request(self, parsed: ParsedRequest, prompt: PreparedPrompt) -> GenerationRequest:
+        """The ensemble request: perf outputs and token counts only when the ensemble declares those
+        inputs, stream from Triton when the client streams or stop strings must be watched.
+
+        Raises:
+            APIError: 400 naming an option the deployment's ensemble has no input for.
+        """
+        import dataclasses
+
+        request = parsed.generation_request(prompt.text, prompt.max_tokens, prompt.segments)
+        inputs = await self.ensemble_inputs()
+        if inputs is None:
+            return dataclasses.replace(request, stream=parsed.stream or bool(parsed.stop))
+        for name in (*parsed.options, *(("top_k",) if request.top_k is not None else ()),
+                     *(("text_segments",) if prompt.segments else ())):
+            if name not in inputs:
+                raise APIError(400, f"{name} is not supported by this deployment's ensemble (it has no {name} input)", name)
+        return dataclasses.replace(
+            request,
+            stream=parsed.stream or bool(parsed.stop),
+            return_perf_metrics=True if "return_perf_metrics" in inputs else None,
+            return_num_tokens=True if "return_num_output_tokens" in inputs else None,
+        )
 
     # -- handlers ---------------------------------------------------------------------------------
     async def models(self, request):
         from aiohttp import web
 
         return web.json_response(models_object([self.name]))
+
+    async def retrieve_model(self, request):
+        from aiohttp import web
+
+        wanted = request.match_info["model"]
+        if wanted != self.name:
+            error = APIError(404, f"The model '{wanted}' does not exist: this gateway serves '{self.name}'", "model")
+            return web.json_response({"error": {**error.body()["error"], "code": "model_not_found"}}, status=404)
+        return web.json_response(model_object(self.name))
+
+    async def openapi(self, request):
+        from aiohttp import web
+
+        return web.json_response(openapi_document())
 
     async def completions(self, request):
         return await self._handle(request, chat=False)
@@ -140,73 +190,83 @@ class Gateway:
 
         try:
             try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                body = json.loads(await request.read())
+            except (ValueError, UnicodeDecodeError) as exc:
                 raise APIError(400, f"the request body is not valid JSON ({exc})") from exc
             parsed = parse_request(body, chat)
-            prompt = await self.prompt_of(parsed)
+            prompt = (await self.prompter()).prepare(parsed, segments_supported=await self._segments_supported())
+            generation = Generation(self.client, await self.ensemble_request(parsed, prompt), parsed.stop, request)
         except APIError as exc:
             return web.json_response(exc.body(), status=exc.status)
-        if parsed.stream:
-            return await self._stream(request, parsed, prompt)
-        return await self._whole(parsed, prompt)
+        try:
+            first = await generation.next()
+            if first is None:  # finished before any text: an error is still an HTTP error
+                result = generation.result()
+                if result.error is not None:
+                    self.metrics.record(self.name, {}, error=True)
+                    error = _api_error(result.error)
+                    return web.json_response(error.body(), status=error.status)
+            if parsed.stream:
+                return await self._stream(request, parsed, prompt, generation, first)
+            return await self._whole(parsed, prompt, generation, first)
+        finally:
+            generation.cancel()  # no-op once finished; stops Triton when the client went away
 
-    async def _whole(self, parsed: ParsedRequest, prompt: str):
+    async def _whole(self, parsed: ParsedRequest, prompt: PreparedPrompt, generation: Generation, first: str | None):
         from aiohttp import web
 
-        try:
-            result = await self.client.generate(await self.ensemble_request(parsed, prompt))
-        except SpecpipeError as exc:  # the ensemble's config could not be read: server down
-            result = GenerationResult(error=f"UNAVAILABLE: {exc}")
+        texts = [first] if first else []
+        while first is not None and (text := await generation.next()) is not None:
+            texts.append(text)
+        result = generation.result()
         if result.error is not None:
             self.metrics.record(self.name, {}, error=True)
             error = _api_error(result.error)
             return web.json_response(error.body(), status=error.status)
         self.metrics.record(self.name, result.perf)
         build = chat_object if parsed.chat else completion_object
-        return web.json_response(build(new_id(parsed.chat), int(time.time()), self.name, result.text,
-                                       finish_reason(result.perf, parsed.max_tokens), usage(result.perf)))
+        reason = finish_reason(result.perf, prompt.max_tokens, self._context(), generation.stops.stopped)
+        return web.json_response(build(new_id(parsed.chat), int(time.time()), self.name, "".join(texts), reason, usage(result.perf)))
 
-    async def _stream(self, request, parsed: ParsedRequest, prompt: str):
+    async def _stream(self, request, parsed: ParsedRequest, prompt: PreparedPrompt, generation: Generation, first: str | None):
         from aiohttp import web
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         request_id, created = new_id(parsed.chat), int(time.time())
-        queue: asyncio.Queue = asyncio.Queue()
-        task = asyncio.create_task(self.client.generate(await self.ensemble_request(parsed, prompt), on_text=queue.put_nowait))
-        task.add_done_callback(lambda _: queue.put_nowait(None))
 
         async def send(obj: Any) -> None:
             await response.write(f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode())
 
-        try:
-            first = True
-            while (text := await queue.get()) is not None:
-                await send(chunk_object(parsed.chat, request_id, created, self.name, text, None, first=first,
-                                        include_usage=parsed.include_usage))
-                first = False
-            try:
-                result = task.result()
-            except SpecpipeError as exc:
-                result = GenerationResult(error=f"UNAVAILABLE: {exc}")
-            if result.error is not None:
-                self.metrics.record(self.name, {}, error=True)
-                await send(_api_error(result.error).body())
-            else:
-                self.metrics.record(self.name, result.perf)
-                if first and parsed.chat:  # no text at all: still open the assistant's turn
-                    await send(chunk_object(True, request_id, created, self.name, "", None, first=True, include_usage=parsed.include_usage))
-                await send(chunk_object(parsed.chat, request_id, created, self.name, None,
-                                        finish_reason(result.perf, parsed.max_tokens), include_usage=parsed.include_usage))
-                if parsed.include_usage:
-                    await send(usage_chunk(parsed.chat, request_id, created, self.name, usage(result.perf)))
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            task.cancel()  # the client went away: stop generating
-            raise
+        opened = False
+        text = first
+        while text is not None:
+            await send(chunk_object(parsed.chat, request_id, created, self.name, text, None, first=not opened,
+                                    include_usage=parsed.include_usage))
+            opened = True
+            text = await generation.next()
+        result = generation.result()
+        if result.error is not None:
+            self.metrics.record(self.name, {}, error=True)
+            await send(_api_error(result.error).body())
+        else:
+            self.metrics.record(self.name, result.perf)
+            if not opened and parsed.chat:  # no text at all: still open the assistant's turn
+                await send(chunk_object(True, request_id, created, self.name, "", None, first=True, include_usage=parsed.include_usage))
+            reason = finish_reason(result.perf, prompt.max_tokens, self._context(), generation.stops.stopped)
+            await send(chunk_object(parsed.chat, request_id, created, self.name, None, reason, include_usage=parsed.include_usage))
+            if parsed.include_usage:
+                await send(usage_chunk(parsed.chat, request_id, created, self.name, usage(result.perf)))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
         return response
+
+    def _context(self) -> int | None:
+        return self._prompter.max_context if self._prompter is not None else self.max_context
+
+    async def _segments_supported(self) -> bool:
+        inputs = await self.ensemble_inputs()
+        return inputs is None or "text_segments" in inputs
 
 
 def _api_error(message: str) -> APIError:
@@ -215,16 +275,47 @@ def _api_error(message: str) -> APIError:
     return APIError(400, message)
 
 
+def _json_errors():
+    """Middleware: every HTTP error (unknown route 404, wrong method 405, body too large 413 ...) and
+    any unexpected failure answers an OpenAI-style JSON error object."""
+    from aiohttp import web
+
+    @web.middleware
+    async def middleware(request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = "invalid_request_error" if exc.status < 500 else "server_error"
+            message = f"{exc.reason}: {request.method} {request.path}"
+            if exc.status == 404:
+                message = f"no route {request.method} {request.path}: see /openapi.json"
+            elif exc.status == 405:
+                message = f"method {request.method} is not allowed on {request.path}"
+            return web.json_response(APIError(exc.status, message, kind=kind).body(), status=exc.status,
+                                     headers={k: v for k, v in exc.headers.items() if k == "Allow"})
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer JSON, not a dropped connection
+            error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+            return web.json_response(error.body(), status=500)
+
+    return middleware
+
+
 def make_app(gateway: Gateway):
     """The aiohttp application of ``gateway`` (routes in the module doc of :mod:`specpipe.openai`)."""
     from aiohttp import web
 
-    app = web.Application(client_max_size=16 * 2**20)
+    app = web.Application(client_max_size=16 * 2**20, middlewares=[_json_errors()])
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
     app.router.add_get("/v1/models", gateway.models)
+    app.router.add_get("/v1/models/{model:.+}", gateway.retrieve_model)
     app.router.add_post("/v1/completions", gateway.completions)
     app.router.add_post("/v1/chat/completions", gateway.chat_completions)
+    app.router.add_get("/openapi.json", gateway.openapi)
     app.router.add_get("/metrics", gateway.prometheus)
     app.router.add_get("/health", gateway.health)
     return app
@@ -257,7 +348,8 @@ class GatewayServer:
         failure: list[BaseException] = []
 
         async def serve() -> None:
-            self._runner = web.AppRunner(make_app(self.gateway), access_log=None)
+            # handler_cancellation: a handler whose client disconnected is cancelled (its Triton request too)
+            self._runner = web.AppRunner(make_app(self.gateway), access_log=None, handler_cancellation=True)
             await self._runner.setup()
             await web.TCPSite(self._runner, self.host, self.port).start()
 

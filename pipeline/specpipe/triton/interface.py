@@ -24,6 +24,10 @@ Differences from upstream, all of them additions internal to the repository:
 - Upstream, ``num_input_tokens`` / ``num_output_tokens`` are returned when the request sets
   ``return_num_input_tokens`` / ``return_num_output_tokens``; specpipe also returns them with
   ``return_perf_metrics``, so that one flag gives every per-request counter.
+- The ensemble and ``preprocessing`` have one extra optional input, ``text_segments`` /
+  ``QUERY_SEGMENTS`` (STRING ``[-1]``): the prompt split into pieces whose concatenation is
+  ``text_input``; pieces at odd positions (user text inside a chat template) are tokenized as plain
+  text, so a special-token string typed by a user is not turned into a control token.
 - The seed input of ``tensorrt_llm`` is ``seed`` at 2a9abd95; releases before ~0.15 named it
   ``random_seed``.
 """
@@ -115,10 +119,16 @@ ENSEMBLE = ModelInterface(
         _t("top_p", "FP32", [1], True, doc="nucleus mass in (0, 1]"),
         _t("temperature", "FP32", [1], True, doc="> 0; divides the logits when sampling"),
         _t("seed", "UINT64", [1], True, doc="seed of the request's random generator"),
+        _t("repetition_penalty", "FP32", [1], True, doc="> 0, 1 = off: logits of seen tokens divided (positive) or multiplied (negative)"),
+        _t("min_tokens", "INT32", [1], True, doc=">= 0: the end id is masked until this many tokens were generated"),
+        _t("presence_penalty", "FP32", [1], True, doc="subtracted once from the logits of seen tokens; 0 = off"),
+        _t("frequency_penalty", "FP32", [1], True, doc="subtracted per occurrence from the logits of seen tokens; 0 = off"),
         _t("return_perf_metrics", "BOOL", [1], True, doc="return the speculative-decoding counters"),
         _t("return_num_input_tokens", "BOOL", [1], True, doc="return num_input_tokens"),
         _t("return_num_output_tokens", "BOOL", [1], True, doc="return num_output_tokens"),
         _t("stream", "BOOL", [1], True, doc="one response per engine step instead of one at the end"),
+        _t("text_segments", "STRING", [-1], True,
+           doc="specpipe: text_input in pieces; odd pieces (user text) are tokenized as plain text, special-token strings included"),
     ),
     outputs=(
         _t("text_output", "STRING", [-1], doc="generated text (a streamed response: the text it adds)"),
@@ -141,6 +151,7 @@ PREPROCESSING = ModelInterface(
         _t("STOP_WORDS_DICT", "STRING", [-1], True, doc="stop-word strings"),
         _t("END_ID", "INT32", [1], True, doc="end id given by the client"),
         _t("PAD_ID", "INT32", [1], True, doc="pad id given by the client"),
+        _t("QUERY_SEGMENTS", "STRING", [-1], True, doc="specpipe: QUERY in pieces, odd ones tokenized as plain text"),
     ),
     outputs=(
         _t("INPUT_ID", "INT32", [-1], doc="prompt token ids"),
@@ -169,6 +180,10 @@ TENSORRT_LLM = ModelInterface(
         _t("runtime_top_k", "INT32", [1], True, _SCALAR),
         _t("runtime_top_p", "FP32", [1], True, _SCALAR),
         _t("seed", "UINT64", [1], True, _SCALAR),
+        _t("repetition_penalty", "FP32", [1], True, _SCALAR),
+        _t("min_tokens", "INT32", [1], True, _SCALAR),
+        _t("presence_penalty", "FP32", [1], True, _SCALAR),
+        _t("frequency_penalty", "FP32", [1], True, _SCALAR),
         _t("return_perf_metrics", "BOOL", [1], True, _SCALAR),
         _t("return_num_input_tokens", "BOOL", [1], True, _SCALAR),
         _t("return_num_output_tokens", "BOOL", [1], True, _SCALAR),
@@ -214,6 +229,7 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
             ("STOP_WORDS_DICT", "stop_words"),
             ("END_ID", "end_id"),
             ("PAD_ID", "pad_id"),
+            ("QUERY_SEGMENTS", "text_segments"),
         ),
         output_map=(
             ("REQUEST_INPUT_LEN", "_REQUEST_INPUT_LEN"),
@@ -238,6 +254,10 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
             ("runtime_top_p", "top_p"),
             ("temperature", "temperature"),
             ("seed", "seed"),
+            ("repetition_penalty", "repetition_penalty"),
+            ("min_tokens", "min_tokens"),
+            ("presence_penalty", "presence_penalty"),
+            ("frequency_penalty", "frequency_penalty"),
             ("return_perf_metrics", "return_perf_metrics"),
             ("return_num_input_tokens", "return_num_input_tokens"),
             ("return_num_output_tokens", "return_num_output_tokens"),

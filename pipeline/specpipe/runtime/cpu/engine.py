@@ -124,7 +124,7 @@ class SpeculativeEngine:
         end_ids = self.default_end_ids if params.end_id is None else frozenset((params.end_id,))
         request = ActiveRequest(
             context=input_ids,
-            sampler=TokenSampler(params, generator),
+            sampler=TokenSampler(params, generator, history=input_ids, end_ids=end_ids),
             stop=StopConditions(end_ids, params.stop_words, params.max_tokens),
             stats=RequestStats(num_input_tokens=len(input_ids)),
         )

@@ -61,7 +61,8 @@ class DraftVerifier:
             generator.manual_seed(params.seed)
         else:
             generator.seed()
-        sampler = TokenSampler(params, generator)
+        end_ids = self.engine.default_end_ids if params.end_id is None else frozenset((params.end_id,))
+        sampler = TokenSampler(params, generator, history=list(input_ids), end_ids=end_ids)
         target = self.engine.target
         with torch.inference_mode():
             target.reset()
@@ -70,13 +71,12 @@ class DraftVerifier:
         committed: list[int] = []
         accepted = 0
         for position in range(len(drafts) + 1):
-            token, _ = sampler.choose(logits[position: position + 1])
+            token, _ = sampler.choose(logits[position: position + 1], path=drafts[:position])
             committed.append(token)
             if position < len(drafts) and token == drafts[position]:
                 accepted += 1
                 continue
             break
-        end_ids = self.engine.default_end_ids if params.end_id is None else frozenset((params.end_id,))
         stop = StopConditions(end_ids, params.stop_words, params.max_tokens)
         tokens, reason = stop.push(committed)
         if reason is None:

@@ -1,7 +1,12 @@
 """Logits processing, token choice, and the speculative acceptance rule.
 
 Processing order (applied identically to target and draft logits): bad-word mask, temperature,
-top-k, top-p, softmax.
+penalties (repetition, presence, frequency; then the ``min_tokens`` end-id mask), top-k, top-p,
+softmax. Greedy requests skip the temperature and the filters. Penalties need the token history of
+each scored position: the sampler holds the request's live context (prompt + committed output), and
+every scored row adds the draft tokens before it (``paths``), so a verification step penalises each
+position exactly as plain decoding of the same tokens would, which keeps speculative output identical
+to the baseline's under greedy and the committed tokens distributed as the penalised target.
 
 The acceptance rule is speculative sampling as given in Leviathan et al. 2023, "Fast Inference from
 Transformers via Speculative Decoding" (Algorithm 1), and Chen et al. 2023, "Accelerating Large Language
@@ -60,6 +65,31 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, NEG_INF)
 
 
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """TensorRT-LLM's penalties (``batchApplyPenalty``, ``cpp/tensorrt_llm/kernels/penaltyKernels.cu``).
+
+    Args:
+        logits: float32 ``[n, vocab]`` (temperature already applied when sampling).
+        counts: int64 ``[n, vocab]``: occurrences of each token in the history of each row.
+        params: ``repetition_penalty`` (positive logits divided, negative multiplied),
+            ``presence_penalty`` (subtracted once), ``frequency_penalty`` (subtracted per occurrence);
+            each applies only to tokens with ``counts > 0``.
+
+    Returns:
+        the penalised logits (a new tensor).
+    """
+    seen = counts > 0
+    out = logits
+    if params.repetition_penalty != 1.0:
+        scaled = torch.where(out < 0, out * params.repetition_penalty, out / params.repetition_penalty)
+        out = torch.where(seen, scaled, out)
+    if params.presence_penalty != 0.0:
+        out = out - seen.to(out.dtype) * params.presence_penalty
+    if params.frequency_penalty != 0.0:
+        out = out - counts.to(out.dtype) * params.frequency_penalty
+    return out
+
+
 class TokenSampler:
     """One request's token choice: logits processing, sampling with the request's own generator, and
     verification of draft tokens.
@@ -67,32 +97,79 @@ class TokenSampler:
     Args:
         params: the request's sampling settings (validated by the caller).
         generator: the request's random generator (unused when greedy).
+        history: the request's committed tokens (prompt + output), a list the engine extends in place;
+            needed for the penalties and ``min_tokens`` (``None``: treated as empty). Its length when
+            the sampler is made is the prompt length.
+        end_ids: the end ids ``min_tokens`` masks (default: ``params.end_id`` when set).
     """
 
-    def __init__(self, params: SamplingParams, generator: torch.Generator):
+    def __init__(self, params: SamplingParams, generator: torch.Generator, history: list[int] | None = None,
+                 end_ids: frozenset[int] | None = None):
+        self.params = params
         self.greedy = is_greedy(params)
         self.temperature = params.temperature
         self.top_k = params.top_k
         self.top_p = params.top_p
         self.generator = generator
         self.banned = torch.tensor(single_token_bad_words(params), dtype=torch.long)
+        self.history = history if history is not None else []
+        self.prompt_len = len(self.history)
+        if end_ids is None:
+            end_ids = frozenset() if params.end_id is None else frozenset((params.end_id,))
+        self.end_ids = torch.tensor(sorted(end_ids), dtype=torch.long)
 
-    def distributions(self, logits: torch.Tensor) -> torch.Tensor:
-        """Processed float32 distributions ``[n, vocab]`` (rows sum to 1) of raw logits ``[n, vocab]``."""
+    def _history_rules(self, logits: torch.Tensor, paths: list[list[int]] | None) -> torch.Tensor:
+        """Penalties and the ``min_tokens`` mask; row i's history is ``history + paths[i]``
+        (``paths=None``: row i follows the first i tokens of nothing, i.e. every row after ``history``)."""
+        params = self.params
+        if not params.penalised and params.min_tokens <= 0:
+            return logits
+        rows = logits.shape[0]
+        paths = paths if paths is not None else [[] for _ in range(rows)]
+        if params.penalised:
+            vocab = logits.shape[-1]
+            history = torch.tensor([t for t in self.history if 0 <= t < vocab], dtype=torch.long)
+            base = torch.bincount(history, minlength=vocab)[:vocab]
+            counts = base.unsqueeze(0).repeat(rows, 1)
+            for row, path in enumerate(paths):
+                for token in path:
+                    counts[row, token] += 1
+            logits = apply_penalties(logits, counts, params)
+        if params.min_tokens > 0 and self.end_ids.numel():
+            produced = len(self.history) - self.prompt_len
+            short = [row for row, path in enumerate(paths) if produced + len(path) < params.min_tokens]
+            if short:
+                logits = logits.clone()
+                logits[torch.tensor(short)[:, None], self.end_ids[None, :]] = NEG_INF
+        return logits
+
+    def greedy_logits(self, logits: torch.Tensor, paths: list[list[int]] | None = None) -> torch.Tensor:
+        """Logits ``[n, vocab]`` whose argmax is the greedy choice: bad words masked, penalties and
+        ``min_tokens`` applied (``paths`` as in :meth:`distributions`)."""
+        return self._history_rules(mask_tokens(logits, self.banned), paths)
+
+    def distributions(self, logits: torch.Tensor, paths: list[list[int]] | None = None) -> torch.Tensor:
+        """Processed float32 distributions ``[n, vocab]`` (rows sum to 1) of raw logits ``[n, vocab]``.
+
+        ``paths[i]``: the tokens between the committed history and row i (draft tokens before it);
+        ``None``: every row directly follows the history.
+        """
         logits = mask_tokens(logits, self.banned) / self.temperature
+        logits = self._history_rules(logits, paths)
         logits = top_p_filter(top_k_filter(logits, self.top_k), self.top_p)
         return logits.softmax(dim=-1)
 
-    def choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """Pick the next token from one row of logits ``[1, vocab]``.
+    def choose(self, logits: torch.Tensor, path: list[int] | tuple[int, ...] = ()) -> tuple[int, torch.Tensor | None]:
+        """Pick the next token from one row of logits ``[1, vocab]`` that follows ``history + path``.
 
         Returns:
             the token id and, when sampling, the processed distribution it was drawn from
             (float32 ``[1, vocab]``); ``None`` when greedy.
         """
+        paths = [list(path)]
         if self.greedy:
-            return int(mask_tokens(logits, self.banned).argmax(dim=-1)[0]), None
-        probs = self.distributions(logits)
+            return int(self.greedy_logits(logits, paths).argmax(dim=-1)[0]), None
+        probs = self.distributions(logits, paths)
         return int(torch.multinomial(probs, 1, generator=self.generator)[0, 0]), probs
 
     def verify(
@@ -111,9 +188,10 @@ class TokenSampler:
             ``(n, token)``: the first n draft tokens are accepted, then ``token`` is committed.
         """
         drafts = torch.tensor(draft_tokens, dtype=torch.long)
+        paths = [list(draft_tokens[:i]) for i in range(len(draft_tokens) + 1)]
         if self.greedy:
-            return greedy_verify(mask_tokens(target_logits, self.banned), drafts)
-        return speculative_sample(self.distributions(target_logits), drafts, draft_probs, self.generator)
+            return greedy_verify(self.greedy_logits(target_logits, paths), drafts)
+        return speculative_sample(self.distributions(target_logits, paths), drafts, draft_probs, self.generator)
 
 
 def greedy_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int]:

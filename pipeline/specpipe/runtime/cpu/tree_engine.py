@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 
 from specpipe.runtime.cpu.engine import SpeculativeEngine, ActiveRequest
-from specpipe.runtime.cpu.sampling import mask_tokens
 from specpipe.runtime.cpu.tree_accept import (
     DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention, typical_tree_accept,
 )
@@ -75,12 +74,13 @@ class TreeSpeculativeEngine(SpeculativeEngine):
         hidden = self.target.hidden([context[-1], *tree.tokens], positions=cached + depth, mask=mask)
         logits = self.target.project(hidden)
         sampler = request.sampler
+        paths = _node_paths(tree) if sampler.params.penalised or sampler.params.min_tokens > 0 else None
         if sampler.greedy:
-            path, token = greedy_tree_accept(mask_tokens(logits, sampler.banned).argmax(-1), tree)
+            path, token = greedy_tree_accept(sampler.greedy_logits(logits, paths).argmax(-1), tree)
         elif self.acceptance == "typical":
-            path, token = typical_tree_accept(sampler.distributions(logits), tree, sampler.generator)
+            path, token = typical_tree_accept(sampler.distributions(logits, paths), tree, sampler.generator)
         else:
-            path, token = sampled_tree_accept(sampler.distributions(logits), tree, sampler.generator)
+            path, token = sampled_tree_accept(sampler.distributions(logits, paths), tree, sampler.generator)
         self.target.keep_path(cached, path)
         committed = [*(tree.tokens[i] for i in path), token]
         context.extend(committed)
@@ -90,3 +90,12 @@ class TreeSpeculativeEngine(SpeculativeEngine):
         stats.total_draft_tokens += len(tree)
         stats.total_accepted_draft_tokens += len(path)
         return committed
+
+
+def _node_paths(tree: DraftTree) -> list[list[int]]:
+    """Tokens from the root to each scored row: ``[]`` for the root, then each node's path including
+    itself (the history that the penalties and ``min_tokens`` see at that row)."""
+    paths: list[list[int]] = [[]]
+    for token, parent in zip(tree.tokens, tree.parents):
+        paths.append(paths[parent + 1] + [token])
+    return paths

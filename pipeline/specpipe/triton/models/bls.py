@@ -240,8 +240,13 @@ def read_request(request, default_draft_tokens: int) -> BlsRequest:
         if text is None or max_tokens is None:
             raise RequestError("text_input and max_tokens are required")
         draft_tokens = scalar(input_array(request, "num_draft_tokens"), "num_draft_tokens")
+        min_tokens = scalar(input_array(request, "min_tokens"), "min_tokens")
+        if min_tokens is not None and int(min_tokens) != 0:
+            raise RequestError(f"min_tokens is not supported by tensorrt_llm_bls (draft-target), got {int(min_tokens)}: send 0 or leave it out")
         sampling = {}
-        for src, dst in (("top_k", "runtime_top_k"), ("top_p", "runtime_top_p"), ("temperature", "temperature"), ("seed", "seed")):
+        for src, dst in (("top_k", "runtime_top_k"), ("top_p", "runtime_top_p"), ("temperature", "temperature"), ("seed", "seed"),
+                         ("repetition_penalty", "repetition_penalty"), ("presence_penalty", "presence_penalty"),
+                         ("frequency_penalty", "frequency_penalty")):
             value = input_array(request, src)
             if value is not None:
                 sampling[dst] = np.asarray(value).reshape(1, 1)

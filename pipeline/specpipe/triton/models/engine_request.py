@@ -59,7 +59,9 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
     Raises:
         ValueError: a bad request, with a message naming the input and the accepted values: empty
             prompt, ``max_tokens`` < 1, negative ``top_k``, ``top_p`` outside (0, 1], negative or
-            non-finite ``temperature``, malformed word lists, more than one prompt.
+            non-finite ``temperature``, ``repetition_penalty`` not finite and > 0, a non-finite
+            ``presence_penalty``/``frequency_penalty``, negative ``min_tokens``, malformed word
+            lists, more than one prompt.
     """
     ids_array = get("input_ids")
     if ids_array is None:
@@ -92,6 +94,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
     if temperature is not None and not (math.isfinite(float(temperature)) and float(temperature) >= 0.0):
         raise ValueError(f"temperature must be a finite number >= 0, got {float(temperature):g}")
 
+    penalties = _penalties(get)
     sampling = (top_k is not None and int(top_k) > 1) or top_p is not None
     greedy = not sampling or (top_k is not None and int(top_k) == 1) or (temperature is not None and float(temperature) == 0.0)
     end_id = scalar(get("end_id"), "end_id")
@@ -106,6 +109,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
         end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
         stop_words=from_words_layout(get("stop_words_list")),
         bad_words=from_words_layout(get("bad_words_list")),
+        **penalties,
     )
 
     def flag(name: str, default: bool = False) -> bool:
@@ -123,3 +127,30 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
         return_num_input_tokens=flag("return_num_input_tokens"),
         return_num_output_tokens=flag("return_num_output_tokens"),
     )
+
+
+def _penalties(get: Callable[[str], np.ndarray | None]) -> dict:
+    """``repetition_penalty``/``presence_penalty``/``frequency_penalty``/``min_tokens`` as given
+    (TensorRT-LLM's definitions, see :class:`~specpipe.generation.api.SamplingParams`), validated.
+
+    Raises:
+        ValueError: a value outside the accepted range, naming the input and the value.
+    """
+    found: dict = {}
+    repetition = scalar(get("repetition_penalty"), "repetition_penalty")
+    if repetition is not None:
+        if not (math.isfinite(float(repetition)) and float(repetition) > 0.0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 disables it), got {float(repetition):g}")
+        found["repetition_penalty"] = float(repetition)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = scalar(get(name), name)
+        if value is not None:
+            if not math.isfinite(float(value)):
+                raise ValueError(f"{name} must be a finite number (0 disables it), got {float(value):g}")
+            found[name] = float(value)
+    min_tokens = scalar(get("min_tokens"), "min_tokens")
+    if min_tokens is not None:
+        if int(min_tokens) < 0:
+            raise ValueError(f"min_tokens must be >= 0 (0 disables it), got {int(min_tokens)}")
+        found["min_tokens"] = int(min_tokens)
+    return found

@@ -7,6 +7,10 @@ Tensors (see :data:`specpipe.triton.interface.PREPROCESSING`; names from TensorR
 - ``REQUEST_OUTPUT_LEN`` INT32 ``[1, 1]`` -> ``REQUEST_OUTPUT_LEN`` INT32 ``[1, 1]`` (passed through).
 - ``STOP_WORDS_DICT`` / ``BAD_WORDS_DICT`` STRING ``[1, W]`` (optional) -> ``STOP_WORDS_IDS`` /
   ``BAD_WORDS_IDS`` INT32 ``[1, 2, N]`` (layout in :mod:`specpipe.triton.models.words`).
+- ``QUERY_SEGMENTS`` STRING ``[1, S]`` (optional, specpipe): ``QUERY`` in pieces; their concatenation
+  must equal ``QUERY``. Even pieces (0, 2, ...) are tokenized like ``QUERY`` (special-token strings
+  become control tokens: a chat template's own markers); odd pieces (user text) are tokenized as
+  plain text (``split_special_tokens``), so ``<|im_end|>`` typed by a user stays text.
 - ``END_ID`` / ``PAD_ID`` INT32 ``[1, 1]`` (optional) -> ``OUT_END_ID`` / ``OUT_PAD_ID`` INT32 ``[1, 1]``:
   the client's value, else the tokenizer's EOS (pad: the tokenizer's pad, else EOS); -1 when the
   tokenizer has none.
@@ -59,6 +63,43 @@ class Preprocessor:
             ids = ids[1:]  # the prompt already carried BOS (chat templates often do)
         return ids
 
+    def special_strings(self) -> list[str]:
+        """Strings the tokenizer turns into added (control) tokens, e.g. ``<|im_end|>``."""
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        return sorted({str(token) for token in decoder.values() if str(token)} | set(self.tokenizer.all_special_tokens))
+
+    def encode_segments(self, segments: list[str]) -> list[int]:
+        """Token ids of the concatenated ``segments``: even pieces as :meth:`encode_prompt` would (the
+        tokenizer's special tokens such as BOS added once, at the start), odd pieces as plain text.
+
+        Raises:
+            ValueError: the pieces are all empty.
+        """
+        if not "".join(segments):
+            raise ValueError("text_input is empty: send a prompt of at least one character")
+        if len(segments) == 1:
+            return self.encode_prompt(segments[0])
+        ids: list[int] = []
+        for index, piece in enumerate(segments):
+            if not piece:
+                continue
+            if index % 2:
+                ids += list(self.tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True))
+            else:
+                ids += list(self.tokenizer.encode(piece, add_special_tokens=False))
+        if self.add_special_tokens:
+            ids = self._with_special_tokens(ids)
+        return ids
+
+    def _with_special_tokens(self, ids: list[int]) -> list[int]:
+        """``ids`` with the tokenizer's added BOS/EOS (as ``encode`` would add), never a second BOS."""
+        build = getattr(self.tokenizer, "build_inputs_with_special_tokens", None)
+        full = list(build(ids)) if build is not None else list(ids)
+        bos_id = self.tokenizer.bos_token_id
+        if bos_id is not None and full[:2] == [bos_id, bos_id]:
+            full = full[1:]
+        return full
+
     def encode_words(self, words: list[str]) -> np.ndarray:
         """``[2, N]`` INT32 layout of ``words``, each tokenized without special tokens."""
         return to_words_layout([self.tokenizer.encode(w, add_special_tokens=False) for w in words if w])
@@ -76,13 +117,20 @@ class Preprocessor:
         return self.default_end_id if pad is None else int(pad)
 
     def outputs(self, query: str, output_len: int, stop_words: list[str], bad_words: list[str],
-                end_id: int | None, pad_id: int | None) -> dict[str, np.ndarray]:
+                end_id: int | None, pad_id: int | None, segments: list[str] | None = None) -> dict[str, np.ndarray]:
         """All output tensors for one request (batch size 1), keyed by output name.
 
         Raises:
-            ValueError: an empty prompt.
+            ValueError: an empty prompt, ``max_tokens`` < 1, segments that do not join to ``query``.
         """
-        ids = self.encode_prompt(query)
+        if output_len < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {output_len}")
+        if segments:
+            if "".join(segments) != query:
+                raise ValueError("text_segments must join to exactly text_input: send the same prompt in both")
+            ids = self.encode_segments(segments)
+        else:
+            ids = self.encode_prompt(query)
         end = self.default_end_id if end_id is None else int(end_id)
         pad = self.default_pad_id if pad_id is None else int(pad_id)
         return {
@@ -133,6 +181,7 @@ class TritonPythonModel:
                 strings(input_array(request, "BAD_WORDS_DICT")),
                 scalar(input_array(request, "END_ID"), "end_id"),
                 scalar(input_array(request, "PAD_ID"), "pad_id"),
+                strings(input_array(request, "QUERY_SEGMENTS")) or None,
             )
         except (ValueError, UnicodeDecodeError) as exc:
             return error_response(str(exc))

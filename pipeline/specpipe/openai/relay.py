@@ -1,0 +1,71 @@
+"""One running ensemble request as the gateway reads it: text after the stop strings, the HTTP
+client watched for disconnection, cancellation of the Triton request (see :mod:`specpipe.openai.server`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from specpipe.client.llm import GenerationRequest, GenerationResult
+from specpipe.errors import SpecpipeError
+from specpipe.openai.stops import StopStrings
+
+#: How often a waiting handler checks that its HTTP client is still connected, seconds.
+DISCONNECT_POLL_S = 0.2
+
+
+class Generation:
+    """One running ensemble request: its text after the stop strings, read while watching the client.
+
+    The request runs as a task; :meth:`next` returns the next released text (``None`` at the end).
+    A completed stop string ends the gRPC stream (Triton cancels the request); a closed HTTP
+    transport cancels the task, whose gRPC stream is then cancelled.
+    """
+
+    def __init__(self, client, request: GenerationRequest, stops: tuple[str, ...], http_request):
+        self.stops = StopStrings(stops)
+        self.http = http_request
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.create_task(client.generate(request, on_text=self._on_text))
+        self.task.add_done_callback(lambda _: self.queue.put_nowait(None))
+        self._ended = False
+
+    def _on_text(self, text: str) -> bool:
+        released = self.stops.feed(text)
+        if released:
+            self.queue.put_nowait(released)
+        return self.stops.stopped
+
+    async def next(self) -> str | None:
+        """The next non-empty released text, or ``None`` when the request ended.
+
+        Raises:
+            ConnectionResetError: the HTTP client disconnected (the request was cancelled).
+        """
+        if self._ended:
+            return None
+        while True:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                transport = self.http.transport
+                if transport is None or transport.is_closing():
+                    self.cancel()
+                    raise ConnectionResetError("the HTTP client disconnected") from None
+                continue
+            if item is None:
+                self._ended = True
+                tail = self.stops.flush()
+                return tail or None
+            return item
+
+    def result(self) -> GenerationResult:
+        """The finished request's result (an ``UNAVAILABLE`` error when Triton could not be asked)."""
+        try:
+            return self.task.result()
+        except SpecpipeError as exc:
+            return GenerationResult(error=f"UNAVAILABLE: {exc}")
+
+    def cancel(self) -> None:
+        """Cancel the request if it is still running (its gRPC stream is cancelled)."""
+        if not self.task.done():
+            self.task.cancel()
