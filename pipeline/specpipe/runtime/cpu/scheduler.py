@@ -130,6 +130,11 @@ class BatchScheduler:
             request.cancel()
 
     @property
+    def waiting(self) -> int:
+        """Requests queued for a slot."""
+        return len(self._waiting)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.active or self._waiting)
 
