@@ -12,7 +12,6 @@ CPU_REFUSED = [
     (["--tp", "2"], "--tp", "--runtime trtllm or trtllm-llmapi"),
     (["--pp", "2"], "--pp", "--runtime trtllm or trtllm-llmapi"),
     (["-q", "fp8"], "-q/--quantization", "--runtime trtllm or trtllm-llmapi"),
-    (["--max-batch-size", "4"], "--max-batch-size", "--runtime trtllm or trtllm-llmapi"),
     (["--max-input-len", "128"], "--max-input-len", "--runtime trtllm or trtllm-llmapi"),
     (["--max-seq-len", "256"], "--max-seq-len", "--runtime trtllm or trtllm-llmapi"),
     (["--lookahead", "7,7,7"], "--lookahead", "--runtime trtllm"),
@@ -84,3 +83,12 @@ def test_cpu_dry_run_json_is_one_document_with_the_resolved_settings(run, tmp_pa
 def test_json_without_dry_run_is_refused(run):
     result, written = run("--draft", "ngram", "--json")
     assert result.exit_code == 2 and "--json goes with --dry-run" in result.output and written == []
+
+
+def test_cpu_build_honours_max_batch_size(run):
+    result, written = run("--draft", "ngram", "--max-batch-size", "4", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["limits"] == {"max_batch_size": 4} and written == []
+    default = json.loads(run("--draft", "ngram", "--dry-run", "--json")[0].stdout)
+    assert default["limits"] == {"max_batch_size": 8} and default["inputs_hash"] != doc["inputs_hash"]

@@ -48,7 +48,6 @@ TRTLLM_ONLY_FIELDS = {
     "tp": ("--tp", _TRTLLM),
     "pp": ("--pp", _TRTLLM),
     "quantization": ("-q/--quantization", _TRTLLM),
-    "max_batch_size": ("--max-batch-size", _TRTLLM),
     "max_input_len": ("--max-input-len", _TRTLLM),
     "max_seq_len": ("--max-seq-len", _TRTLLM),
     "lookahead": ("--lookahead", "--runtime trtllm"),
@@ -201,6 +200,11 @@ class CpuPlan:
             return f"make the {kind} draft of {self.draft.source.get('target')}"
         return None
 
+    @property
+    def limits(self) -> dict[str, int]:
+        """The manifest's ``limits``: ``max_batch_size``, requests the CPU batch scheduler decodes together."""
+        return {"max_batch_size": self.request.max_batch_size}
+
     def as_dict(self) -> dict[str, Any]:
         """The plan as one JSON document (``build --dry-run --json``)."""
         writes = ["manifest.json", "target/"] + (["draft/"] if METHODS[self.method].weights else [])
@@ -208,7 +212,7 @@ class CpuPlan:
                 "inputs_hash": self.inputs_hash, "up_to_date": self.up_to_date, "force": self.request.force,
                 "target": {"preset": self.target.name, **self.fetch()},
                 "draft": {"preset": self.draft.name, "method": self.method.value, "make": self.draft_step()},
-                "speculative": self.speculative.to_json(),
+                "speculative": self.speculative.to_json(), "limits": self.limits,
                 "writes": [] if self.up_to_date and not self.request.force else [str(self.engine_dir / w) for w in writes]}
 
     def render_text(self) -> str:
@@ -255,6 +259,10 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
     shipped = _shipped_weights(target, draft, request.draft_model)
     if shipped is not None:
         inputs["draft"]["weights_sha256"] = sha256_file(shipped)  # retrained weights trigger a rebuild
+    if request.max_batch_size < 1:
+        raise FlagError(f"--max-batch-size must be >= 1, got {request.max_batch_size}")
+    if request.max_batch_size != _DEFAULTS["max_batch_size"]:  # the default keeps earlier engines' hashes
+        inputs = {**inputs, "max_batch_size": request.max_batch_size}
     inputs_hash = canonical_hash(inputs)
     return CpuPlan(request, target, draft, speculative, name, dest, inputs, inputs_hash,
                    up_to_date=up_to_date(dest, inputs_hash, verify_files=True))
@@ -307,7 +315,7 @@ def build_cpu(request: BuildRequest) -> Path | None:
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             target=Part(preset=plan.target.name, source=plan.target.source, path="target", files=hash_tree(tmp / "target")),
             draft=draft_part and dataclasses.replace(draft_part, files=hash_tree(tmp / "draft")),
-            speculative=speculative,
+            speculative=speculative, limits=plan.limits,
         ))
 
     write_dir_atomically(plan.engine_dir, assemble)

@@ -80,7 +80,8 @@ class Manifest:
         specpipe_version, format_version: who wrote it, in which schema.
         quantization, parallel, limits, trtllm: TensorRT-LLM engines only (scheme name; ``{"tp", "pp"}``;
             ``{"max_batch_size", "max_input_len", "max_seq_len"}`` in requests and tokens; release, executor,
-            steps, memory plan, LLM-API settings).
+            steps, memory plan, LLM-API settings), except ``limits``, which CPU engines also carry:
+            ``{"max_batch_size"}``, the requests the CPU batch scheduler decodes together.
     """
 
     name: str

@@ -35,7 +35,7 @@ from specpipe.cli.options import POSITIVE, QUANTIZATION, LookaheadType, engines_
 @click.option("--quantization", "-q", type=QUANTIZATION, default="auto", show_default=True,
               help="TensorRT-LLM runtimes: weight/activation quantization (auto: the best the method and GPU allow).")
 @click.option("--max-batch-size", type=POSITIVE, default=8, show_default=True,
-              help="TensorRT-LLM runtimes: requests batched together at most.")
+              help="Requests batched together at most (CPU: the batch scheduler's slots, recorded in the manifest).")
 @click.option("--max-input-len", type=POSITIVE, default=4096, show_default=True, help="TensorRT-LLM runtimes: prompt tokens at most.")
 @click.option("--max-seq-len", type=POSITIVE, default=8192, show_default=True,
               help="TensorRT-LLM runtimes: prompt plus generated tokens at most.")

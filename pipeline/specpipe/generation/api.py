@@ -68,6 +68,8 @@ class RequestStats:
         total_draft_tokens: draft tokens proposed to the target over the request.
         total_accepted_draft_tokens: draft tokens the target accepted.
         target_forwards: target forward passes, the prefill included.
+        draft_length: draft length the batch scheduler chose for the request's latest step (0 = plain
+            decoding; the load-adaptive rule of :mod:`specpipe.runtime.cpu.adaptive`).
     """
 
     num_input_tokens: int = 0
@@ -75,6 +77,7 @@ class RequestStats:
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
     target_forwards: int = 0
+    draft_length: int = 0
 
     @property
     def acceptance_rate(self) -> float:

@@ -89,3 +89,26 @@ def run_request(
         prompt = [] if request.exclude_input_in_output else list(request.input_ids)
         emit(response_outputs(request, prompt + generated, [], stats), True)
     return stats
+
+
+class StepResponder:
+    """Turns one request's :class:`StepOutput` objects, handed over one at a time by the batch scheduler,
+    into responses exactly as :func:`run_request` does (streamed: one per step; else one at the end).
+
+    Args:
+        request: the parsed request; emit: ``emit(outputs, final)`` as for :func:`run_request`.
+    """
+
+    def __init__(self, request: EngineRequest, emit: Callable[[dict[str, np.ndarray], bool], None]):
+        self.request, self.emit = request, emit
+        self.generated: list[int] = []
+
+    def step(self, step) -> None:
+        """Handle one step of the request (the scheduler's ``emit`` callback)."""
+        tokens = list(step.token_ids)
+        if self.request.streaming:
+            self.emit(response_outputs(self.request, tokens, self.generated, step.stats), bool(step.finished))
+        self.generated.extend(tokens)
+        if step.finished and not self.request.streaming:
+            prompt = [] if self.request.exclude_input_in_output else list(self.request.input_ids)
+            self.emit(response_outputs(self.request, prompt + self.generated, [], step.stats), True)

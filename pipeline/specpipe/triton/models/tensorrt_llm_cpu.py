@@ -2,11 +2,20 @@
 speculative engine behind TensorRT-LLM's tensor interface.
 
 ``execute`` only validates each request (:func:`~specpipe.triton.models.engine_request.parse_request`)
-and queues it; one worker thread (:class:`RequestWorker`) runs the queued requests one after the other,
-in arrival order, so Triton is never blocked and requests are served first come, first served. Per
-request the worker sends one response per engine step when ``streaming`` is true, else one response
-at the end; the last response always carries the final flag
-(:func:`~specpipe.triton.models.generation.run_request` lists the tensors).
+and queues it; one worker thread (:class:`RequestWorker`), the thread that loaded the engine, runs the
+batch scheduler (:mod:`specpipe.runtime.cpu.scheduler`): requests join and leave the running batch at
+every step, up to the engine's ``max_batch_size`` (manifest ``limits``; default
+:data:`DEFAULT_MAX_BATCH_SIZE`), with a bounded queue behind it. Per request the worker sends one
+response per engine step when ``streaming`` is true, else one response at the end; the last response
+always carries the final flag (:func:`~specpipe.triton.models.generation.run_request` lists the tensors).
+A client that cancels its gRPC stream is seen through ``response_sender.is_cancelled()`` (Triton
+Python backend, 23.10+; the pytriton 0.7.0 server is 2.51) and its request leaves the batch at the next
+step.
+
+Custom metrics (Triton ``pb_utils.MetricFamily``, on Triton's metrics port): ``specpipe_batch_size``
+(requests in the latest step), ``specpipe_waiting_requests``, ``specpipe_draft_length`` (label
+``stat``: ``mean`` / ``max`` of the draft lengths the load-adaptive rule chose in the latest step) and
+``specpipe_decode_steps_total`` (label ``draft_length``: request-steps decoded with each draft length).
 
 Bad requests (empty prompt, ``max_tokens`` < 1, negative ``top_k``, ``top_p`` outside (0, 1], a
 prompt longer than the context ...) get one final response holding a ``TritonError``
@@ -31,7 +40,9 @@ from pathlib import Path
 
 from specpipe.triton.models.common import error_response, input_array, model_parameters, parse_bool, pb_utils, response
 from specpipe.triton.models.engine_request import EngineRequest, parse_request
-from specpipe.triton.models.generation import Cancelled, run_request
+from specpipe.runtime.cpu.scheduler import BatchScheduler, ServerBusy
+from specpipe.runtime.cpu.scheduler import Cancelled as SchedulerCancelled
+from specpipe.triton.models.generation import Cancelled, StepResponder, run_request
 
 
 class TritonSender:
@@ -62,21 +73,32 @@ class TritonSender:
 class RequestWorker:
     """Serves queued requests on one thread, in arrival order.
 
+    Two modes, by what ``engine`` (or ``load()``) is:
+
+    * a :class:`~specpipe.runtime.cpu.scheduler.BatchScheduler` (what the Triton model loads): in-flight
+      batching; the worker thread runs the scheduler loop, each request streams its own responses
+      (:class:`~specpipe.triton.models.generation.StepResponder`), a request whose client cancelled
+      (``sender.cancelled()``, checked every step) leaves the batch at the next step, and a request past
+      the queue bound gets ``UNAVAILABLE`` ("server busy") at once;
+    * any object with ``generate(input_ids, params) -> Iterator[StepOutput]``: one request at a time.
+
     Args:
-        engine: object with ``generate(input_ids, params) -> Iterator[StepOutput]``; or ``None`` with
-            ``load``.
+        engine: the scheduler or engine; or ``None`` with ``load``.
         log_error: called with a message when a request fails inside the engine.
         load: builds the engine on the worker thread itself (the constructor waits for it and raises
             what it raised). The CPU engine is loaded this way because its prepacked oneDNN layers run
             about 1.5x slower on a thread other than the first one that used oneDNN (measured with
             SmolLM2 on 2 cores: 47 tokens/s on the loading thread, 32 on another).
+        on_step: called with the scheduler after each batch step (metrics).
     """
 
-    def __init__(self, engine=None, log_error=lambda message: None, *, load: Callable[[], object] | None = None):
+    def __init__(self, engine=None, log_error=lambda message: None, *, load: Callable[[], object] | None = None,
+                 on_step: Callable[[BatchScheduler], None] | None = None):
         if (engine is None) == (load is None):
             raise ValueError("give exactly one of engine and load")
         self.engine = engine
         self.log_error = log_error
+        self.on_step = on_step
         self._queue: queue.Queue = queue.Queue()
         self._load_error: BaseException | None = None
         loaded = threading.Event()
@@ -105,20 +127,87 @@ class RequestWorker:
                 return
             finally:
                 loaded.set()
+        if isinstance(self.engine, BatchScheduler):
+            self._batch_loop(self.engine)
+            return
         while True:
             job = self._queue.get()
             if job is None:
                 return
             self.serve(*job)
 
+    def _batch_loop(self, scheduler: BatchScheduler) -> None:
+        """In-flight batching: hand queued requests to the scheduler, step it while it has work, and
+        cancel the requests whose client has gone (checked once a step)."""
+        running: list[tuple[object, object]] = []  # (scheduler request, sender)
+        closing = False
+        while not (closing and not scheduler.has_work):
+            try:
+                job = self._queue.get(block=not scheduler.has_work and not closing, timeout=None)
+            except queue.Empty:
+                job = False
+            while job is not False:
+                if job is None:
+                    closing = True
+                else:
+                    started = self._start(scheduler, *job)
+                    if started is not None:
+                        running.append(started)
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    job = False
+            for request, sender in running:
+                if not request.done and self._safely(sender.cancelled):
+                    request.cancel()
+            running = [(r, s) for r, s in running if not r.done]
+            if scheduler.has_work:
+                scheduler.step()
+                if self.on_step is not None:
+                    self._safely(self.on_step, scheduler)
+
+    def _start(self, scheduler: BatchScheduler, request: EngineRequest, sender):
+        """Submit one request to the scheduler; requests with external drafts are verified at once."""
+        if request.draft_input_ids is not None:
+            from specpipe.runtime.cpu.external_drafts import DraftVerifier
+
+            self._serve_with(DraftVerifier(scheduler.engine, list(request.draft_input_ids)), request, sender)
+            return None
+        responder = StepResponder(request, lambda outputs, final: self._quietly(sender.data, outputs, final))
+
+        def fail(exc: BaseException) -> None:
+            if isinstance(exc, SchedulerCancelled):
+                self._quietly(sender.finish)
+            else:
+                self.log_error(f"request failed in the CPU engine: {exc}")
+                self._quietly(sender.error, f"the CPU engine failed on this request: {type(exc).__name__}: {exc}", "INTERNAL")
+
+        try:
+            return scheduler.submit(list(request.input_ids), request.params, responder.step, fail), sender
+        except ServerBusy as exc:
+            self._quietly(sender.error, str(exc), "UNAVAILABLE")
+        except ValueError as exc:
+            self._quietly(sender.error, str(exc), "INVALID_ARG")
+        return None
+
+    def _safely(self, call, *args):
+        try:
+            return call(*args)
+        except Exception as exc:  # noqa: BLE001 - metrics or a vanished client must not stop the loop
+            self.log_error(f"{getattr(call, '__name__', call)} failed: {exc}")
+            return None
+
     def serve(self, request: EngineRequest, sender) -> None:
         """Run one request to completion, sending its responses; never raises."""
-        try:
-            engine = self.engine
-            if request.draft_input_ids is not None:
-                from specpipe.runtime.cpu.external_drafts import DraftVerifier
+        engine = self.engine
+        if request.draft_input_ids is not None:
+            from specpipe.runtime.cpu.external_drafts import DraftVerifier
 
-                engine = DraftVerifier(self.engine, list(request.draft_input_ids))
+            engine = DraftVerifier(self.engine, list(request.draft_input_ids))
+        self._serve_with(engine, request, sender)
+
+    def _serve_with(self, engine, request: EngineRequest, sender) -> None:
+        try:
             run_request(engine, request, sender.data, sender.cancelled)
         except Cancelled:
             self._quietly(sender.finish)
@@ -133,6 +222,44 @@ class RequestWorker:
             send(*args)
         except Exception as exc:  # noqa: BLE001 - e.g. the client has gone away
             self.log_error(f"could not send the final response: {exc}")
+
+
+#: Requests decoded together when the manifest has no ``limits.max_batch_size``.
+DEFAULT_MAX_BATCH_SIZE = 8
+
+
+class SchedulerMetrics:
+    """Triton custom metrics of the batch scheduler (module doc); a no-op outside a Triton server."""
+
+    def __init__(self):
+        self._families = None
+        try:
+            pb = pb_utils()
+            family = pb.MetricFamily
+        except Exception:  # noqa: BLE001 - no Triton (tests) or a backend without custom metrics
+            return
+        self._gauge = lambda name, doc: family(name=name, description=doc, kind=family.GAUGE)
+        self._batch = self._gauge("specpipe_batch_size", "requests in the latest batch step").Metric(labels={})
+        self._waiting = self._gauge("specpipe_waiting_requests", "requests waiting for a batch slot").Metric(labels={})
+        lengths = self._gauge("specpipe_draft_length", "draft lengths chosen by the load-adaptive rule in the latest step")
+        self._mean, self._max = lengths.Metric(labels={"stat": "mean"}), lengths.Metric(labels={"stat": "max"})
+        self._steps_family = family(name="specpipe_decode_steps_total", kind=family.COUNTER,
+                                    description="request decoding steps by chosen draft length")
+        self._steps: dict[int, object] = {}
+        self._families = True
+
+    def update(self, scheduler: BatchScheduler) -> None:
+        if self._families is None:
+            return
+        lengths = scheduler.last_draft_lengths
+        self._batch.set(float(len(scheduler.active)))
+        self._waiting.set(float(scheduler.waiting))
+        self._mean.set(sum(lengths) / len(lengths) if lengths else 0.0)
+        self._max.set(float(max(lengths, default=0)))
+        for k in lengths:
+            if k not in self._steps:
+                self._steps[k] = self._steps_family.Metric(labels={"draft_length": str(k)})
+            self._steps[k].increment(1.0)
 
 
 class TritonPythonModel:
@@ -150,9 +277,12 @@ class TritonPythonModel:
 
         def load():
             engine, self.manifest = load_engine(Path(engine_dir))
-            return engine
+            limits = self.manifest.limits or {}
+            batch = int(limits.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)
+            return BatchScheduler(engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch))
 
-        self.worker = RequestWorker(load=load, log_error=logger.log_error)
+        self.metrics = SchedulerMetrics()
+        self.worker = RequestWorker(load=load, log_error=logger.log_error, on_step=self.metrics.update)
         logger.log_info(f"specpipe CPU engine '{self.manifest.name}' loaded from {engine_dir}")
 
     def execute(self, requests):

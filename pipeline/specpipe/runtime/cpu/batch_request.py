@@ -1,0 +1,155 @@
+"""One request's state inside the batch scheduler, its own drafter, and its token choice.
+
+Token choice with position-keyed randomness: a sampled request's token at output index j is drawn by
+inverse-CDF sampling from the processed target distribution p_j with the uniform
+``u_j = hash(seed, j)`` (splitmix64), and a draft (chain or tree node) is accepted iff it equals that
+token. With deterministic drafts (n-gram, tree candidates) this is exactly speculative sampling
+(acceptance probability p(d) = min(1, p(d)/q(d)) for one-hot q; on rejection the token is a sample of
+p conditioned on differing from d, i.e. ``norm(max(p - q, 0))``, Leviathan et al. 2023); for a draft
+model the draft token is drawn with the same ``u_j`` from its own q (common random numbers), which
+keeps every committed token an exact sample of p. Consequence: a seeded request's text depends only on
+its seed and parameters, not on which requests share its batch nor on the draft lengths the adaptive
+rule picks. Greedy requests take the (bad-word masked) argmax.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
+from specpipe.generation.stopping import StopConditions
+from specpipe.runtime.cpu.adaptive import AcceptanceEstimate
+from specpipe.runtime.cpu.cached_lm import CachedLM
+from specpipe.runtime.cpu.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.sampling import TokenSampler, mask_tokens
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) determined by ``(seed, position)`` (splitmix64 finaliser, 53 bits)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return (z >> 11) / float(1 << 53)
+
+
+class PositionKeyedChooser:
+    """A request's token choice keyed by output position (module doc).
+
+    Args:
+        params: validated sampling settings; seed: the request's seed (drawn at random when it gave none).
+    """
+
+    def __init__(self, params: SamplingParams, seed: int):
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        self.sampler = TokenSampler(params, generator)
+        self.greedy = self.sampler.greedy
+        self.seed = seed
+
+    def choose(self, logits: torch.Tensor, first_position: int) -> torch.Tensor:
+        """int64 ``[n]``: the token chosen after each row of ``logits`` ``[n, vocab]``; row r is output
+        index ``first_position + r`` (for a tree, pass per-row positions to :meth:`choose_at`)."""
+        return self.choose_at(logits, list(range(first_position, first_position + logits.shape[0])))
+
+    def choose_at(self, logits: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        if self.greedy:
+            return mask_tokens(logits, self.sampler.banned).argmax(dim=-1)
+        probs = self.sampler.distributions(logits)
+        cdf = probs.cumsum(dim=-1)
+        uniforms = torch.tensor([position_uniform(self.seed, p) for p in positions], dtype=cdf.dtype)
+        picked = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).squeeze(-1)
+        picked = picked.clamp_max(probs.shape[-1] - 1)
+        # never pick a zero-probability token at the edge of a rounding gap
+        bad = probs.gather(-1, picked[:, None]).squeeze(-1) <= 0
+        if bool(bad.any()):
+            picked[bad] = probs[bad].argmax(dim=-1)
+        return picked
+
+
+class DraftSampler:
+    """What a chain drafter's ``propose`` sees as the request's sampler: greedy flag, processing, and a
+    ``choose`` that uses the uniform of the next output position (common random numbers)."""
+
+    def __init__(self, chooser: PositionKeyedChooser, first_position: int):
+        self._chooser, self._position = chooser, first_position
+        self.greedy = chooser.greedy
+        self.banned = chooser.sampler.banned
+        self.generator = chooser.sampler.generator
+        self.distributions = chooser.sampler.distributions
+
+    def choose(self, logits: torch.Tensor):
+        token = int(self._chooser.choose_at(logits, [self._position])[0])
+        self._position += 1
+        return token, None
+
+
+def fork_drafter(template):
+    """A drafter for one request: shares ``template``'s weights, owns its per-request state."""
+    clone = copy.copy(template)
+    if isinstance(template, DraftModelDrafter):
+        clone.lm = CachedLM(template.lm.model)
+        clone._cached_ids = []
+    clone.reset([])
+    return clone
+
+
+@dataclass
+class BatchRequest:
+    """A request in the scheduler.
+
+    Attributes:
+        prompt: prompt token ids; context: prompt + committed output.
+        emit: called with each :class:`StepOutput` (on the scheduler thread); fail: called once with the
+            exception that ended the request early (bad state, drafter failure, shutdown).
+        slot: KV cache slot while active; prefilled: prompt tokens in the cache so far.
+        prefill_features: tree drafters: hidden chunks of the prompt, handed over after the last chunk.
+        draft_length: draft length chosen for the latest step (0 = plain decoding).
+        draft_seconds_per_depth: EWMA of the drafter's seconds per draft depth.
+        tokens_by_depth: tree drafters: cumulative node counts per depth of the latest tree.
+    """
+
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    chooser: PositionKeyedChooser
+    stop: StopConditions
+    stats: RequestStats
+    drafter: object
+    emit: Callable[[StepOutput], None]
+    fail: Callable[[BaseException], None]
+    context: list[int] = field(default_factory=list)
+    slot: int | None = None
+    prefilled: int = 0
+    prefill_features: list[torch.Tensor] = field(default_factory=list)
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    draft_length: int = 0
+    draft_seconds_per_depth: float = 0.0
+    tokens_by_depth: list[int] | None = None
+    cancelled: bool = False
+    done: bool = False
+
+    @property
+    def output_index(self) -> int:
+        """Index (in the output) of the next token to commit."""
+        return len(self.context) - len(self.prompt)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+    def cancel(self) -> None:
+        """Ask the scheduler to drop this request at its next step (thread-safe: a flag)."""
+        self.cancelled = True
+
+
+def new_seed() -> int:
+    """A random 63-bit seed for a request that gave none."""
+    return random.SystemRandom().getrandbits(63)

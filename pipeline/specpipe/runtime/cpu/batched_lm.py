@@ -1,0 +1,220 @@
+"""A Llama-style target run over many requests' KV caches in one forward pass (in-flight batching).
+
+Why not transformers' own continuous batching: ``transformers.generation.continuous_batching``
+(``PagedAttentionCache``, 5.x) builds block-diagonal *causal* masks from cumulative sequence lengths and
+has no way to drop cache entries once written, whereas token-tree verification needs an arbitrary
+mask per request and both chain and tree speculation need rollback (chain: truncate; tree: compact the
+accepted path). So this module keeps a slot-based static cache and runs the decoder layers itself,
+calling the model's own modules (``embed_tokens``, norms, ``q/k/v/o_proj``, ``mlp``, ``lm_head``:
+the prepacked oneDNN layers of :mod:`~specpipe.runtime.cpu.prepack` when the loader prepacked them).
+
+Layout:
+
+* cache: one float tensor for keys and one for values, ``[layers, slots, kv_heads, capacity, head_dim]``
+  (slot = one request; ``capacity`` grows by doubling); :attr:`BatchedLM.lengths` gives each slot's
+  cached tokens;
+* a forward packs every request's new tokens into one sequence of ``T`` rows, so each linear layer
+  is one GEMM ``[T, H] x [H, *]`` for the whole batch (vLLM-style token packing, Kwon et al. 2023);
+* attention pads queries per slot, ``[slots_used, heads, n_max, d]``, and reads each slot's keys in
+  place ``[slots_used, kv_heads, L_max, d]`` with a bool mask ``[slots_used, 1, n_max, L_max]``
+  (causal for a chain or a prompt chunk, the request's own tree mask for a tree): one
+  ``scaled_dot_product_attention`` call per layer, grouped-query heads shared (``enable_gqa``).
+
+Numerics: fp32 throughout. A request's rows go through GEMMs whose row count depends on the batch, and
+through attention over padded keys (masked to exact zeros); the results agree with the one-request
+:class:`~specpipe.runtime.cpu.cached_lm.CachedLM` path to float32 rounding, and greedy argmaxes were
+identical in every test (see ``tests/test_batched_scheduler.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+
+@dataclass
+class BatchEntry:
+    """One request's input to a batched forward.
+
+    Attributes:
+        slot: the request's cache slot (:meth:`BatchedLM.allocate`).
+        token_ids: n >= 1 tokens, written to the slot's cache at ``length .. length + n - 1``.
+        positions: int64 ``[n]`` position ids; ``None``: ``length .. length + n - 1`` (a chain).
+        mask: bool ``[n, length + n]`` (True = may attend) over the slot's cache and these tokens;
+            ``None``: causal (every cached token, then the new ones up to itself).
+    """
+
+    slot: int
+    token_ids: list[int]
+    positions: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+
+class BatchedLM:
+    """The target decoder over a slot-based KV cache shared by up to ``max_batch_size`` requests.
+
+    Args:
+        model: a ``LlamaForCausalLM``-style model (``model.model.layers[i].self_attn.{q,k,v,o}_proj``,
+            ``mlp``, ``input_layernorm``, ``post_attention_layernorm``, ``model.model.norm``,
+            ``rotary_emb``, ``embed_tokens``; ``model.lm_head``), fp32, eval.
+        max_batch_size: cache slots (requests decoded together), >= 1.
+        capacity: initial tokens per slot (grows as needed).
+
+    Not thread-safe: one scheduler thread owns it.
+    """
+
+    def __init__(self, model: PreTrainedModel, max_batch_size: int, capacity: int = 128):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        config = model.config
+        self.model = model
+        self.decoder = model.model
+        self.max_batch_size = max_batch_size
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.num_layers = len(self.decoder.layers)
+        self.lengths = [0] * max_batch_size
+        self._free = list(range(max_batch_size))
+        self._capacity = 0
+        self.keys = self.values = torch.empty(0)
+        self._grow(capacity)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        """A free slot (the lowest, which keeps the used slots dense), emptied.
+
+        Raises:
+            RuntimeError: every slot is in use.
+        """
+        if not self._free:
+            raise RuntimeError("no free KV cache slot")
+        self._free.sort()
+        slot = self._free.pop(0)
+        self.lengths[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Give a slot back (its entries are simply overwritten later)."""
+        self.lengths[slot] = 0
+        if slot not in self._free:
+            self._free.append(slot)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` cached tokens of ``slot`` (chain rollback)."""
+        self.lengths[slot] = min(self.lengths[slot], length)
+
+    def _grow(self, needed: int) -> None:
+        if needed <= self._capacity:
+            return
+        capacity = max(needed, 2 * self._capacity, 16)
+        shape = (self.num_layers, self.max_batch_size, self.num_kv_heads, capacity, self.head_dim)
+        keys, values = torch.zeros(shape), torch.zeros(shape)
+        if self._capacity:
+            keys[..., : self._capacity, :] = self.keys
+            values[..., : self._capacity, :] = self.values
+        self.keys, self.values, self._capacity = keys, values, capacity
+
+    @torch.inference_mode()
+    def hidden(self, entries: list[BatchEntry]) -> torch.Tensor:
+        """One decoder pass over every entry's tokens, appending their keys/values to their slots.
+
+        Returns:
+            float32 ``[T, H]`` final hidden states (after the final norm), the entries' rows packed in
+            entry order (``T`` = total tokens).
+
+        Raises:
+            ValueError: no entries, an empty entry, or a slot listed twice.
+        """
+        if not entries or any(not e.token_ids for e in entries) or len({e.slot for e in entries}) != len(entries):
+            raise ValueError("a batched forward needs distinct slots with at least one token each")
+        counts = [len(e.token_ids) for e in entries]
+        starts = [self.lengths[e.slot] for e in entries]
+        total = sum(counts)
+        n_max = max(counts)
+        kv_len = max(s + n for s, n in zip(starts, counts))
+        used_slots = max(e.slot for e in entries) + 1
+        self._grow(kv_len)
+
+        token_ids = torch.tensor([t for e in entries for t in e.token_ids], dtype=torch.long)
+        slot_of_row = torch.repeat_interleave(torch.tensor([e.slot for e in entries]), torch.tensor(counts))
+        row_in_entry = torch.cat([torch.arange(n) for n in counts])
+        cache_index = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)])
+        positions = torch.cat([e.positions if e.positions is not None else torch.arange(s, s + n)
+                               for e, s, n in zip(entries, starts, counts)])
+        mask = torch.zeros(used_slots, 1, n_max, kv_len, dtype=torch.bool)
+        mask[..., 0] = True  # padded query rows attend to something (their output is dropped)
+        for e, s, n in zip(entries, starts, counts):
+            if e.mask is not None:
+                mask[e.slot, 0, :n, : s + n] = e.mask
+            else:
+                mask[e.slot, 0, :n, :s] = True
+                mask[e.slot, 0, :n, s : s + n] = torch.ones(n, n, dtype=torch.bool).tril()
+
+        x = self.decoder.embed_tokens(token_ids)[None]  # [1, T, H]
+        cos, sin = self.decoder.rotary_emb(x, positions[None])
+        for layer_index, layer in enumerate(self.decoder.layers):
+            x = x + self._attention(layer, layer_index, x, cos, sin, slot_of_row, row_in_entry, cache_index,
+                                    mask, used_slots, n_max, kv_len)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        for e, s, n in zip(entries, starts, counts):
+            self.lengths[e.slot] = s + n
+        return self.decoder.norm(x)[0]
+
+    def _attention(self, layer, layer_index, x, cos, sin, slot_of_row, row_in_entry, cache_index, mask,
+                   used_slots, n_max, kv_len) -> torch.Tensor:
+        attn = layer.self_attn
+        total, d = x.shape[1], self.head_dim
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(1, total, self.num_heads, d)
+        k = attn.k_proj(h).view(1, total, self.num_kv_heads, d)
+        v = attn.v_proj(h).view(total, self.num_kv_heads, d)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+        keys, values = self.keys[layer_index], self.values[layer_index]
+        keys[slot_of_row, :, cache_index] = k[0]
+        values[slot_of_row, :, cache_index] = v
+        padded_q = q.new_zeros(used_slots, n_max, self.num_heads, d)
+        padded_q[slot_of_row, row_in_entry] = q[0]
+        out = F.scaled_dot_product_attention(
+            padded_q.transpose(1, 2), keys[:used_slots, :, :kv_len], values[:used_slots, :, :kv_len],
+            attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [slots, heads, n_max, d]
+        out = out.transpose(1, 2)[slot_of_row, row_in_entry]  # [T, heads, d]
+        return attn.o_proj(out.reshape(1, total, self.num_heads * d))
+
+    @torch.inference_mode()
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[n, vocab]`` of hidden states ``[n, H]`` (the target's ``lm_head``)."""
+        return self.model.lm_head(hidden).float()
+
+    def keep_paths(self, paths: list[tuple[int, int, list[int]]]) -> None:
+        """After tree forwards, keep each slot's context, root and accepted nodes, contiguous.
+
+        Args:
+            paths: ``(slot, context, path)`` per request: ``context`` cached tokens before the root
+                (root at cache index ``context``, node i at ``context + 1 + i``), ``path`` the accepted
+                node indices; all requests' moves run as one gather/scatter over all layers.
+        """
+        slots, sources, targets = [], [], []
+        for slot, context, path in paths:
+            for depth, node in enumerate(path):
+                if node != depth:
+                    slots.append(slot)
+                    sources.append(context + 1 + node)
+                    targets.append(context + 1 + depth)
+            self.lengths[slot] = context + 1 + len(path)
+        if slots:
+            slot_index, source, target = (torch.tensor(v, dtype=torch.long) for v in (slots, sources, targets))
+            self.keys[:, slot_index, :, target] = self.keys[:, slot_index, :, source]
+            self.values[:, slot_index, :, target] = self.values[:, slot_index, :, source]

@@ -1,0 +1,370 @@
+"""In-flight batching for the CPU runtime: one scheduler loop owns the target model.
+
+Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching (vLLM, Kwon et al.
+2023, SOSP): requests join and leave the running batch at every step. Each :meth:`BatchScheduler.step`:
+
+1. admits waiting requests while cache slots are free (at most ``max_batch_size`` active; beyond that
+   they wait in a queue of ``max_queue``; past it :meth:`~BatchScheduler.submit` raises
+   :class:`ServerBusy` at once) and drops cancelled requests (their slot is freed);
+2. chooses each decoding request's draft length with the load-adaptive rule
+   (:func:`~specpipe.runtime.cpu.adaptive.choose_draft_lengths`; 0 = plain decoding) and drafts:
+   a chain (``[last, d1..dk]``, causal) or a token tree (``[root, nodes]``, tree mask and positions);
+3. gives prefilling requests the next chunk of their prompt, at most ``prefill_chunk`` prompt tokens
+   per step over all of them, so a long prompt does not stall the batch;
+4. runs **one** target forward over all of it (:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`)
+   and one ``lm_head`` over every row that needs logits;
+5. per request: chooses tokens (:mod:`~specpipe.runtime.cpu.batch_request`), accepts its own drafts,
+   rolls back its own rejected entries (chain: truncate; tree: compact the accepted path, one
+   gather/scatter for the batch), applies its stop conditions and emits its own
+   :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot.
+
+A failure while drafting or choosing for one request ends that request only (``fail`` callback); a
+failure of the shared forward ends the requests of that step. Greedy output of a request does not
+depend on the batch it shares (see ``tests/test_batched_scheduler.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import torch
+
+from specpipe.errors import SpecpipeError
+from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
+from specpipe.generation.stopping import StopConditions
+from specpipe.runtime.cpu.adaptive import DraftCandidate, ForwardCostModel, choose_draft_lengths
+from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
+from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.tree_accept import DraftTree, greedy_tree_accept, tree_attention, typical_tree_accept
+from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.runtime.cpu.validation import validate_request
+from specpipe.speculative import ACCEPTANCE_RULES
+
+
+class ServerBusy(SpecpipeError):
+    """Every batch slot and the waiting queue are full: retry later."""
+
+
+class Cancelled(Exception):
+    """The request was cancelled before it finished."""
+
+
+class BatchScheduler:
+    """Serves many requests together on the engine's target and drafter (module doc).
+
+    Args:
+        engine: a loaded :class:`SpeculativeEngine` or :class:`TreeSpeculativeEngine`; the scheduler uses
+            its model, drafter (one fork per request), ``max_draft_len``, ``max_context``, end ids.
+        max_batch_size: requests decoded together (cache slots).
+        max_queue: requests waiting for a slot before :class:`ServerBusy`.
+        prefill_chunk: most prompt tokens per step.
+        cost_model: forward cost against tokens; ``None``: measured now (call on the serving thread).
+        adaptive: choose draft lengths by the rule; ``False``: always draft ``max_draft_len``.
+    """
+
+    def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
+                 prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True):
+        self.engine = engine
+        self.tree = isinstance(engine, TreeSpeculativeEngine)
+        self.acceptance_rule = getattr(engine, "acceptance", ACCEPTANCE_RULES[0])
+        self.lm = BatchedLM(engine.target.model, max_batch_size)
+        self.max_batch_size, self.max_queue, self.prefill_chunk = max_batch_size, max_queue, max(1, prefill_chunk)
+        self.max_draft_len, self.max_context = engine.max_draft_len, engine.max_context
+        self.adaptive = adaptive
+        self.cost_model = cost_model if cost_model is not None else ForwardCostModel.measure(self.lm)
+        self.active: list[BatchRequest] = []
+        self._waiting: deque[BatchRequest] = deque()
+        self._lock = threading.Condition()
+        self._next_id = 0
+        self.steps = 0
+        self.last_draft_lengths: list[int] = []
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def submit(self, input_ids: list[int], params: SamplingParams, emit: Callable[[StepOutput], None],
+               fail: Callable[[BaseException], None] = lambda exc: None) -> BatchRequest:
+        """Queue a request (thread-safe); its outputs go to ``emit`` on the scheduler thread.
+
+        Raises:
+            ValueError: an invalid request (as :meth:`SpeculativeEngine.generate`), before queueing.
+            ServerBusy: ``max_batch_size`` requests are active and ``max_queue`` wait already.
+        """
+        input_ids = list(input_ids)
+        validate_request(input_ids, params, vocab_size=self.lm.vocab_size, max_context=self.max_context)
+        end_ids = self.engine.default_end_ids if params.end_id is None else frozenset((params.end_id,))
+        with self._lock:
+            if len(self.active) + len(self._waiting) >= self.max_batch_size + self.max_queue:
+                raise ServerBusy(f"server busy: {self.max_batch_size} requests are running and {len(self._waiting)} "
+                                 f"are waiting (max_queue {self.max_queue}); retry later")
+            request = BatchRequest(
+                request_id=self._next_id, prompt=input_ids, params=params,
+                chooser=PositionKeyedChooser(params, params.seed if params.seed is not None else new_seed()),
+                stop=StopConditions(end_ids, params.stop_words, params.max_tokens),
+                stats=RequestStats(num_input_tokens=len(input_ids)), drafter=None, emit=emit, fail=fail,
+                context=list(input_ids))
+            self._next_id += 1
+            self._waiting.append(request)
+            self._lock.notify_all()
+        return request
+
+    def generate(self, input_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
+        """Submit and iterate the request's outputs; needs another thread running :meth:`serve_forever`."""
+        import queue
+
+        outputs: queue.Queue = queue.Queue()
+        request = self.submit(input_ids, params, outputs.put, outputs.put)
+        try:
+            while True:
+                item = outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            request.cancel()
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot."""
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.active or self._waiting)
+
+    def run_until_idle(self) -> None:
+        """Step until no request is active or waiting (on the calling thread)."""
+        while self.has_work:
+            self.step()
+
+    def serve_forever(self, stop: threading.Event) -> None:
+        """Step while there is work; sleep until a submit otherwise; return once ``stop`` is set."""
+        while not stop.is_set():
+            with self._lock:
+                while not self.has_work and not stop.is_set():
+                    self._lock.wait(0.5)
+            if not stop.is_set():
+                self.step()
+        for request in [*self.active, *self._waiting]:
+            self._finish(request, error=Cancelled("the server is shutting down"))
+
+    def wake(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+
+    # --- one step ------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        with self._lock:
+            for request in [r for r in self._waiting if r.cancelled]:
+                self._waiting.remove(request)
+                self._finish(request, error=Cancelled("cancelled while waiting"))
+            while self._waiting and self.lm.free_slots:
+                request = self._waiting.popleft()
+                request.slot = self.lm.allocate()
+                request.drafter = fork_drafter(self.engine.drafter)
+                request.drafter.reset(list(request.prompt))
+                self.active.append(request)
+
+    def _finish(self, request: BatchRequest, error: BaseException | None = None) -> None:
+        if request in self.active:
+            self.active.remove(request)
+        if request.slot is not None:
+            self.lm.release(request.slot)
+            request.slot = None
+        request.done = True
+        if error is not None:
+            try:
+                request.fail(error)
+            except Exception:  # noqa: BLE001 - a consumer that has gone away must not stop the loop
+                pass
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One scheduler iteration (module doc)."""
+        self._admit()
+        for request in [r for r in self.active if r.cancelled]:
+            self._finish(request, error=Cancelled("cancelled"))
+        if not self.active:
+            return
+        decoding = [r for r in self.active if not r.prefilling]
+        prefilling = [r for r in self.active if r.prefilling]
+        budget, chunks = self.prefill_chunk, []
+        for request in prefilling:
+            if budget <= 0:
+                break
+            size = min(budget, len(request.prompt) - request.prefilled)
+            chunks.append((request, size))
+            budget -= size
+        lengths = self._draft_lengths(decoding, sum(n for _, n in chunks),
+                                      sum(1 for r, n in chunks if r.prefilled + n == len(r.prompt)))
+        plans, entries = [], []
+        for request, k in zip(decoding, lengths):
+            try:
+                plan = self._draft(request, k)
+            except Exception as exc:  # noqa: BLE001 - one request's drafter failing must not stop the batch
+                self._finish(request, error=exc)
+                continue
+            plans.append(plan)
+            entries.append(plan[1])
+        for request, size in chunks:
+            entries.append(BatchEntry(request.slot, request.prompt[request.prefilled : request.prefilled + size]))
+            plans.append((request, entries[-1], None))
+        if not entries:
+            return
+        try:
+            hidden = self.lm.hidden(entries)
+            rows, offset, wanted = [], 0, []
+            for request, entry, _ in plans:
+                n = len(entry.token_ids)
+                if not request.prefilling:
+                    wanted.append(list(range(offset, offset + n)))
+                elif request.prefilled + n == len(request.prompt):
+                    wanted.append([offset + n - 1])
+                else:
+                    wanted.append([])
+                rows += wanted[-1]
+                offset += n
+            logits = self.lm.project(hidden[rows]) if rows else None
+        except Exception as exc:  # noqa: BLE001 - the shared forward failed: end this step's requests
+            for request, _, _ in plans:
+                self._finish(request, error=exc)
+            return
+        self.steps += 1
+        self.last_draft_lengths = [r.draft_length for r in decoding]
+        first_row, offset = 0, 0
+        for (request, entry, draft), want in zip(plans, wanted):
+            n = len(entry.token_ids)
+            own_hidden = hidden[offset : offset + n]
+            own_logits = logits[first_row : first_row + len(want)] if want else None
+            offset += n
+            first_row += len(want)
+            try:
+                self._complete(request, entry, draft, own_hidden, own_logits)
+            except Exception as exc:  # noqa: BLE001 - isolate one request's failure
+                self._finish(request, error=exc)
+
+    def _draft_lengths(self, decoding: list[BatchRequest], prefill_tokens: int, prefill_outputs: int) -> list[int]:
+        candidates = []
+        for request in decoding:
+            room = max(0, min(self.max_draft_len, request.stop.remaining - 1, self.max_context - len(request.context) - 1))
+            if self.tree:
+                room = min(room, self._tree_depth(request.drafter))
+                by_depth = request.tokens_by_depth or self._default_tree_counts(request.drafter)
+                by_depth = (by_depth + [by_depth[-1]] * room)[: room + 1]
+            else:
+                by_depth = list(range(room + 1))
+            candidates.append(DraftCandidate(by_depth, request.acceptance, request.draft_seconds_per_depth))
+        if not self.adaptive:
+            return [len(c.tokens_by_depth) - 1 for c in candidates]
+        return choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs)
+
+    def _tree_depth(self, drafter) -> int:
+        static = getattr(drafter, "tree", None)
+        if static is not None:
+            return static.depth
+        return int(getattr(drafter, "depth_limit", None) or getattr(drafter, "max_depth", None) or self.max_draft_len)
+
+    def _default_tree_counts(self, drafter) -> list[int]:
+        static = getattr(drafter, "tree", None)
+        depth = self._tree_depth(drafter)
+        if static is not None:
+            return [min(self.max_draft_len, sum(1 for d in static.depths if d <= k)) for k in range(depth + 1)]
+        width = max(1, self.max_draft_len // max(depth, 1))
+        return [min(self.max_draft_len, k * width) for k in range(depth + 1)]
+
+    def _draft(self, request: BatchRequest, k: int):
+        """Propose request's drafts of length/depth ``k``; returns ``(request, entry, draft)``."""
+        request.draft_length = k
+        context, cached = request.context, len(request.context) - 1
+        started = time.perf_counter()
+        if self.tree:
+            tree = DraftTree([], [])
+            if k > 0:
+                tree = request.drafter.propose(context, self.max_draft_len, k).prune(k, self.max_draft_len)
+                depths = tree.depths()
+                request.tokens_by_depth = [sum(1 for d in depths if d <= j) for j in range(max(depths, default=0) + 1)]
+            mask, depth = tree_attention(tree.parents, cached)
+            entry = BatchEntry(request.slot, [context[-1], *tree.tokens], positions=cached + depth, mask=mask[0, 0])
+            draft = tree
+        else:
+            drafts = []
+            if k > 0:
+                proposal = request.drafter.propose(context, k, DraftSampler(request.chooser, request.output_index))
+                drafts = list(proposal.tokens[:k])
+            entry = BatchEntry(request.slot, [context[-1], *drafts])
+            draft = drafts
+        if k > 0:
+            seconds = (time.perf_counter() - started) / k
+            previous = request.draft_seconds_per_depth
+            request.draft_seconds_per_depth = seconds if previous == 0.0 else 0.8 * previous + 0.2 * seconds
+        return request, entry, draft
+
+    def _complete(self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor,
+                  logits: torch.Tensor | None) -> None:
+        if request.prefilling:
+            request.prefilled += len(entry.token_ids)
+            if self.tree:
+                request.prefill_features.append(hidden)
+            if logits is None:
+                return
+            token = int(request.chooser.choose(logits, request.output_index)[0])
+            request.context.append(token)
+            request.stats.target_forwards += 1
+            if self.tree:
+                request.drafter.commit(request.context, torch.cat(request.prefill_features))
+                request.prefill_features = []
+            else:
+                request.drafter.commit(request.context)
+            self._release_tokens(request, [token])
+            return
+        cached = len(request.context) - 1
+        if self.tree:
+            tree: DraftTree = draft
+            depths = [0, *tree.depths()]
+            positions = [request.output_index + d for d in depths]
+            if request.chooser.greedy or self.acceptance_rule != "typical":
+                path, token = greedy_tree_accept(request.chooser.choose_at(logits, positions), tree)
+            else:
+                generator = torch.Generator().manual_seed(request.chooser.seed + request.output_index)
+                path, token = typical_tree_accept(request.chooser.sampler.distributions(logits), tree, generator)
+            self.lm.keep_paths([(request.slot, cached, path)])
+            committed = [*(tree.tokens[i] for i in path), token]
+            request.context.extend(committed)
+            request.drafter.commit(request.context, hidden[[0, *(i + 1 for i in path)]])
+            drafted, accepted = (max(tree.depths(), default=0), len(path))
+            proposed = len(tree)
+        else:
+            drafts: list[int] = draft
+            chosen = request.chooser.choose(logits, request.output_index).tolist()
+            accepted = 0
+            while accepted < len(drafts) and drafts[accepted] == chosen[accepted]:
+                accepted += 1
+            committed = [*drafts[:accepted], chosen[accepted]]
+            self.lm.truncate(request.slot, cached + 1 + accepted)
+            request.context.extend(committed)
+            request.drafter.commit(request.context)
+            drafted, proposed = len(drafts), len(drafts)
+        request.acceptance.observe(drafted, accepted)
+        stats = request.stats
+        stats.target_forwards += 1
+        stats.total_draft_tokens += proposed
+        stats.total_accepted_draft_tokens += accepted
+        self._release_tokens(request, committed)
+
+    def _release_tokens(self, request: BatchRequest, committed: list[int]) -> None:
+        tokens, reason = request.stop.push(committed)
+        if reason is None and len(request.context) >= self.max_context:
+            tokens += request.stop.finish()
+            reason = "length"
+        request.stats.num_output_tokens = request.stop.returned
+        request.stats.draft_length = request.draft_length
+        if reason is not None:
+            self._finish(request)
+        request.emit(StepOutput(tokens, reason is not None, reason, replace(request.stats)))

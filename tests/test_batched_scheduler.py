@@ -1,0 +1,159 @@
+"""In-flight batching in the CPU runtime (issue 11 items 1-3): every request of a concurrent batch
+gives the output it gives alone, whatever joins, leaves, fails or stops beside it; seeded sampling does
+not depend on the batch; the adaptive rule drafts only where it pays; the queue bound answers busy."""
+
+import pytest
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.adaptive import (
+    AcceptanceEstimate, DraftCandidate, ForwardCostModel, choose_draft_lengths,
+)
+from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.cached_lm import CachedLM
+from specpipe.runtime.cpu.scheduler import Cancelled, ServerBusy
+from batch_helpers import (
+    FLAT_COST, LINEAR_COST, METHODS, make_engine, prompts, run_alone, run_batch, scheduler_for, submit,
+)
+from tiny_models import tiny_llama
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+GREEDY = SamplingParams(max_tokens=24)
+
+
+def test_batched_forward_matches_the_one_sequence_cache():
+    model = tiny_llama(0)
+    lm = BatchedLM(model, 4, capacity=4)  # also exercises capacity growth
+    chunks = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
+    steps = [[21, 22, 23], [24], [25, 26]]
+    slots = [lm.allocate() for _ in chunks]
+    lm.hidden([BatchEntry(s, c) for s, c in zip(slots, chunks)])
+    hidden = lm.hidden([BatchEntry(s, t) for s, t in zip(slots, steps)])
+    offset = 0
+    for chunk, step in zip(chunks, steps):
+        alone = CachedLM(model)
+        alone.hidden(chunk)
+        expected = alone.hidden(step)
+        assert (hidden[offset : offset + len(step)] - expected).abs().max() < 1e-4
+        offset += len(step)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_batch_of_8_equals_each_request_alone(method):
+    engine = make_engine(method)
+    batch = [(p, GREEDY) for p in prompts(8)]
+    outs = run_batch(engine, batch)
+    baseline = make_engine("none")
+    for (prompt, params), out in zip(batch, outs):
+        assert out.error is None and out.reason == "length"
+        alone = run_alone(engine, prompt, params)
+        plain, _ = baseline.generate_all(prompt, params)  # the one-request engine, no drafting
+        assert out.tokens == alone == plain
+    if method != "none":
+        assert sum(o.stats.total_draft_tokens for o in outs) > 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_joins_cancellation_bad_request_and_stop_word_leave_the_others_unchanged(method):
+    engine = make_engine(method)
+    ps = prompts(6, seed=1)
+    scheduler = scheduler_for(engine, max_batch_size=4)
+    _, a = submit(scheduler, ps[0], GREEDY)
+    b_request, b = submit(scheduler, ps[1], SamplingParams(max_tokens=40))
+    for _ in range(4):
+        scheduler.step()
+    _, c = submit(scheduler, ps[2], GREEDY)  # joins mid-generation
+    with pytest.raises(ValueError):
+        submit(scheduler, [], GREEDY)  # bad request: refused before it reaches the batch
+    with pytest.raises(ValueError):
+        submit(scheduler, [1, 999], GREEDY)
+    alone_d = run_alone(engine, ps[3], GREEDY)
+    stop_word = tuple(alone_d[5:7])
+    _, d = submit(scheduler, ps[3], SamplingParams(max_tokens=24, stop_words=(stop_word,)))
+    scheduler.step()
+    scheduler.step()
+    b_request.cancel()
+    scheduler.run_until_idle()
+    assert isinstance(b.error, Cancelled) and b.reason is None
+    assert a.tokens == run_alone(engine, ps[0], GREEDY)
+    assert c.tokens == run_alone(engine, ps[2], GREEDY)
+    first = next(i for i in range(len(alone_d) - 1) if tuple(alone_d[i : i + 2]) == stop_word)
+    assert d.reason == "stop" and d.tokens == alone_d[:first]
+    assert scheduler.lm.free_slots == 4
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "draft-model", "eagle"])
+def test_seeded_sampling_gives_the_same_text_alone_and_in_a_batch(method):
+    engine = make_engine(method)
+    ps = prompts(5, seed=2)
+    seeded = SamplingParams(max_tokens=20, greedy=False, temperature=0.9, top_k=20, seed=1234)
+    alone = run_alone(engine, ps[0], seeded)
+    others = [(p, SamplingParams(max_tokens=16, greedy=False, seed=i)) for i, p in enumerate(ps[1:])]
+    outs = run_batch(engine, [(ps[0], seeded), *others])
+    assert outs[0].tokens == alone
+    # and the plain engine's seeded text (no drafts at all) is the same: drafting does not change it
+    assert run_alone(make_engine("none"), ps[0], seeded) == alone
+
+
+def test_draft_length_is_zero_where_drafting_cannot_pay():
+    high = AcceptanceEstimate(prior=0.95)
+    candidates = [DraftCandidate(list(range(6)), high) for _ in range(3)]
+    assert choose_draft_lengths(LINEAR_COST, candidates, fixed_tokens=3) == [0, 0, 0]
+    # costly drafting: even free verification does not pay
+    candidates = [DraftCandidate(list(range(6)), high, seconds_per_depth=10.0)]
+    assert choose_draft_lengths(FLAT_COST, candidates, fixed_tokens=1) == [0]
+
+
+def test_it_drafts_with_high_acceptance_and_a_small_batch_and_stops_under_load():
+    # measured shape on 2 cores: verifying a few tokens costs ~1.3x a step, then cost grows with tokens
+    cost = ForwardCostModel((1, 4, 8, 16, 32, 64), (1.0, 1.3, 1.4, 2.0, 3.5, 6.5))
+    high = AcceptanceEstimate(prior=0.8)
+    assert choose_draft_lengths(cost, [DraftCandidate(list(range(6)), high)], fixed_tokens=1)[0] >= 3
+    low = AcceptanceEstimate(prior=0.1)
+    assert choose_draft_lengths(cost, [DraftCandidate(list(range(6)), low)], fixed_tokens=1) == [0]
+    # 32 requests of a busy batch: the forward is compute-bound, extra tokens cost a full share each
+    busy = [DraftCandidate(list(range(6)), AcceptanceEstimate(prior=0.4)) for _ in range(32)]
+    assert sum(choose_draft_lengths(cost, busy, fixed_tokens=32)) == 0
+
+
+def test_acceptance_estimate_follows_observations():
+    estimate = AcceptanceEstimate()
+    for _ in range(20):
+        estimate.observe(drafted_depth=4, accepted_depth=0)
+    assert estimate.rate < 0.15
+    for _ in range(40):
+        estimate.observe(drafted_depth=0, accepted_depth=0)  # no drafts: drifts back to the prior
+    assert estimate.rate > 0.5
+
+
+def test_adaptive_scheduler_does_not_draft_when_it_cannot_pay_and_reports_draft_lengths():
+    engine = make_engine("ngram")
+    outs = run_batch(engine, [(p, GREEDY) for p in prompts(4)], cost_model=LINEAR_COST)
+    assert all(o.stats.total_draft_tokens == 0 and o.stats.draft_length == 0 for o in outs)
+    outs = run_batch(engine, [(p, GREEDY) for p in prompts(4)], cost_model=FLAT_COST)
+    assert sum(o.stats.total_draft_tokens for o in outs) > 0
+
+
+def test_queue_bound_answers_server_busy_at_once():
+    engine = make_engine("none")
+    scheduler = scheduler_for(engine, max_batch_size=2, max_queue=1)
+    outs = [submit(scheduler, [3, 4, 5], GREEDY)[1] for _ in range(3)]
+    with pytest.raises(ServerBusy, match="server busy"):
+        submit(scheduler, [3, 4, 5], GREEDY)
+    scheduler.run_until_idle()
+    assert all(o.reason == "length" and len(o.tokens) == 24 for o in outs)
+    submit(scheduler, [3, 4, 5], GREEDY)  # room again
+
+
+def test_long_prompt_is_prefilled_in_chunks_while_others_decode():
+    engine = make_engine("none")
+    scheduler = scheduler_for(engine, prefill_chunk=4)
+    _, short = submit(scheduler, [3, 4, 5], GREEDY)
+    scheduler.step()
+    long_prompt = list(range(3, 43))
+    _, long = submit(scheduler, long_prompt, GREEDY)
+    for _ in range(5):
+        scheduler.step()
+    assert short.steps >= 5 and long.steps == 0  # the short one kept decoding during the long prefill
+    scheduler.run_until_idle()
+    assert long.tokens == run_alone(engine, long_prompt, GREEDY)
