@@ -157,3 +157,23 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode():
     assert short.steps >= 5 and long.steps == 0  # the short one kept decoding during the long prefill
     scheduler.run_until_idle()
     assert long.tokens == run_alone(engine, long_prompt, GREEDY)
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "medusa", "eagle"])
+def test_penalties_and_min_tokens_in_a_batch_match_the_one_request_engine(method):
+    """TensorRT-LLM's penalties and min_tokens apply per position (drafts count as history), so greedy
+    output through the scheduler equals the one-request engine's with the same options."""
+    engine = make_engine(method)
+    baseline = make_engine("none")
+    options = [SamplingParams(max_tokens=12, repetition_penalty=1.3),
+               SamplingParams(max_tokens=12, presence_penalty=0.8, frequency_penalty=0.4),
+               SamplingParams(max_tokens=12, min_tokens=12, end_id=5)]
+    batch = [(p, options[i % len(options)]) for i, p in enumerate(prompts(6))]
+    outs = run_batch(engine, batch)
+    changed = 0
+    for (prompt, params), out in zip(batch, outs):
+        assert out.error is None
+        plain, _ = baseline.generate_all(prompt, params)
+        assert out.tokens == plain
+        changed += out.tokens != baseline.generate_all(prompt, SamplingParams(max_tokens=12))[0]
+    assert changed > 0  # the options changed some outputs: the test would see them ignored

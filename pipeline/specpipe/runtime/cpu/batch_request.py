@@ -26,7 +26,7 @@ from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.adaptive import AcceptanceEstimate
 from specpipe.runtime.cpu.cached_lm import CachedLM
 from specpipe.runtime.cpu.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.sampling import TokenSampler, mask_tokens
+from specpipe.runtime.cpu.sampling import TokenSampler
 
 _MASK64 = (1 << 64) - 1
 
@@ -47,22 +47,29 @@ class PositionKeyedChooser:
         params: validated sampling settings; seed: the request's seed (drawn at random when it gave none).
     """
 
-    def __init__(self, params: SamplingParams, seed: int):
+    def __init__(self, params: SamplingParams, seed: int, history: list[int] | None = None,
+                 end_ids: frozenset[int] | None = None):
         generator = torch.Generator()
         generator.manual_seed(seed)
-        self.sampler = TokenSampler(params, generator)
+        self.sampler = TokenSampler(params, generator, history=history, end_ids=end_ids)
         self.greedy = self.sampler.greedy
         self.seed = seed
 
-    def choose(self, logits: torch.Tensor, first_position: int) -> torch.Tensor:
+    def choose(self, logits: torch.Tensor, first_position: int, drafts: list[int] = ()) -> torch.Tensor:
         """int64 ``[n]``: the token chosen after each row of ``logits`` ``[n, vocab]``; row r is output
-        index ``first_position + r`` (for a tree, pass per-row positions to :meth:`choose_at`)."""
-        return self.choose_at(logits, list(range(first_position, first_position + logits.shape[0])))
+        index ``first_position + r`` and follows the committed history plus ``drafts[:r]`` (for a tree,
+        pass per-row positions and paths to :meth:`choose_at`)."""
+        rows = logits.shape[0]
+        return self.choose_at(logits, list(range(first_position, first_position + rows)),
+                              [list(drafts[:r]) for r in range(rows)])
 
-    def choose_at(self, logits: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    def choose_at(self, logits: torch.Tensor, positions: list[int], paths: list[list[int]] | None = None) -> torch.Tensor:
+        """As :meth:`choose`, row r at output index ``positions[r]`` after the history plus ``paths[r]``
+        (the tokens between the committed history and that row; they count for the penalties and
+        ``min_tokens``, TensorRT-LLM's per-position semantics)."""
         if self.greedy:
-            return mask_tokens(logits, self.sampler.banned).argmax(dim=-1)
-        probs = self.sampler.distributions(logits)
+            return self.sampler.greedy_logits(logits, paths).argmax(dim=-1)
+        probs = self.sampler.distributions(logits, paths)
         cdf = probs.cumsum(dim=-1)
         uniforms = torch.tensor([position_uniform(self.seed, p) for p in positions], dtype=cdf.dtype)
         picked = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).squeeze(-1)

@@ -101,12 +101,14 @@ class BatchScheduler:
             if len(self.active) + len(self._waiting) >= self.max_batch_size + self.max_queue:
                 raise ServerBusy(f"server busy: {self.max_batch_size} requests are running and {len(self._waiting)} "
                                  f"are waiting (max_queue {self.max_queue}); retry later")
+            context = list(input_ids)  # extended in place as tokens commit: the penalties' history
             request = BatchRequest(
                 request_id=self._next_id, prompt=input_ids, params=params,
-                chooser=PositionKeyedChooser(params, params.seed if params.seed is not None else new_seed()),
+                chooser=PositionKeyedChooser(params, params.seed if params.seed is not None else new_seed(),
+                                             history=context, end_ids=end_ids),
                 stop=StopConditions(end_ids, params.stop_words, params.max_tokens),
                 stats=RequestStats(num_input_tokens=len(input_ids)), drafter=None, emit=emit, fail=fail,
-                context=list(input_ids))
+                context=context)
             self._next_id += 1
             self._waiting.append(request)
             self._lock.notify_all()
@@ -329,11 +331,12 @@ class BatchScheduler:
             tree: DraftTree = draft
             depths = [0, *tree.depths()]
             positions = [request.output_index + d for d in depths]
+            paths = node_paths(tree)
             if request.chooser.greedy or self.acceptance_rule != "typical":
-                path, token = greedy_tree_accept(request.chooser.choose_at(logits, positions), tree)
+                path, token = greedy_tree_accept(request.chooser.choose_at(logits, positions, paths), tree)
             else:
                 generator = torch.Generator().manual_seed(request.chooser.seed + request.output_index)
-                path, token = typical_tree_accept(request.chooser.sampler.distributions(logits), tree, generator)
+                path, token = typical_tree_accept(request.chooser.sampler.distributions(logits, paths), tree, generator)
             self.lm.keep_paths([(request.slot, cached, path)])
             committed = [*(tree.tokens[i] for i in path), token]
             request.context.extend(committed)
@@ -342,7 +345,7 @@ class BatchScheduler:
             proposed = len(tree)
         else:
             drafts: list[int] = draft
-            chosen = request.chooser.choose(logits, request.output_index).tolist()
+            chosen = request.chooser.choose(logits, request.output_index, drafts).tolist()
             accepted = 0
             while accepted < len(drafts) and drafts[accepted] == chosen[accepted]:
                 accepted += 1
@@ -368,3 +371,12 @@ class BatchScheduler:
         if reason is not None:
             self._finish(request)
         request.emit(StepOutput(tokens, reason is not None, reason, replace(request.stats)))
+
+
+def node_paths(tree: DraftTree) -> list[list[int]]:
+    """Per row of a tree verification (the root, then each node): the draft tokens between the
+    committed history and that row, i.e. the node's ancestors' tokens and its own."""
+    paths: list[list[int]] = [[]]
+    for token, parent in zip(tree.tokens, tree.parents):
+        paths.append([*paths[parent + 1], token])
+    return paths
