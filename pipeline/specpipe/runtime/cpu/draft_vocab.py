@@ -24,20 +24,29 @@ class ReducedLMHead:
     """
 
     def __init__(self, weight: torch.Tensor, draft_vocab: torch.Tensor | None = None):
-        self.draft_vocab = draft_vocab
+        # a copy: the list may view a heads file's memory map, which would keep the whole file resident
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(torch.long).clone()
         w = weight.detach()
-        self.weight = (w[draft_vocab] if draft_vocab is not None else w).float().contiguous()
-        self._packed = None
+        self.weight: torch.Tensor | None = (w[draft_vocab] if draft_vocab is not None else w).float().contiguous()
+        self._size = int(self.weight.shape[0])
+        self._packed: PrepackedLinear | None = None
 
     def prepack(self) -> None:
-        """Score with a prepacked oneDNN copy of the weight (inference only; see
+        """Score with a prepacked oneDNN copy of the weight and drop the dense one (inference only; see
         :mod:`specpipe.runtime.cpu.prepack`). A no-op where oneDNN is unavailable."""
         if prepack_available():
-            self._packed = PrepackedLinear.from_weight(self.weight)
+            self.use_packed(PrepackedLinear.from_weight(self.weight))
+
+    def use_packed(self, packed: PrepackedLinear) -> None:
+        """Score with ``packed`` (a prepacked ``[V', H]`` layer computing these logits, e.g. the target's own
+        prepacked lm_head when the draft vocabulary is the full one) and drop the dense weight."""
+        if packed.out_features != self._size:
+            raise ValueError(f"a packed lm_head of {packed.out_features} rows cannot score {self._size} draft tokens")
+        self._packed, self.weight = packed, None
 
     @property
     def size(self) -> int:
-        return int(self.weight.shape[0])
+        return self._size
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float ``[..., V']`` logits of features ``[..., H]`` over the draft vocabulary."""

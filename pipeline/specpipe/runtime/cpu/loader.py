@@ -22,10 +22,12 @@ from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDraft
 from specpipe.runtime.cpu.eagle import load_eagle_drafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.medusa import load_medusa_drafter
-from specpipe.runtime.cpu.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_linear_layers
 from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
 from specpipe.runtime.cpu.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.runtime.cpu.weights_memory import own_memory, release_freed_memory
 from specpipe.speculative import (
     ACCEPTANCE_RULES, DRAFT_VOCAB_DEFAULT, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime,
     SpeculativeSettings, methods_for, names,
@@ -120,6 +122,7 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
     drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
     if source.prepack:
         prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
+    own_memory(model)  # what is not prepacked leaves the checkpoint's memory map (one copy of the weights)
     return drafter
 
 
@@ -180,9 +183,17 @@ def load_engine(engine_dir: Path, *, prepack: bool = True) -> tuple[SpeculativeE
     if not manifest.target.path:
         raise ManifestError(f"{engine_dir}/manifest.json has no target path: {_REBUILD}")
     target = load_checkpoint(engine_dir / manifest.target.path, "target")
+    # One copy of the weights: the tensors that will not be prepacked (embedding = tied lm_head, norms) get
+    # memory of their own before drafters take views of them; the linear weights still view the
+    # checkpoint's memory map until prepacking replaces them, and then the map goes.
+    own_memory(target, skip_prepackable=prepack)
     drafter = factory(DraftSource(engine_dir, manifest, target, prepack))
     if prepack:
         prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
+        lm = getattr(drafter, "lm", None)
+        if isinstance(lm, ReducedLMHead) and lm.draft_vocab is None and isinstance(target.lm_head, PrepackedLinear):
+            lm.use_packed(target.lm_head)  # full draft vocabulary: share the target's packed lm_head
+    release_freed_memory()
     try:
         if isinstance(drafter, TreeDrafter):
             acceptance = settings.acceptance or ACCEPTANCE_RULES[0]

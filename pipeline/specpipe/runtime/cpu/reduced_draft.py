@@ -27,7 +27,7 @@ class ReducedVocabDraftModelDrafter(DraftModelDrafter):
 
     def __init__(self, draft_model, draft_vocab: torch.Tensor):
         super().__init__(draft_model)
-        self.draft_vocab = draft_vocab.to(torch.long)
+        self.draft_vocab = draft_vocab.to(torch.long).clone()  # not a view of the heads file's memory map
         self._weight = draft_model.lm_head.weight.detach()[self.draft_vocab].float().contiguous()
 
     @torch.inference_mode()
