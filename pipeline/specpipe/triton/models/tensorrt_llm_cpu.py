@@ -32,6 +32,7 @@ from pathlib import Path
 from specpipe.triton.models.common import error_response, input_array, model_parameters, parse_bool, pb_utils, response
 from specpipe.triton.models.engine_request import EngineRequest, parse_request
 from specpipe.triton.models.generation import Cancelled, run_request
+from specpipe.triton.models.warmup import warm_up_engine
 
 
 class TritonSender:
@@ -150,6 +151,7 @@ class TritonPythonModel:
 
         def load():
             engine, self.manifest = load_engine(Path(engine_dir))
+            warm_up_engine(engine, logger.log_info)  # on the engine thread, before the model reports ready
             return engine
 
         self.worker = RequestWorker(load=load, log_error=logger.log_error)
