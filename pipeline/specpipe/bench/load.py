@@ -79,19 +79,38 @@ def counter_delta(before: dict | None, after: dict | None) -> CounterAcceptance 
 
 
 async def _sample_memory(backend, level: LevelResult, interval_s: float, session) -> None:
+    """Record the level's peak memory: GPU memory from the server's metrics when it reports GPUs, else the
+    process tree of a server listening on this machine (:mod:`specpipe.bench.process_memory`), else the
+    host's CPU memory in use from the metrics."""
     from specpipe.bench.metrics import memory_used, scrape
+    from specpipe.bench.process_memory import local_server_pid, tree_memory
 
     url = backend.endpoint.metrics_url
-    if not url:
+    pid = await asyncio.to_thread(local_server_pid, _host_port(backend.endpoint.address))
+    if not url and pid is None:
         return
     while True:
-        samples = await scrape(session, url, timeout_s=max(interval_s, 2.0))
+        samples = await scrape(session, url, timeout_s=max(interval_s, 2.0)) if url else None
         found = memory_used(samples) if samples else None
+        if pid is not None and (found is None or found[1] != "gpu"):
+            value = await asyncio.to_thread(tree_memory, pid)
+            found = (float(value), "process") if value is not None else found
         if found is not None:
             value, kind = found
             if level.memory_peak_bytes is None or value > level.memory_peak_bytes:
                 level.memory_peak_bytes, level.memory_kind = value, kind
         await asyncio.sleep(interval_s)
+
+
+def _host_port(address: str) -> str:
+    """``HOST:PORT`` of a Triton address (already that) or of an OpenAI API root URL."""
+    if "://" not in address:
+        return address
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
 
 
 async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: LevelResult,
