@@ -35,13 +35,15 @@ class EagleTreeDrafter(TreeDrafter):
         dynamic: EAGLE-2: expand the ``top_k`` most confident nodes per depth (cumulative draft
             log-probability), ``depth`` levels, then keep the ``max_nodes`` best nodes.
         top_k, depth: dynamic-tree width per expansion and depth.
+        dtype: the head's dtype (its inputs, the target's fp32 features and embeddings, are cast to it).
     """
 
     def __init__(self, head, embed: torch.Tensor, lm, tree: Tree | None = None, *, dynamic: bool = False,
-                 top_k: int = DYNAMIC_TREE_DEFAULTS[0], depth: int = DYNAMIC_TREE_DEFAULTS[1]):
+                 top_k: int = DYNAMIC_TREE_DEFAULTS[0], depth: int = DYNAMIC_TREE_DEFAULTS[1],
+                 dtype: torch.dtype = torch.float32):
         if tree is None and not dynamic:
             raise SpecpipeError("an EAGLE drafter needs eagle_choices or dynamic=True")
-        self.head, self.embed, self.lm = head, embed, lm
+        self.head, self.embed, self.lm, self.dtype = head, embed, lm, dtype
         self.tree = StaticTree.of(tree) if tree is not None else None
         self.dynamic, self.top_k, self.depth_limit = dynamic, top_k, depth
         self.max_depth = None
@@ -68,7 +70,7 @@ class EagleTreeDrafter(TreeDrafter):
         n = feats.shape[0]
         tokens = torch.tensor(context_ids[start + 1 : start + 1 + n], dtype=torch.long)
         out, k, v = self.head(
-            feats[None].float(), self.embed[tokens][None], torch.arange(start, start + n), self._k, self._v
+            feats[None].to(self.dtype), self.embed[tokens][None].to(self.dtype), torch.arange(start, start + n), self._k, self._v
         )
         self._k, self._v = k, v
         self._stable = start + n
@@ -87,7 +89,7 @@ class EagleTreeDrafter(TreeDrafter):
             for j in draft_visible:
                 mask[0, 0, row, s + j] = True
             mask[0, 0, row, s + n_draft + row] = True
-        out, k, v = self.head(parent_feats[None], self.embed[tokens][None], positions, past_k, past_v, mask)
+        out, k, v = self.head(parent_feats[None], self.embed[tokens][None].to(self.dtype), positions, past_k, past_v, mask)
         return out[0], k[:, :, s:], v[:, :, s:]
 
     @torch.inference_mode()
@@ -186,7 +188,7 @@ class EagleTreeDrafter(TreeDrafter):
 
 
 def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_vocab: bool, dynamic: bool,
-                       top_k: int, depth: int, prepack: bool = True) -> EagleTreeDrafter:
+                       top_k: int, depth: int, prepack: bool = True, dtype: torch.dtype = torch.float32) -> EagleTreeDrafter:
     """The EAGLE drafter of an engine's ``draft/`` folder (``eagle_heads.safetensors``) for ``target``.
 
     Args:
@@ -195,19 +197,21 @@ def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_voca
         draft_vocab: score the head's reduced vocabulary (if the file has one).
         prepack: prepack the head's linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
         dynamic, top_k, depth: EAGLE-2's dynamic tree, candidates per expansion and levels.
+        dtype: the head's and the reduced lm_head's dtype (bf16: cheaper drafts; verification stays fp32).
 
     Raises:
         SpecpipeError: missing or corrupt heads, heads of an unexpected shape, or no tree without ``dynamic``.
         CompatibilityError: heads trained for another target.
     """
-    heads_file = read_heads(draft_dir, "eagle", target, draft_vocab=draft_vocab, prepack=prepack)
+    heads_file = read_heads(draft_dir, "eagle", target, draft_vocab=draft_vocab, prepack=prepack, dtype=dtype)
     try:
         head = EagleHead(EagleConfig.from_target(target.config))
         head.load_state_dict(heads_file.tensors)
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
         raise SpecpipeError(f"{heads_file.path} does not hold eagle heads of the expected shape ({exc}): "
                             f"retrain or rebuild") from exc
+    head = head.to(dtype)
     if prepack:
         prepack_linear_layers(head)
     return EagleTreeDrafter(head.eval(), target.get_input_embeddings().weight.detach(), heads_file.lm, tree,
-                            dynamic=dynamic, top_k=top_k, depth=depth)
+                            dynamic=dynamic, top_k=top_k, depth=depth, dtype=dtype)
