@@ -8,7 +8,9 @@ noise hits all methods alike:
   tree, EAGLE tree (static ``eagle_choices``), EAGLE-2 dynamic tree;
 * through Triton + gRPC: EAGLE, built, packaged and served by specpipe (``--triton``);
 * peers in the same run: transformers' ``generate`` (plain), assisted generation with the same
-  distilled draft model, and prompt lookup decoding.
+  distilled draft model, and prompt lookup decoding;
+* llama.cpp (``llama-cpp``, optional): plain greedy decoding through llama-cpp-python on an f32 GGUF
+  converted from the same checkpoint by llama.cpp's ``convert_hf_to_gguf.py`` (:mod:`llama_cpp_column`).
 
 For each method: tokens/s per prompt and overall (total tokens / total seconds), mean accepted length
 (tokens per decoding target forward), and whether its output equals the baseline's token for token.
@@ -17,7 +19,8 @@ Ratios against the baseline and the issue's targets are in ``summary``.
 Usage::
 
     python benchmarks/cpu_speculative.py --out benchmarks/results/cpu_speculative.json [--prompts 24]
-        [--methods baseline,ngram,draft,medusa,eagle,eagle-dynamic,hf,hf-assisted,hf-lookup] [--triton]
+        [--methods baseline,ngram,draft,medusa,eagle,eagle-dynamic,hf,hf-assisted,hf-lookup,llama-cpp] [--triton]
+        [--gguf smollm2-f32.gguf | --llama-convert path/to/llama.cpp]
 """
 
 from __future__ import annotations
@@ -158,6 +161,14 @@ def run_engine(engine, ids: list[int], max_tokens: int):
     return tokens, seconds, stats.mean_accepted_length
 
 
+def run_llama(llm, ids: list[int], max_tokens: int, eos: int):
+    from llama_cpp_column import generate_greedy
+
+    t0 = time.perf_counter()
+    tokens = generate_greedy(llm, ids, max_tokens, eos)
+    return tokens, time.perf_counter() - t0, 1.0
+
+
 def run_hf(target, ids: list[int], max_tokens: int, eos: int, **kwargs):
     input_ids = torch.tensor([ids])
     forwards = [0]
@@ -186,6 +197,9 @@ def main() -> None:
     parser.add_argument("--triton", action="store_true", help="also measure EAGLE through Triton + gRPC")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-prepack", action="store_true", help="plain nn.Linear everywhere (A/B of the prepacked kernels)")
+    parser.add_argument("--gguf", type=Path, default=None, help="llama-cpp: the f32 GGUF of the target (made when missing)")
+    parser.add_argument("--llama-convert", type=Path, default=None,
+                        help="llama-cpp: llama.cpp source folder with convert_hf_to_gguf.py and gguf-py/, to make --gguf")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -197,6 +211,11 @@ def main() -> None:
     eos = tok.eos_token_id
     methods = [m for m in args.methods.split(",") if m]
     engines, extra = build_engines(methods, prepack=not args.no_prepack)
+    if "llama-cpp" in methods:
+        from llama_cpp_column import load_llama
+
+        gguf = args.gguf or Path("/tmp/specpipe-bench/smollm2-135m-f32.gguf")
+        extra["llama"] = load_llama(target_dir, gguf, args.llama_convert, threads=args.threads)
     if not args.no_prepack:  # the transformers peers run on prepacked layers too
         from specpipe.runtime.cpu.prepack import prepack_linear_layers
 
@@ -212,6 +231,8 @@ def main() -> None:
     for method in methods:  # warm-up: first calls allocate and pick kernels
         if method in engines:
             run_engine(engines[method], warm, 8)
+        elif method == "llama-cpp":
+            run_llama(extra["llama"], warm, 8, eos)
         else:
             run_hf(target, warm, 8, eos, **({"assistant_model": extra["draft_model"]} if method == "hf-assisted" else
                                             {"prompt_lookup_num_tokens": 5} if method == "hf-lookup" else {}))
@@ -226,6 +247,8 @@ def main() -> None:
                 tokens, seconds, mal = run_hf(target, ids, args.max_tokens, eos, assistant_model=extra["draft_model"])
             elif method == "hf-lookup":
                 tokens, seconds, mal = run_hf(target, ids, args.max_tokens, eos, prompt_lookup_num_tokens=5)
+            elif method == "llama-cpp":
+                tokens, seconds, mal = run_llama(extra["llama"], ids, args.max_tokens, eos)
             else:
                 raise SystemExit(f"unknown method {method}")
             results[method].append({"prompt": index, "category": category, "tokens": tokens, "seconds": round(seconds, 4),
@@ -280,6 +303,23 @@ def run_triton(triton: dict, tok, text: str, max_tokens: int, index: int, catego
             "tokens_per_s": round(len(tokens) / result.latency_s, 3), "accepted_draft_tokens": accepted}
 
 
+def llama_cpp_targets(summary: dict, spec: list[str]) -> dict:
+    """The issue's llama.cpp targets, where llama.cpp was measured: our plain decoding within 1.2x of
+    llama.cpp's time per token, and the best speculative method faster than llama.cpp's plain decoding."""
+    if "llama-cpp" not in summary:
+        return {}
+    llama = summary["llama-cpp"]["tokens_per_s"]
+    targets = {}
+    if "baseline" in summary:
+        targets["plain decoding within 1.2x of llama.cpp (llama.cpp tok/s / baseline tok/s <= 1.2)"] = round(
+            llama / summary["baseline"]["tokens_per_s"], 3)
+    if spec:
+        best = max(spec, key=lambda m: summary[m]["tokens_per_s"])
+        targets[f"best speculative ({best}) faster than llama.cpp plain (ratio > 1)"] = round(
+            summary[best]["tokens_per_s"] / llama, 3)
+    return targets
+
+
 def summarize(results: dict[str, list[dict]], tok, args) -> dict:
     baseline = results.get("baseline") or results.get("hf")
     base_text = [tok.decode(r["tokens"]) for r in baseline]
@@ -302,7 +342,7 @@ def summarize(results: dict[str, list[dict]], tok, args) -> dict:
         summary[method]["speedup_vs_baseline"] = round(summary[method]["tokens_per_s"] / base, 3)
     spec = [m for m in summary if m in ("ngram", "draft", "medusa", "eagle", "eagle-dynamic")]
     peers = [m for m in summary if m in ("hf-assisted", "hf-lookup")]
-    targets = {}
+    targets = llama_cpp_targets(summary, spec)
     ratio = lambda m: summary[m]["speedup_vs_baseline"] if m in summary else None  # noqa: E731
     targets["eagle >= 1.6x baseline"] = ratio("eagle")
     targets["medusa >= 1.3x baseline"] = ratio("medusa")

@@ -88,6 +88,7 @@ def test_bench_table_json_csv_and_plot_are_consistent(servers, prompts_file, tmp
 
     data = json.loads((out / "bench.json").read_text())
     assert data["incomplete"] is False and [d["name"] for d in data["deployments"]] == ["baseline", "ngram"]
+    assert all(d["first_request"]["ttft_ms"] > 0 for d in data["deployments"])  # the first request, apart
     expected = {name: {p: _plain(servers[name].grpc_url, p) for p in PROMPTS} for name in servers}
     for record in data["records"]:
         assert record["error"] is None
@@ -113,7 +114,8 @@ def test_bench_table_json_csv_and_plot_are_consistent(servers, prompts_file, tmp
         window = max(r["end_s"] for r in records) - min(r["start_s"] for r in records)
         assert agg["output_token_throughput"] == pytest.approx(agg["output_tokens"] / window)
         assert agg["ttft_ms"]["p50"] <= agg["e2e_ms"]["p50"] and agg["ttft_ms"]["max"] <= agg["e2e_ms"]["max"]
-        assert entry["memory_kind"] == "cpu" and entry["memory_peak_bytes"] > 2**20
+        # a local server: its own process tree (tritonserver + Python stubs), not the host's memory in use
+        assert entry["memory_kind"] == "process" and 2**20 < entry["memory_peak_bytes"] < _host_used_bytes()
         if name == "ngram":
             assert agg["acceptance_rate"] is None or 0.0 <= agg["acceptance_rate"] <= 1.0
             assert agg["mean_accepted_length"] >= 1.0
@@ -196,3 +198,10 @@ def test_server_dying_mid_run_keeps_partial_results(prompts_file, tmp_path):
     data = json.loads(write_results(run, tmp_path / "out")["bench.json"].read_text())
     assert data["incomplete"] is True and data["results"][0]["incomplete"] is True
     assert data["results"][0]["aggregate"]["completed"] >= 2 and (tmp_path / "out" / "bench.png").is_file()
+
+
+def _host_used_bytes() -> int:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return memory.total - memory.available

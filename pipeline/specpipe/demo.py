@@ -37,7 +37,9 @@ class DemoRequest:
         drafts: speculative methods (draft presets) deployed beside the baseline.
         engines_dir, repo_dir: where engines and Triton repositories go.
         base_port: the first port used (3 per deployment).
-        bench_requests: benchmark requests per deployment (0 skips the benchmark).
+        bench_requests: benchmark requests per deployment and concurrency (0 skips the benchmark).
+        bench_concurrency: load levels (requests in flight); 1 and 4 show what load does to throughput
+            and TTFT while keeping the demo short on 2 cores.
         bench_out: the benchmark's output folder.
     """
 
@@ -46,6 +48,7 @@ class DemoRequest:
     repo_dir: Path = Path("triton_repo")
     base_port: int = 8101
     bench_requests: int = 4
+    bench_concurrency: tuple[int, ...] = (1, 4)
     bench_out: Path = Path("bench-results/demo")
 
 
@@ -54,8 +57,8 @@ def run_demo(request: DemoRequest) -> bool:
 
     Ports: deployment ``i`` (baseline first) uses HTTP ``base_port + 3i``, gRPC ``+1``, metrics ``+2``.
     With ``bench_requests`` > 0 the deployments are then benchmarked side by side (chat prompts,
-    128 new tokens, concurrency 1) and the comparison table, JSON, CSV and plot are written to
-    ``bench_out``.
+    128 new tokens, at each of ``bench_concurrency``) and the comparison table, JSON, CSV and plot are
+    written to ``bench_out``. Each server's cold start (time to ready, model load times) is printed.
 
     Raises:
         SpecpipeError: a build, packaging or server start failed (with the cause).
@@ -81,7 +84,9 @@ def run_demo(request: DemoRequest) -> bool:
         for draft, server in servers.items():
             with console.status(f"waiting for Triton ({draft}) to load its models"):
                 server.wait_ready(timeout_s=300)
-            console.print(f"[green]✓[/green] Triton serving {draft}: gRPC {server.grpc_url}")
+            cold = server.cold_start()
+            console.print(f"[green]✓[/green] Triton serving {draft}: gRPC {server.grpc_url}"
+                          + (f" ({cold.summary()}; servers load in parallel)" if cold else ""))
         baseline_url = servers["none"].grpc_url
         for draft, server in servers.items():
             console.rule(f"validate: {draft}")
@@ -89,51 +94,61 @@ def run_demo(request: DemoRequest) -> bool:
             for table in report_tables(report):
                 out.print(table)
             reports[draft] = report
-        bench_rows = _bench(servers, request.bench_requests, request.bench_out) if request.bench_requests > 0 else {}
+        bench_rows = (_bench(servers, request.bench_requests, request.bench_concurrency, request.bench_out)
+                      if request.bench_requests > 0 else {})
         console.rule("stopping servers")
 
     summary = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (via Triton gRPC)",
                     caption="accept / acc.len: acceptance rate and mean accepted length (validation prompts, greedy); "
-                            "tok/s, speed-up, TTFT p50: the benchmark (chat prompts, 128 tokens)")
+                            "tok/s, speed-up, TTFT p50: the benchmark (chat prompts, 128 tokens) at concurrency 1 / "
+                            "the highest level")
     for column in ("deployment", "checks", "accept", "acc.len", "tok/s", "speed-up", "TTFT ms"):
         summary.add_column(column, justify="left" if column == "deployment" else "right", no_wrap=True)
     for draft, report in reports.items():
         figures = report.requests
         passed = sum(c.passed for c in report.checks)
         mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
-        row = bench_rows.get("baseline" if draft == "none" else draft)
+        levels = bench_rows.get("baseline" if draft == "none" else draft)
         summary.add_row(
             draft,
             f"{passed}/{len(report.checks)}" + ("" if report.passed else " [red]FAILED[/red]"),
             f"{mean([r.acceptance_rate for r in figures]):.2f}",
             f"{mean([r.mean_accepted_length for r in figures]):.2f}",
-            *(_bench_cells(row) if row else ("-", "-", "-")),
+            *(_bench_cells(levels) if levels else ("-", "-", "-")),
         )
     out.print(summary)
     return all(r.passed for r in reports.values())
 
 
-def _bench(servers: dict, requests: int, out_dir: Path) -> dict:
+def _bench(servers: dict, requests: int, concurrency: tuple[int, ...], out_dir: Path) -> dict:
     """Baseline vs speculative on the running servers: prints the comparison table, writes the result
-    files, returns the summary row of each deployment (see :func:`specpipe.bench.report.rows`)."""
+    files, returns each deployment's summary rows by concurrency (see :func:`specpipe.bench.report.rows`)."""
     console.rule("benchmark: baseline vs speculative")
     endpoints = [
         Endpoint("baseline" if draft == "none" else draft, "triton", server.grpc_url, "ensemble", server.metrics_url)
         for draft, server in servers.items()
     ]
-    settings = BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=128, num_requests=requests, chat=True)
+    settings = BenchSettings(prompts="chat", concurrencies=tuple(concurrency), max_tokens=128, num_requests=requests, chat=True)
     run = execute(endpoints, load_prompts("chat")[0], settings)
     Console(stderr=True, width=max(console.width, 180)).print(comparison_table(run))
     written = write_results(run, out_dir)
     console.print(f"benchmark results: {', '.join(str(p) for p in written.values())}")
-    return {row["level"].deployment: row for row in rows(run)}
+    found: dict[str, list[dict]] = {}
+    for row in rows(run):
+        found.setdefault(row["level"].deployment, []).append(row)
+    return found
 
 
-def _bench_cells(row: dict) -> tuple[str, str, str]:
-    aggregate, speedup = row["aggregate"], row["speedup"]
-    ttft = aggregate.ttft_ms.p50
-    return (
-        f"{aggregate.output_token_throughput:.1f}",
-        "-" if speedup is None else f"{speedup:.2f}x",
-        "-" if ttft is None else f"{ttft:.0f}",
-    )
+def _bench_cells(levels: list[dict]) -> tuple[str, str, str]:
+    """tok/s, speed-up and TTFT p50 at the lowest and the highest concurrency, ``a / b``."""
+    ends = [levels[0], levels[-1]] if len(levels) > 1 else levels[:1]
+
+    def cell(row: dict, what: str) -> str:
+        aggregate, speedup = row["aggregate"], row["speedup"]
+        if what == "tok/s":
+            return "-" if aggregate.output_token_throughput is None else f"{aggregate.output_token_throughput:.1f}"
+        if what == "speed-up":
+            return "-" if speedup is None else f"{speedup:.2f}x"
+        return "-" if aggregate.ttft_ms.p50 is None else f"{aggregate.ttft_ms.p50:.0f}"
+
+    return tuple(" / ".join(cell(row, what) for row in ends) for what in ("tok/s", "speed-up", "TTFT"))

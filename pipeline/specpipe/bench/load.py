@@ -78,20 +78,54 @@ def counter_delta(before: dict | None, after: dict | None) -> CounterAcceptance 
                              output_tokens=diff("output_tokens"), requests=diff("requests"), source=str(after["source"]))
 
 
-async def _sample_memory(backend, level: LevelResult, interval_s: float, session) -> None:
+async def _memory_now(backend, pid: int | None, session, timeout_s: float) -> tuple[float, str] | None:
+    """One memory figure: GPU memory from the server's metrics when it reports GPUs, else the process tree
+    of a server listening on this machine (:mod:`specpipe.bench.process_memory`), else the host's CPU
+    memory in use from the metrics."""
     from specpipe.bench.metrics import memory_used, scrape
+    from specpipe.bench.process_memory import tree_memory
 
     url = backend.endpoint.metrics_url
-    if not url:
+    samples = await scrape(session, url, timeout_s=timeout_s) if url else None
+    found = memory_used(samples) if samples else None
+    if pid is not None and (found is None or found[1] != "gpu"):
+        value = await asyncio.to_thread(tree_memory, pid)
+        found = (float(value), "process") if value is not None else found
+    return found
+
+
+def _keep_peak(level: LevelResult, found: tuple[float, str] | None) -> None:
+    if found is not None and (level.memory_peak_bytes is None or found[0] > level.memory_peak_bytes):
+        level.memory_peak_bytes, level.memory_kind = found
+
+
+async def _server_pid(backend) -> int | None:
+    """The local server's pid for ``backend`` (looked up once per backend; ``None`` when not local)."""
+    from specpipe.bench.process_memory import local_server_pid
+
+    if not hasattr(backend, "_specpipe_server_pid"):
+        backend._specpipe_server_pid = await asyncio.to_thread(local_server_pid, _host_port(backend.endpoint.address))
+    return backend._specpipe_server_pid
+
+
+async def _sample_memory(backend, level: LevelResult, interval_s: float, session, pid: int | None) -> None:
+    """Record the level's peak memory (see :func:`_memory_now`) every ``interval_s`` seconds."""
+    if not backend.endpoint.metrics_url and pid is None:
         return
     while True:
-        samples = await scrape(session, url, timeout_s=max(interval_s, 2.0))
-        found = memory_used(samples) if samples else None
-        if found is not None:
-            value, kind = found
-            if level.memory_peak_bytes is None or value > level.memory_peak_bytes:
-                level.memory_peak_bytes, level.memory_kind = value, kind
+        _keep_peak(level, await _memory_now(backend, pid, session, max(interval_s, 2.0)))
         await asyncio.sleep(interval_s)
+
+
+def _host_port(address: str) -> str:
+    """``HOST:PORT`` of a Triton address (already that) or of an OpenAI API root URL."""
+    if "://" not in address:
+        return address
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
 
 
 async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: LevelResult,
@@ -102,6 +136,7 @@ async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: Level
     """
     import aiohttp
 
+    pid = await _server_pid(backend)  # before the clock starts: a /proc scan
     origin = time.perf_counter()
     indices = itertools.count()
     stop = asyncio.Event()
@@ -131,9 +166,10 @@ async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: Level
                 stop.set()
 
     async with aiohttp.ClientSession() as session:
-        sampler = asyncio.create_task(_sample_memory(backend, level, plan.memory_interval_s, session))
+        sampler = asyncio.create_task(_sample_memory(backend, level, plan.memory_interval_s, session, pid))
         try:
             await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
+            _keep_peak(level, await _memory_now(backend, pid, session, 2.0))  # a short level gets one figure at least
         finally:
             sampler.cancel()
             try:

@@ -119,9 +119,10 @@ class LevelResult:
     """All requests of one deployment at one concurrency, and what else was observed.
 
     Attributes:
-        memory_peak_bytes: the highest memory use scraped from the server's metrics during the
-            level (GPU memory when the server reports any, else CPU memory used), bytes.
-        memory_kind: ``"gpu"``, ``"cpu"`` or ``None`` when the metrics could not be read.
+        memory_peak_bytes: the highest memory use seen during the level, bytes: GPU memory when the
+            server's metrics report any, else the server's own process tree when it runs on this machine
+            (:mod:`specpipe.bench.process_memory`), else the host's CPU memory in use from the metrics.
+        memory_kind: ``"gpu"``, ``"process"``, ``"cpu"`` (host-wide) or ``None`` when nothing could be read.
         incomplete: the level stopped early (server died, interrupted); ``reason`` says why.
         counters: acceptance from the server's counters, when requests carry no perf outputs.
     """

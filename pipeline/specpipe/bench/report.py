@@ -34,7 +34,9 @@ METRIC_DEFINITIONS = {
     "acceptance_rate": "sum of accepted draft tokens / sum of proposed draft tokens (perf outputs or server counters)",
     "mean_accepted_length": "sum(N - 1) / sum(N - 1 - A): tokens per target decoding step after the first token",
     "speedup": "output token throughput / the baseline deployment's at the same concurrency",
-    "memory_peak_bytes": "highest nv_gpu_memory_used_bytes (summed over GPUs), else nv_cpu_memory_used_bytes, scraped during the level",
+    "memory_peak_bytes": "highest nv_gpu_memory_used_bytes (summed over GPUs); else, for a server on this machine, the PSS "
+                         "of its process tree (server + Python backend stubs; memory_kind 'process'); else "
+                         "nv_cpu_memory_used_bytes (host-wide); sampled every second during the level",
     "output_tokens": "num_output_tokens perf output, else OpenAI usage.completion_tokens, else re-tokenized text, else streamed chunks",
 }
 
@@ -71,12 +73,17 @@ def _triple(*values: float | None) -> str:
     return " / ".join(_num(v, 0) for v in values)
 
 
+#: How each memory kind is labelled in the table.
+MEMORY_LABELS = {"gpu": "GPU", "cpu": "CPU host", "process": "proc"}
+
+
 def format_bytes(value: float | None, kind: str | None = None) -> str:
-    """``value`` bytes as GiB/MiB, with the kind (``GPU``/``CPU``) when known; ``-`` for none."""
+    """``value`` bytes as GiB/MiB, with the kind (``GPU``, ``proc`` = the server's process tree, ``CPU host``)
+    when known; ``-`` for none."""
     if value is None:
         return "-"
     text = f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
-    return f"{text} {kind.upper()}" if kind else text
+    return f"{text} {MEMORY_LABELS.get(kind, kind.upper())}" if kind else text
 
 
 def comparison_table(run: BenchRun):
@@ -112,8 +119,16 @@ def comparison_table(run: BenchRun):
     return table
 
 
+def first_ttft_line(run: BenchRun) -> str | None:
+    """``first request TTFT ms: baseline 812, eagle 990`` (the first request each deployment got: the cold
+    one right after ready), or ``None`` when none was recorded."""
+    cells = [f"{d['name']} {_num((d.get('first_request') or {}).get('ttft_ms'), 0)}" for d in run.deployments
+             if d.get("first_request")]
+    return "first request TTFT ms (table: steady state): " + ", ".join(cells) if cells else None
+
+
 def _caption(run: BenchRun) -> str:
-    parts = []
+    parts = [line] if (line := first_ttft_line(run)) else []
     if run.incomplete:
         parts.append("INCOMPLETE: " + "; ".join(run.reasons))
     if not any(level.deployment == run.settings.baseline for level in run.levels):
@@ -169,7 +184,8 @@ def to_json(run: BenchRun) -> dict[str, Any]:
 
 
 def plot_figure(run: BenchRun):
-    """A matplotlib figure: output tokens/s (left) and median TTFT, ms (right) against concurrency."""
+    """A matplotlib figure: output tokens/s (left) and median TTFT, ms (right) per deployment: against
+    concurrency as one line per deployment, or as one bar per deployment when a single concurrency was run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,27 +197,48 @@ def plot_figure(run: BenchRun):
     for row in rows(run):
         by_deployment.setdefault(row["level"].deployment, []).append((row["level"].concurrency, row["aggregate"]))
     concurrencies = sorted({c for points in by_deployment.values() for c, _ in points})
-    for name, points in by_deployment.items():
-        points.sort(key=lambda p: p[0])
-        xs = [c for c, _ in points]
-        throughput_ax.plot(xs, [a.output_token_throughput or float("nan") for _, a in points], marker="o", label=name)
-        ttft_ax.plot(xs, [a.ttft_ms.p50 if a.ttft_ms.p50 is not None else float("nan") for _, a in points], marker="o", label=name)
-    for ax, ylabel, title in ((throughput_ax, "output tokens/s", "Output token throughput"),
-                              (ttft_ax, "TTFT p50, ms", "Time to first token (median)")):
-        ax.set_xlabel("concurrency (requests in flight)")
+    metrics = ((throughput_ax, lambda a: a.output_token_throughput, "output tokens/s", "Output token throughput"),
+               (ttft_ax, lambda a: a.ttft_ms.p50, "TTFT p50, ms", "Time to first token (median)"))
+    for ax, value, ylabel, title in metrics:
+        if len(concurrencies) == 1:
+            _bars(ax, by_deployment, value, concurrencies[0])
+        else:
+            _lines(ax, by_deployment, value, concurrencies)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-        if concurrencies and max(concurrencies) / min(concurrencies) >= 8:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks(concurrencies)
-        ax.set_xticklabels([str(c) for c in concurrencies])
         ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.grid(True, alpha=0.3, axis="y" if len(concurrencies) == 1 else "both")
     s = run.settings
     figure.suptitle(f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens" + ("  [INCOMPLETE]" if run.incomplete else ""))
     figure.tight_layout()
     return figure
+
+
+def _value(aggregate: Aggregate, value) -> float:
+    found = value(aggregate)
+    return float("nan") if found is None else found
+
+
+def _lines(ax, by_deployment: dict, value, concurrencies: list[int]) -> None:
+    for name, points in by_deployment.items():
+        points = sorted(points, key=lambda p: p[0])
+        ax.plot([c for c, _ in points], [_value(a, value) for _, a in points], marker="o", label=name)
+    ax.set_xlabel("concurrency (requests in flight)")
+    if concurrencies and max(concurrencies) / min(concurrencies) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrencies)
+    ax.set_xticklabels([str(c) for c in concurrencies])
+    ax.legend()
+
+
+def _bars(ax, by_deployment: dict, value, concurrency: int) -> None:
+    names = list(by_deployment)
+    heights = [_value(points[0][1], value) for points in by_deployment.values()]
+    colors = [f"C{i}" for i in range(len(names))]
+    ax.bar(range(len(names)), heights, color=colors)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20, ha="right")
+    ax.set_xlabel(f"deployment (concurrency {concurrency})")
 
 
 def write_results(run: BenchRun, out_dir: Path) -> dict[str, Path]:

@@ -77,13 +77,23 @@ class BenchRun:
             self.reasons.append(reason)
 
 
-async def _warm_up(backend, prompts: list[Prompt], settings: BenchSettings) -> str | None:
-    """Send the warm-up requests; the first error, or ``None``."""
+async def _warm_up(backend, prompts: list[Prompt], settings: BenchSettings) -> tuple[str | None, dict | None]:
+    """Send the warm-up requests; the first error (or ``None``) and the first request's timing."""
+    first = None
     for i in range(settings.warmup):
         result, _, _ = await backend.send(prompts[i % len(prompts)].text, settings.max_tokens)
+        if first is None:
+            first = first_request(result.ttft_s, result.latency_s, result.error)
         if result.error is not None:
-            return result.error
-    return None
+            return result.error, first
+    return None, first
+
+
+def first_request(ttft_s: float | None, latency_s: float, error: str | None) -> dict:
+    """The first request the benchmark sent to a deployment: ``ttft_ms``, ``latency_ms``, ``error``. Right
+    after the server became ready this is the cold request; the levels' TTFTs are the steady state."""
+    return {"ttft_ms": None if ttft_s is None else round(ttft_s * 1e3, 1), "latency_ms": round(latency_s * 1e3, 1),
+            "error": error}
 
 
 async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
@@ -116,9 +126,10 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
 
 async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
                             progress) -> None:
+    info = next((d for d in run.deployments if d["name"] == endpoint.name), {})
     if settings.warmup:
         task = progress.add_task(f"{endpoint.name}: warm-up", total=settings.warmup) if progress else None
-        error = await _warm_up(backend, prompts, settings)
+        error, info["first_request"] = await _warm_up(backend, prompts, settings)
         if progress:
             progress.update(task, completed=settings.warmup, visible=False)
         if error is not None and not await backend.alive():
@@ -133,6 +144,9 @@ async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], 
         task = progress.add_task(label, total=total) if progress else None
         on_record = (lambda record: progress.advance(task)) if progress else (lambda record: None)
         await run_level(backend, prompts, plan, level, on_record)
+        if "first_request" not in info and level.records:  # no warm-up: the level's first request was the first
+            first = min(level.records, key=lambda r: r.start_s)
+            info["first_request"] = first_request(first.ttft_s, first.latency_s, first.error)
         if progress:
             progress.update(task, description=f"{label} ({len(level.records)} requests)")
         if level.incomplete:

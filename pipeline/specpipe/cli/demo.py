@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specpipe.cli.options import PORT, engines_dir_option, repo_dir_option
+from specpipe.cli.options import PORT, PositiveIntList, engines_dir_option, repo_dir_option
 
 
 @click.command()
@@ -17,7 +17,9 @@ from specpipe.cli.options import PORT, engines_dir_option, repo_dir_option
 @repo_dir_option()
 @click.option("--base-port", type=PORT, default=8101, show_default=True, help="First of the ports used (3 per deployment).")
 @click.option("--bench-requests", type=click.IntRange(min=0), default=4, show_default=True,
-              help="Benchmark requests per deployment (0 skips the benchmark).")
+              help="Benchmark requests per deployment and concurrency (0 skips the benchmark).")
+@click.option("--bench-concurrency", type=PositiveIntList("1,4 (requests in flight)"), default="1,4", show_default=True,
+              help="Benchmark load levels, comma-separated.")
 @click.option("--bench-out", type=click.Path(path_type=Path), default=Path("bench-results/demo"), show_default=True,
               help="Output folder of the benchmark's table, JSON, CSV and plot.")
 def demo(drafts, **options) -> None:

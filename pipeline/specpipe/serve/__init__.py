@@ -113,6 +113,9 @@ def serve(request: ServeRequest) -> None:
         server.start()
         out.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
         server.wait_ready()
+        cold = server.cold_start()
+        if cold is not None:
+            out.print(f"Triton {cold.summary()}", markup=False, highlight=False)
         if openai_port is not None:
             gateway = _start_gateway(server.repo_dir.name, grpc_port, openai_port)
         _print_endpoints(server, gateway)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from specpipe.errors import SpecpipeError
 from specpipe.paths import cache_dir
+from specpipe.serve.cold_start import ColdStart, model_load_times
 
 WHEEL = "nvidia-pytriton"
 STUB_NAME = "triton_python_backend_stub"
@@ -222,6 +223,8 @@ class LocalTritonServer:
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen | None = None
         self._install: TritonInstall | None = None
+        self._started_at: float | None = None
+        self.ready_after_s: float | None = None
 
     # -- endpoints --------------------------------------------------------------------------------
     @property
@@ -275,6 +278,7 @@ class LocalTritonServer:
             try:
                 self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 env=env, start_new_session=True)
+                self._started_at, self.ready_after_s = time.monotonic(), None
             except OSError as exc:
                 raise SpecpipeError(f"cannot start {cmd[0]} ({exc}): reinstall '{WHEEL}'") from exc
 
@@ -307,6 +311,8 @@ class LocalTritonServer:
             if code is not None:
                 raise self.failure(f"tritonserver exited with status {code} before it was ready")
             if self.is_ready():
+                if self.ready_after_s is None and self._started_at is not None:
+                    self.ready_after_s = time.monotonic() - self._started_at
                 return
             failures = model_load_failures(log_tail(self.log_path, 400))
             if failures:
@@ -316,6 +322,14 @@ class LocalTritonServer:
                 self.stop()
                 raise self.failure(f"tritonserver was not ready after {timeout_s:g} s")
             time.sleep(poll_s)
+
+    def cold_start(self) -> ColdStart | None:
+        """Time to ready (measured by :meth:`wait_ready`) and each model's load time (from the log);
+        ``None`` before the server was seen ready."""
+        if self.ready_after_s is None:
+            return None
+        text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+        return ColdStart(round(self.ready_after_s, 3), model_load_times(text))
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         """Stop the server: SIGTERM, then SIGKILL to its process group after ``grace_s`` seconds.

@@ -39,6 +39,7 @@ from specpipe.triton.interface import (
 )
 from specpipe.triton.kv_fraction import kv_cache_fractions
 from specpipe.triton.repo_meta import LAUNCH_ORCHESTRATOR, META_NAME, deployment_meta, launch_mode, meta_text
+from specpipe.triton.warmup_config import add_engine_warmup
 from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
 
 BACKEND = "tensorrtllm"
@@ -156,6 +157,9 @@ def engine_repository(deployment: Deployment) -> Repository:
             DRAFT_MODEL, engine_parameters(deployment, deployment.container_path(deployment.draft_path),
                                            draft_fraction, draft=True, orchestrator=orchestrator), max_batch)
         configs[BLS_MODEL] = python_model_config(TENSORRT_LLM_BLS, bls_parameters(deployment), decoupled=True)
+    warmup_files: dict[str, bytes] = {}
+    for model in rank_models:  # the engines serve a short request before Triton marks them ready (cold start)
+        warmup_files.update(add_engine_warmup(configs[model]))
     configs[ENSEMBLE.name] = ensemble_model_config(steps=ENGINE_ENSEMBLE_STEPS)
     modules = {**STEP_MODULES, **({BLS_MODEL: MODULES[BLS_MODEL]} if two else {})}
-    return Repository(configs, modules, {META_NAME: meta_text(deployment_meta(deployment, rank_models))})
+    return Repository(configs, modules, {META_NAME: meta_text(deployment_meta(deployment, rank_models)), **warmup_files})

@@ -49,12 +49,13 @@ class Repository:
     Attributes:
         configs: model name -> config (an ``ensemble`` entry, if any, is checked against the others).
         modules: model name -> the specpipe module its ``model.py`` imports (Python-backend models).
-        files: path relative to the repository root -> text (metadata, YAML options ...).
+        files: path relative to the repository root -> text (metadata, YAML options ...) or bytes (warm-up
+            input data).
     """
 
     configs: dict[str, mc.ModelConfig]
     modules: dict[str, str] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes] = field(default_factory=dict)
 
 
 def model_py(module: str) -> str:
@@ -81,10 +82,13 @@ def fill(root: Path, repository: Repository) -> None:
         write_config(config, root / name)
         if name in repository.modules:
             (version_dir / MODEL_PY).write_text(model_py(repository.modules[name]))
-    for relative, text in repository.files.items():
+    for relative, content in repository.files.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
     on_disk = {name: read_config(root / name / "config.pbtxt") for name in repository.configs}
     if ENSEMBLE.name in on_disk:
         check_ensemble(on_disk.pop(ENSEMBLE.name), on_disk)

@@ -12,38 +12,50 @@ import math
 
 import torch
 
-from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_available
+from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available, prepack_available
 
 
 class ReducedLMHead:
-    """The target's lm_head restricted to a draft vocabulary (frozen, fp32).
+    """The target's lm_head restricted to a draft vocabulary (frozen; fp32, or bf16 for cheaper drafts).
 
     Args:
         weight: float ``[V, H]`` the target's lm_head weight.
         draft_vocab: int64 ``[V']`` target ids scored by the draft, or ``None`` for all ``V``.
+        dtype: the scoring dtype (``torch.bfloat16`` halves the bytes streamed per draft step; drafts are
+            proposals, the target verifies in fp32, so greedy output is unchanged).
     """
 
-    def __init__(self, weight: torch.Tensor, draft_vocab: torch.Tensor | None = None):
-        self.draft_vocab = draft_vocab
+    def __init__(self, weight: torch.Tensor, draft_vocab: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
+        # a copy: the list may view a heads file's memory map, which would keep the whole file resident
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(torch.long).clone()
         w = weight.detach()
-        self.weight = (w[draft_vocab] if draft_vocab is not None else w).float().contiguous()
-        self._packed = None
+        self.dtype = dtype
+        self.weight: torch.Tensor | None = (w[draft_vocab] if draft_vocab is not None else w).to(dtype).contiguous()
+        self._size = int(self.weight.shape[0])
+        self._packed: PrepackedLinear | None = None
 
     def prepack(self) -> None:
-        """Score with a prepacked oneDNN copy of the weight (inference only; see
+        """Score with a prepacked oneDNN copy of the weight and drop the dense one (inference only; see
         :mod:`specpipe.runtime.cpu.prepack`). A no-op where oneDNN is unavailable."""
-        if prepack_available():
-            self._packed = PrepackedLinear.from_weight(self.weight)
+        if prepack_available() and (self.dtype == torch.float32 or bf16_prepack_available()):
+            self.use_packed(PrepackedLinear.from_weight(self.weight))
+
+    def use_packed(self, packed: PrepackedLinear) -> None:
+        """Score with ``packed`` (a prepacked ``[V', H]`` layer computing these logits, e.g. the target's own
+        prepacked lm_head when the draft vocabulary is the full one) and drop the dense weight."""
+        if packed.out_features != self._size:
+            raise ValueError(f"a packed lm_head of {packed.out_features} rows cannot score {self._size} draft tokens")
+        self._packed, self.weight = packed, None
 
     @property
     def size(self) -> int:
-        return int(self.weight.shape[0])
+        return self._size
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """float ``[..., V']`` logits of features ``[..., H]`` over the draft vocabulary."""
+        """``[..., V']`` logits (in :attr:`dtype`) of features ``[..., H]`` over the draft vocabulary."""
         if self._packed is not None:
             return self._packed(x)
-        return x @ self.weight.T
+        return x.to(self.dtype) @ self.weight.T
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Map draft-vocabulary indices to target token ids."""

@@ -14,6 +14,7 @@ from specpipe.runtime.cpu.eagle_head import EagleConfig, EagleHead
 from specpipe.runtime.cpu.prepack import prepack_linear_layers
 from specpipe.runtime.cpu.tree_accept import DraftTree
 from specpipe.runtime.cpu.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
+from specpipe.runtime.cpu.tree_plan import draft_mask, static_levels
 from specpipe.speculative import DYNAMIC_TREE_DEFAULTS
 from specpipe.tree import Tree
 
@@ -35,13 +36,15 @@ class EagleTreeDrafter(TreeDrafter):
         dynamic: EAGLE-2: expand the ``top_k`` most confident nodes per depth (cumulative draft
             log-probability), ``depth`` levels, then keep the ``max_nodes`` best nodes.
         top_k, depth: dynamic-tree width per expansion and depth.
+        dtype: the head's dtype (its inputs, the target's fp32 features and embeddings, are cast to it).
     """
 
     def __init__(self, head, embed: torch.Tensor, lm, tree: Tree | None = None, *, dynamic: bool = False,
-                 top_k: int = DYNAMIC_TREE_DEFAULTS[0], depth: int = DYNAMIC_TREE_DEFAULTS[1]):
+                 top_k: int = DYNAMIC_TREE_DEFAULTS[0], depth: int = DYNAMIC_TREE_DEFAULTS[1],
+                 dtype: torch.dtype = torch.float32):
         if tree is None and not dynamic:
             raise SpecpipeError("an EAGLE drafter needs eagle_choices or dynamic=True")
-        self.head, self.embed, self.lm = head, embed, lm
+        self.head, self.embed, self.lm, self.dtype = head, embed, lm, dtype
         self.tree = StaticTree.of(tree) if tree is not None else None
         self.dynamic, self.top_k, self.depth_limit = dynamic, top_k, depth
         self.max_depth = None
@@ -68,26 +71,26 @@ class EagleTreeDrafter(TreeDrafter):
         n = feats.shape[0]
         tokens = torch.tensor(context_ids[start + 1 : start + 1 + n], dtype=torch.long)
         out, k, v = self.head(
-            feats[None].float(), self.embed[tokens][None], torch.arange(start, start + n), self._k, self._v
+            feats[None].to(self.dtype), self.embed[tokens][None].to(self.dtype), torch.arange(start, start + n), self._k, self._v
         )
         self._k, self._v = k, v
         self._stable = start + n
         self._f_last = out[0, -1]
 
     @torch.inference_mode()
-    def _expand(self, parent_feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, dk, dv, masks) -> tuple:
-        """One draft forward for some nodes; returns their predicted features and the grown draft cache."""
+    def _expand(self, parent_feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, dk, dv,
+                visible) -> tuple:
+        """One draft forward for L nodes; ``visible`` bool ``[L, S]`` (or per node the list of earlier draft
+        entries) marks what each attends to. Returns their predicted features and the grown draft cache."""
+        if not isinstance(visible, torch.Tensor):
+            lists, visible = visible, torch.zeros(len(visible), 0 if dk is None else dk.shape[2], dtype=torch.bool)
+            for row, entries in enumerate(lists):
+                visible[row, list(entries)] = True
         s = self._k.shape[2]
         past_k = self._k if dk is None else torch.cat([self._k, dk], dim=2)
         past_v = self._v if dv is None else torch.cat([self._v, dv], dim=2)
-        n_draft = 0 if dk is None else dk.shape[2]
-        mask = torch.zeros(1, 1, tokens.numel(), s + n_draft + tokens.numel(), dtype=torch.bool)
-        mask[..., :s] = True
-        for row, draft_visible in enumerate(masks):
-            for j in draft_visible:
-                mask[0, 0, row, s + j] = True
-            mask[0, 0, row, s + n_draft + row] = True
-        out, k, v = self.head(parent_feats[None], self.embed[tokens][None], positions, past_k, past_v, mask)
+        mask = draft_mask(s, visible)
+        out, k, v = self.head(parent_feats[None], self.embed[tokens][None].to(self.dtype), positions, past_k, past_v, mask)
         return out[0], k[:, :, s:], v[:, :, s:]
 
     @torch.inference_mode()
@@ -101,35 +104,22 @@ class EagleTreeDrafter(TreeDrafter):
         return self._propose_static(n, max_nodes, max_depth)
 
     def _propose_static(self, n: int, max_nodes: int, max_depth: int) -> DraftTree:
+        """The static tree, level by level, with its layout precomputed as tensors (:mod:`tree_plan`)."""
         tree = self.tree
         depth = min(tree.depth, max_depth)
-        width = tree.max_rank
-        tokens = [0] * tree.num_nodes
-        ids, _ = topk_ids(self.lm.logits(self._f_last[None]), width, self.lm)
-        for i in range(tree.num_nodes):
-            if tree.depths[i] == 1:
-                tokens[i] = int(ids[0, tree.ranks[i]])
-        has_children = {p for p in tree.parents if p >= 0}
-        slot: dict[int, int] = {}  # node -> index in the draft cache
-        pred: dict[int, torch.Tensor] = {}  # node -> predicted feature for its children
+        plan = static_levels(tree, depth)
+        tokens = torch.zeros(tree.num_nodes, dtype=torch.long)
+        ids, _ = topk_ids(self.lm.logits(self._f_last[None]), tree.max_rank, self.lm)
+        tokens[plan.first_nodes] = ids[0, plan.first_ranks]
+        features = self._f_last[None]  # row 0: the root's; row 1 + s: draft-cache slot s's prediction
         dk = dv = None
-        for d in range(1, depth):
-            level = [i for i in range(tree.num_nodes) if tree.depths[i] == d and i in has_children]
-            if not level:
-                break
-            parent_feats = torch.stack([self._f_last if tree.parents[i] < 0 else pred[tree.parents[i]] for i in level])
-            visible = [self._ancestors(i, tree.parents, slot) for i in level]
-            base = 0 if dk is None else dk.shape[2]
-            out, dk, dv = self._expand(parent_feats, torch.tensor([tokens[i] for i in level]), torch.full((len(level),), n + d - 1), dk, dv, visible)
-            for row, i in enumerate(level):
-                slot[i] = base + row
-                pred[i] = out[row]
-            child_ids, _ = topk_ids(self.lm.logits(out), width, self.lm)
-            for j in range(tree.num_nodes):
-                p = tree.parents[j]
-                if p in slot and tree.depths[j] == d + 1:
-                    tokens[j] = int(child_ids[level.index(p), tree.ranks[j]])
-        return DraftTree(tokens, list(tree.parents)).prune(depth, max_nodes)
+        for d, level in enumerate(plan.levels, start=1):
+            out, dk, dv = self._expand(features[level.parent_feature], tokens[level.nodes],
+                                       torch.full((level.nodes.numel(),), n + d - 1), dk, dv, level.visible)
+            features = torch.cat([features, out])
+            child_ids, _ = topk_ids(self.lm.logits(out), tree.max_rank, self.lm)
+            tokens[level.child_nodes] = child_ids[level.child_rows, level.child_ranks]
+        return DraftTree(tokens.tolist(), list(tree.parents)).prune(depth, max_nodes)
 
     @staticmethod
     def _ancestors(node: int, parents, slot: dict[int, int]) -> list[int]:
@@ -160,8 +150,8 @@ class EagleTreeDrafter(TreeDrafter):
         dk = dv = None
         for d in range(1, depth):
             parent_feats = torch.stack([self._f_last if parents[i] < 0 else pred[parents[i]] for i in frontier])
-            visible = [self._ancestors(i, parents, slot) for i in frontier]
             base = 0 if dk is None else dk.shape[2]
+            visible = [self._ancestors(i, parents, slot) for i in frontier]
             out, dk, dv = self._expand(parent_feats, torch.tensor([tokens[i] for i in frontier]), torch.full((len(frontier),), n + d - 1), dk, dv, visible)
             child_ids, child_logp = topk_ids(self.lm.logits(out), k, self.lm)
             candidates = []
@@ -186,7 +176,7 @@ class EagleTreeDrafter(TreeDrafter):
 
 
 def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_vocab: bool, dynamic: bool,
-                       top_k: int, depth: int, prepack: bool = True) -> EagleTreeDrafter:
+                       top_k: int, depth: int, prepack: bool = True, dtype: torch.dtype = torch.float32) -> EagleTreeDrafter:
     """The EAGLE drafter of an engine's ``draft/`` folder (``eagle_heads.safetensors``) for ``target``.
 
     Args:
@@ -195,19 +185,21 @@ def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_voca
         draft_vocab: score the head's reduced vocabulary (if the file has one).
         prepack: prepack the head's linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
         dynamic, top_k, depth: EAGLE-2's dynamic tree, candidates per expansion and levels.
+        dtype: the head's and the reduced lm_head's dtype (bf16: cheaper drafts; verification stays fp32).
 
     Raises:
         SpecpipeError: missing or corrupt heads, heads of an unexpected shape, or no tree without ``dynamic``.
         CompatibilityError: heads trained for another target.
     """
-    heads_file = read_heads(draft_dir, "eagle", target, draft_vocab=draft_vocab, prepack=prepack)
+    heads_file = read_heads(draft_dir, "eagle", target, draft_vocab=draft_vocab, prepack=prepack, dtype=dtype)
     try:
         head = EagleHead(EagleConfig.from_target(target.config))
         head.load_state_dict(heads_file.tensors)
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
         raise SpecpipeError(f"{heads_file.path} does not hold eagle heads of the expected shape ({exc}): "
                             f"retrain or rebuild") from exc
+    head = head.to(dtype)
     if prepack:
         prepack_linear_layers(head)
     return EagleTreeDrafter(head.eval(), target.get_input_embeddings().weight.detach(), heads_file.lm, tree,
-                            dynamic=dynamic, top_k=top_k, depth=depth)
+                            dynamic=dynamic, top_k=top_k, depth=depth, dtype=dtype)

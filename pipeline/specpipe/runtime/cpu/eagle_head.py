@@ -43,7 +43,8 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, heads, T, D]`` by cos/sin ``[T, D]`` (or ``[B, 1, T, D]``)."""
+    """Rotate ``x`` ``[B, heads, T, D]`` by cos/sin ``[T, D]`` (or ``[B, 1, T, D]``), in ``x``'s dtype."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin

@@ -22,10 +22,12 @@ from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDraft
 from specpipe.runtime.cpu.eagle import load_eagle_drafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.medusa import load_medusa_drafter
-from specpipe.runtime.cpu.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available, prepack_linear_layers
 from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
 from specpipe.runtime.cpu.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.runtime.cpu.weights_memory import own_memory, release_freed_memory
 from specpipe.speculative import (
     ACCEPTANCE_RULES, DRAFT_VOCAB_DEFAULT, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime,
     SpeculativeSettings, methods_for, names,
@@ -60,12 +62,14 @@ def load_checkpoint(path: Path, role: str) -> PreTrainedModel:
 @dataclass(frozen=True)
 class DraftSource:
     """What a drafter factory gets: the engine directory, its manifest, the loaded target (fp32, eval, not
-    yet prepacked: heads copy rows of its embedding and lm_head first) and whether to prepack the draft."""
+    yet prepacked: heads copy rows of its embedding and lm_head first), whether to prepack the draft and
+    the draft's dtype (:func:`resolve_draft_dtype`)."""
 
     engine_dir: Path
     manifest: Manifest
     target: PreTrainedModel
     prepack: bool = True
+    draft_dtype: torch.dtype = torch.float32
 
     @property
     def settings(self) -> SpeculativeSettings:
@@ -116,17 +120,18 @@ def _ngram_drafter(source: DraftSource) -> Drafter:
 def _draft_model_drafter(source: DraftSource) -> Drafter:
     draft_dir = source.draft_dir()
     vocab = load_draft_vocab(draft_dir) if source.draft_vocab else None
-    model = load_checkpoint(draft_dir, "draft")
+    model = load_checkpoint(draft_dir, "draft").to(source.draft_dtype)
     drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
     if source.prepack:
         prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
+    own_memory(model)  # what is not prepacked leaves the checkpoint's memory map (one copy of the weights)
     return drafter
 
 
 def _medusa_drafter(source: DraftSource) -> TreeDrafter:
     draft_dir = source.draft_dir()
     return load_medusa_drafter(draft_dir, source.target, source.tree(), draft_vocab=source.draft_vocab,
-                               prepack=source.prepack)
+                               prepack=source.prepack, dtype=source.draft_dtype)
 
 
 def _eagle_drafter(source: DraftSource) -> TreeDrafter:
@@ -138,6 +143,7 @@ def _eagle_drafter(source: DraftSource) -> TreeDrafter:
         draft_dir, source.target, None if dynamic else source.tree(), draft_vocab=source.draft_vocab,
         dynamic=dynamic, top_k=settings.dynamic_top_k if settings.dynamic_top_k is not None else top_k,
         depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth, prepack=source.prepack,
+        dtype=source.draft_dtype,
     )
 
 
@@ -151,13 +157,36 @@ DRAFTERS: dict[Method, Callable[[DraftSource], Drafter | TreeDrafter]] = {
 }
 
 
-def load_engine(engine_dir: Path, *, prepack: bool = True) -> tuple[SpeculativeEngine, Manifest]:
+#: ``draft_dtype`` names accepted by :func:`load_engine`.
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_draft_dtype(name: str = "auto") -> torch.dtype:
+    """The dtype drafts run in: ``"float32"``, ``"bfloat16"``, or ``"auto"`` = bf16 where oneDNN runs bf16
+    linear layers natively on this CPU (:func:`~specpipe.runtime.cpu.prepack.bf16_prepack_available`),
+    else fp32 (ATen's bf16 fallback is slower than fp32 there).
+
+    Drafts are proposals: the target verifies them in fp32, so greedy output is the same either way.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "auto":
+        return torch.bfloat16 if bf16_prepack_available() else torch.float32
+    if name not in DRAFT_DTYPES:
+        raise ValueError(f"draft_dtype must be auto, {', '.join(DRAFT_DTYPES)}; got {name!r}")
+    return DRAFT_DTYPES[name]
+
+
+def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "auto") -> tuple[SpeculativeEngine, Manifest]:
     """Load an engine directory: its manifest, target and drafter.
 
     Args:
         engine_dir: a directory written by ``specpipe build --runtime cpu``.
         prepack: prepack the target's and the draft's linear layers (oneDNN, inference only; ``False``
             keeps plain ``nn.Linear``, for A/B measurements).
+        draft_dtype: dtype of the EAGLE/Medusa heads, their reduced lm_head and a draft model
+            (:func:`resolve_draft_dtype`); the target always runs in fp32.
 
     Returns:
         the engine (a :class:`TreeSpeculativeEngine` for tree drafters) and the typed manifest.
@@ -180,9 +209,18 @@ def load_engine(engine_dir: Path, *, prepack: bool = True) -> tuple[SpeculativeE
     if not manifest.target.path:
         raise ManifestError(f"{engine_dir}/manifest.json has no target path: {_REBUILD}")
     target = load_checkpoint(engine_dir / manifest.target.path, "target")
-    drafter = factory(DraftSource(engine_dir, manifest, target, prepack))
+    # One copy of the weights: the tensors that will not be prepacked (embedding = tied lm_head, norms) get
+    # memory of their own before drafters take views of them; the linear weights still view the
+    # checkpoint's memory map until prepacking replaces them, and then the map goes.
+    own_memory(target, skip_prepackable=prepack)
+    drafter = factory(DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype)))
     if prepack:
         prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
+        lm = getattr(drafter, "lm", None)
+        if (isinstance(lm, ReducedLMHead) and lm.draft_vocab is None and lm.dtype == torch.float32
+                and isinstance(target.lm_head, PrepackedLinear)):
+            lm.use_packed(target.lm_head)  # full draft vocabulary: share the target's packed lm_head
+    release_freed_memory()
     try:
         if isinstance(drafter, TreeDrafter):
             acceptance = settings.acceptance or ACCEPTANCE_RULES[0]

@@ -73,19 +73,20 @@ class MedusaTreeDrafter(TreeDrafter):
         lm: the target's lm_head restricted to the draft vocabulary
             (:class:`~specpipe.runtime.cpu.draft_vocab.ReducedLMHead`).
         tree: the static tree (``medusa_choices``); its depth must not exceed the number of heads.
+        dtype: the heads' dtype (the target's fp32 feature is cast to it).
 
     Raises:
         SpecpipeError: a tree deeper than the heads.
     """
 
-    def __init__(self, heads, lm, tree: Tree):
+    def __init__(self, heads, lm, tree: Tree, dtype: torch.dtype = torch.float32):
         tree = StaticTree.of(tree)
         if tree.depth > heads.num_heads:
             raise SpecpipeError(
                 f"medusa_choices tree is {tree.depth} deep but there are only {heads.num_heads} Medusa heads: "
                 f"use paths of at most {heads.num_heads} entries"
             )
-        self.heads, self.lm, self.tree = heads, lm, tree
+        self.heads, self.lm, self.tree, self.dtype = heads, lm, tree, dtype
         self.max_depth = heads.num_heads
         self._feature: torch.Tensor | None = None
 
@@ -99,26 +100,27 @@ class MedusaTreeDrafter(TreeDrafter):
     def propose(self, context_ids: list[int], max_nodes: int, max_depth: int) -> DraftTree:
         if self._feature is None:
             return DraftTree([], [])
-        feats = self.heads(self._feature[None])[: self.tree.depth, 0]  # [depth, H]
+        feats = self.heads(self._feature[None].to(self.dtype))[: self.tree.depth, 0]  # [depth, H]
         ids, _ = topk_ids(self.lm.logits(feats), self.tree.max_rank, self.lm)
         tokens = [int(ids[d - 1, r]) for d, r in zip(self.tree.depths, self.tree.ranks)]
         return DraftTree(tokens, list(self.tree.parents)).prune(max_depth, max_nodes)
 
 
 def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: bool,
-                        prepack: bool = True) -> MedusaTreeDrafter:
+                        prepack: bool = True, dtype: torch.dtype = torch.float32) -> MedusaTreeDrafter:
     """The Medusa drafter of an engine's ``draft/`` folder (``medusa_heads.safetensors``) for ``target``.
 
     Args:
         tree: the static tree, checked against the number of heads.
         draft_vocab: score the heads' reduced vocabulary (if the file has one).
         prepack: prepack the heads' linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
+        dtype: the heads' and the reduced lm_head's dtype (bf16: cheaper drafts; verification stays fp32).
 
     Raises:
         SpecpipeError: missing or corrupt heads, heads of an unexpected shape, a tree deeper than the heads.
         CompatibilityError: heads trained for another target.
     """
-    heads_file = read_heads(draft_dir, "medusa", target, draft_vocab=draft_vocab, prepack=prepack)
+    heads_file = read_heads(draft_dir, "medusa", target, draft_vocab=draft_vocab, prepack=prepack, dtype=dtype)
     meta = heads_file.meta
     try:
         heads = MedusaHeads(int(meta["hidden_size"]), int(meta["num_heads"]), int(meta["num_layers"]))
@@ -126,6 +128,7 @@ def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: boo
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
         raise SpecpipeError(f"{heads_file.path} does not hold medusa heads of the expected shape ({exc}): "
                             f"retrain or rebuild") from exc
+    heads = heads.to(dtype)
     if prepack:
         prepack_linear_layers(heads)
-    return MedusaTreeDrafter(heads.eval(), heads_file.lm, tree)
+    return MedusaTreeDrafter(heads.eval(), heads_file.lm, tree, dtype)

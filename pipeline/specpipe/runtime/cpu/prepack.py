@@ -38,9 +38,26 @@ def prepack_available() -> bool:
     return bool(torch.backends.mkldnn.is_available())
 
 
+@functools.cache
+def bf16_prepack_available() -> bool:
+    """Whether oneDNN runs bf16 linear layers natively on this CPU (AVX-512 BW/VL/DQ, best with
+    avx512_bf16 or AMX): ``torch.ops.mkldnn._is_mkldnn_bf16_supported``. Without it bf16 weights are not
+    prepacked and bf16 matmuls fall back to slower ATen kernels."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(prepack_available() and _fused_linear_available() and check is not None and check())
+    except RuntimeError:
+        return False
+
+
+def _packable_dtypes() -> tuple[torch.dtype, ...]:
+    return (torch.float32, torch.bfloat16) if bf16_prepack_available() else (torch.float32,)
+
+
 class PrepackedLinear(torch.nn.Module):
-    """An fp32 linear layer whose weight ``[out_features, in_features]`` is held in oneDNN's layout.
-    Maps float32 ``[..., in_features]`` to float32 ``[..., out_features]``; inference only.
+    """An fp32 (or, where :func:`bf16_prepack_available`, bf16) linear layer whose weight
+    ``[out_features, in_features]`` is held in oneDNN's layout. Maps ``[..., in_features]`` to
+    ``[..., out_features]`` in the weight's dtype (inputs are cast to it); inference only.
 
     Args:
         linear: the layer to copy (its weight and bias, if any, are copied; it is left unchanged).
@@ -49,8 +66,9 @@ class PrepackedLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float().contiguous()
-        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.dtype = torch.bfloat16 if linear.weight.dtype == torch.bfloat16 and bf16_prepack_available() else torch.float32
+        weight = linear.weight.detach().to(self.dtype).contiguous()
+        bias = None if linear.bias is None else linear.bias.detach().to(self.dtype).contiguous()
         if _fused_linear_available():
             self._packed = True
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
@@ -62,7 +80,7 @@ class PrepackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed:
-            return torch.ops.mkldnn._linear_pointwise(x.float().contiguous(), self.weight, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype).contiguous(), self.weight, self.bias, "none", [], "")
         rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
         out = torch.ops.aten.mkldnn_linear(rows, self.weight, self.bias).to_dense()
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -76,7 +94,8 @@ class PrepackedLinear(torch.nn.Module):
 
 
 def prepack_linear_layers(module: torch.nn.Module) -> int:
-    """Replace every fp32 ``nn.Linear`` inside ``module`` (in place) by a :class:`PrepackedLinear`.
+    """Replace every fp32 ``nn.Linear`` (and bf16 one, where :func:`bf16_prepack_available`) inside
+    ``module`` (in place) by a :class:`PrepackedLinear`.
 
     Results equal ``nn.Linear``'s up to float32 rounding (~1e-6 relative). The replaced layers are
     inference-only (no autograd) and their ``weight`` is no longer a dense tensor, so anything that
@@ -92,7 +111,7 @@ def prepack_linear_layers(module: torch.nn.Module) -> int:
     replaced = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
+            if type(child) is torch.nn.Linear and child.weight.dtype in _packable_dtypes():
                 setattr(parent, name, PrepackedLinear(child))
                 replaced += 1
     return replaced

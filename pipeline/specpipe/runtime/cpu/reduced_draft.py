@@ -27,8 +27,9 @@ class ReducedVocabDraftModelDrafter(DraftModelDrafter):
 
     def __init__(self, draft_model, draft_vocab: torch.Tensor):
         super().__init__(draft_model)
-        self.draft_vocab = draft_vocab.to(torch.long)
-        self._weight = draft_model.lm_head.weight.detach()[self.draft_vocab].float().contiguous()
+        self.draft_vocab = draft_vocab.to(torch.long).clone()  # not a view of the heads file's memory map
+        weight = draft_model.lm_head.weight.detach()
+        self._weight = weight[self.draft_vocab].to(weight.dtype).contiguous()  # the draft's dtype (fp32 or bf16)
 
     @torch.inference_mode()
     def propose(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:

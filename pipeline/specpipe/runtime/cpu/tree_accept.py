@@ -22,6 +22,7 @@ The keys/values of the accepted path are then compacted by
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -70,22 +71,34 @@ class DraftTree:
 def tree_attention(parents: Sequence[int], context: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention mask and position offsets of ``[root, node_1 .. node_N]`` after ``context`` cached tokens.
 
+    The tree part (who sees whom among root and nodes) depends only on ``parents`` and is computed once
+    per tree shape (:func:`_tree_part`, cached: a static tree has one shape), the context part is a block
+    of ones.
+
     Returns:
         bool ``[1, 1, N + 1, context + N + 1]`` (True = may attend): every row sees the cached context,
         the root, its ancestors and itself; and int64 ``[N + 1]`` depths (0 for the root), to add to
         the root's position.
     """
+    tree, depth = _tree_part(tuple(parents))
+    allow = torch.cat([torch.ones(tree.shape[0], context, dtype=torch.bool), tree], dim=1)
+    return allow[None, None], depth
+
+
+@functools.lru_cache(maxsize=256)
+def _tree_part(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool ``[N + 1, N + 1]`` (root and nodes: ancestors and self) and int64 ``[N + 1]`` depths."""
     n = len(parents)
-    allow = torch.zeros(n + 1, context + n + 1, dtype=torch.bool)
-    allow[:, : context + 1] = True
+    allow = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    allow[:, 0] = True
     depth = torch.zeros(n + 1, dtype=torch.long)
     for i, p in enumerate(parents):
         row = i + 1
         if p >= 0:
-            allow[row, context + 1 : context + n + 1] = allow[p + 1, context + 1 : context + n + 1]
-        allow[row, context + row] = True
+            allow[row, 1:] = allow[p + 1, 1:]
+        allow[row, row] = True
         depth[row] = depth[p + 1] + 1
-    return allow[None, None], depth
+    return allow, depth
 
 
 def greedy_tree_accept(best: torch.Tensor, tree: DraftTree) -> tuple[list[int], int]:

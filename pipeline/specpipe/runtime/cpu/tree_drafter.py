@@ -98,13 +98,15 @@ class HeadsFile:
     lm: ReducedLMHead
 
 
-def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool, prepack: bool = True) -> HeadsFile:
+def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool, prepack: bool = True,
+               dtype: torch.dtype = torch.float32) -> HeadsFile:
     """Read ``draft_dir``'s compact ``method`` file (:data:`~specpipe.heads_format.COMPACT_FILES`) for
     ``target`` (a ``LlamaForCausalLM``, whose lm_head the heads share).
 
     Args:
         draft_vocab: score the file's reduced vocabulary (if it has one) rather than the full one.
         prepack: score with a prepacked oneDNN copy of the lm_head rows (inference only).
+        dtype: the drafts' dtype (the reduced lm_head's; the caller casts the heads).
 
     Raises:
         SpecpipeError: a missing or corrupt file, or one of another method.
@@ -116,7 +118,7 @@ def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool, prepa
     vocab = tensors.pop("draft_vocab", None)
     if vocab is not None and not draft_vocab:
         vocab = None
-    lm = ReducedLMHead(target.get_output_embeddings().weight, vocab)
+    lm = ReducedLMHead(target.get_output_embeddings().weight, vocab, dtype=dtype)
     if prepack:
         lm.prepack()
     return HeadsFile(path, {k: v.float() for k, v in tensors.items()}, meta, lm)

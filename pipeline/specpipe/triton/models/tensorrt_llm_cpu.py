@@ -43,6 +43,7 @@ from specpipe.triton.models.engine_request import EngineRequest, parse_request
 from specpipe.runtime.cpu.scheduler import BatchScheduler, ServerBusy
 from specpipe.runtime.cpu.scheduler import Cancelled as SchedulerCancelled
 from specpipe.triton.models.generation import Cancelled, StepResponder, run_request
+from specpipe.triton.models.warmup import warm_up_engine
 
 
 class TritonSender:
@@ -277,6 +278,7 @@ class TritonPythonModel:
 
         def load():
             engine, self.manifest = load_engine(Path(engine_dir))
+            warm_up_engine(engine, logger.log_info)  # on the engine thread, before the model reports ready
             limits = self.manifest.limits or {}
             batch = int(limits.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)
             return BatchScheduler(engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch))

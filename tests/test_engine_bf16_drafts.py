@@ -1,0 +1,41 @@
+"""bf16 drafts (EAGLE/Medusa heads, their reduced lm_head, a distilled draft model): drafts are proposals
+the fp32 target verifies, so greedy output stays the baseline's token for token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.loader import load_engine, resolve_draft_dtype
+from specpipe.runtime.cpu.prepack import bf16_prepack_available
+
+PROMPTS = [
+    [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198,
+     1, 4093, 198, 1780, 1848, 339, 1553, 645, 24488, 253, 2767, 47, 2, 198, 1, 520, 9531, 198],
+    [1, 4093, 198, 23325, 253, 9286, 2248, 338, 12960, 3161, 1883, 3459, 359, 1030, 17165, 30, 2, 198, 1, 520, 9531, 198],
+]
+
+
+def test_auto_draft_dtype_follows_the_cpu():
+    assert resolve_draft_dtype("auto") == (torch.bfloat16 if bf16_prepack_available() else torch.float32)
+    assert resolve_draft_dtype("bfloat16") == torch.bfloat16 and resolve_draft_dtype("float32") == torch.float32
+    with pytest.raises(ValueError):
+        resolve_draft_dtype("float16")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("draft", ["eagle", "medusa", "smollm2-draft"])
+def test_bf16_drafts_keep_greedy_output_identical(smollm2_engines, draft, single_thread):
+    baseline, _ = load_engine(Path(smollm2_engines["none"]))
+    engine, _ = load_engine(Path(smollm2_engines[draft]), draft_dtype="bfloat16")
+    params = SamplingParams(max_tokens=40)
+    accepted = 0
+    for prompt in PROMPTS:
+        expected, _ = baseline.generate_all(prompt, params)
+        got, stats = engine.generate_all(prompt, params)
+        assert got == expected
+        accepted += stats.total_accepted_draft_tokens
+    assert accepted > 0  # the bf16 drafts were used, and some accepted
