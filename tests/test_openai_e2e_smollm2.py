@@ -89,15 +89,20 @@ class TestIssue12OnSmolLM2:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             assert b"200" in sock.recv(4096)
-        time.sleep(1.0)  # the gateway notices, cancels the gRPC stream; the engine stops between steps
+        # The gateway notices, cancels the gRPC stream, and the engine drops the request between steps.
         # In-flight batching would serve a short request at once even beside an abandoned one, so check
-        # that the engine stopped decoding: its step counter stands still while nobody is served.
-        steps = _decode_steps(metrics_port)
-        time.sleep(1.0)
-        assert _decode_steps(metrics_port) == steps, "the abandoned request is still being decoded"
+        # that the engine stopped decoding: its step counter stands still while nobody is served (the
+        # abandoned request asked for 2000 tokens at least: minutes of steps if it were still running).
+        deadline, stopped = time.monotonic() + 30.0, False
+        before = _decode_steps(metrics_port)
+        while not stopped and time.monotonic() < deadline:
+            time.sleep(1.0)
+            after = _decode_steps(metrics_port)
+            stopped, before = after == before, after
+        assert stopped, "the abandoned request is still being decoded 30 s after its client went away"
         start = time.monotonic()
         client.completions.create(model=name, prompt="Hello", max_tokens=4, temperature=0)
-        assert time.monotonic() - start < 3.0
+        assert time.monotonic() - start < 10.0
 
     def test_special_tokens_typed_by_users_stay_text_and_models_retrieve(self, api):
         client, _, name, _ = api
