@@ -2,43 +2,15 @@
 thread (the one that loaded the engine), each streams its own responses, a client cancellation ends
 only that request, and a request past the queue bound gets UNAVAILABLE ("server busy") at once."""
 
-import threading
-
 import pytest
 
 from specpipe.generation.api import SamplingParams
 from specpipe.triton.models.engine_request import EngineRequest
 from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker
 from batch_helpers import make_engine, prompts, run_alone, scheduler_for
+from recording_sender import RecordingSender as Sender
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-class Sender:
-    """A response sender that records responses; ``cancel_after`` responses, it reports a cancellation."""
-
-    def __init__(self, cancel_after=None):
-        self.responses, self.errors, self.finished = [], [], threading.Event()
-        self.cancel_after, self.threads = cancel_after, set()
-
-    def data(self, outputs, final):
-        self.threads.add(threading.current_thread().name)
-        self.responses.append((outputs, final))
-        if final:
-            self.finished.set()
-
-    def error(self, message, code="INVALID_ARG"):
-        self.errors.append((message, code))
-        self.finished.set()
-
-    def finish(self):
-        self.finished.set()
-
-    def cancelled(self):
-        return self.cancel_after is not None and len(self.responses) >= self.cancel_after
-
-    def tokens(self):
-        return [t for outputs, _ in self.responses for t in outputs["output_ids"].reshape(-1).tolist()]
 
 
 def test_worker_batches_streams_cancels_and_answers_busy():

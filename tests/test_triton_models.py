@@ -16,6 +16,7 @@ from specpipe.triton.models.postprocessing import Detokenizer, _rows
 from specpipe.triton.models.preprocessing import Preprocessor
 from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker
 from specpipe.triton.models.words import from_words_layout
+from recording_sender import RecordingSender
 from tiny_engine import make_tiny_engine, tiny_tokenizer
 
 
@@ -161,32 +162,12 @@ def test_exclude_input_default_comes_from_the_model():
 
 # --- engine worker ---------------------------------------------------------------------------------
 
-class FakeSender:
-    def __init__(self):
-        self.responses, self.errors, self.finished = [], [], threading.Event()
-
-    def data(self, outputs, final):
-        self.responses.append((outputs, final))
-        if final:
-            self.finished.set()
-
-    def error(self, message, code="INVALID_ARG"):
-        self.errors.append((message, code))
-        self.finished.set()
-
-    def finish(self):
-        self.finished.set()
-
-    def cancelled(self):
-        return False
-
-
 def _tokens(responses):
     return [t for outputs, _ in responses for t in outputs["output_ids"].reshape(-1).tolist()]
 
 
 def test_streaming_and_plain_give_the_same_tokens(engine):
-    plain, streamed = FakeSender(), FakeSender()
+    plain, streamed = RecordingSender(), RecordingSender()
     worker = RequestWorker(engine)
     base = parse_request(_inputs(return_perf_metrics=np.array([True]), exclude_input_in_output=np.array([True])))
     stream = parse_request(_inputs(streaming=np.array([True]), exclude_input_in_output=np.array([True])))
@@ -212,7 +193,7 @@ def test_streaming_and_plain_give_the_same_tokens(engine):
 
 
 def test_prompt_is_echoed_unless_excluded(engine):
-    sender = FakeSender()
+    sender = RecordingSender()
     worker = RequestWorker(engine)
     worker.submit(parse_request(_inputs()), sender)
     worker.close()
@@ -220,7 +201,7 @@ def test_prompt_is_echoed_unless_excluded(engine):
 
 
 def test_engine_rejections_become_error_responses_and_the_worker_goes_on(engine):
-    too_long, after = FakeSender(), FakeSender()
+    too_long, after = RecordingSender(), RecordingSender()
     worker = RequestWorker(engine)
     ids = np.arange(200, dtype=np.int32).reshape(1, -1) % 300
     worker.submit(parse_request(_inputs(input_ids=ids, input_lengths=np.array([200], np.int32))), too_long)
@@ -241,7 +222,7 @@ def test_requests_are_served_in_arrival_order():
             yield StepOutput([1], True, "length", RequestStats(num_input_tokens=1, num_output_tokens=1))
 
     worker = RequestWorker(RecordingEngine())
-    senders = [FakeSender() for _ in range(5)]
+    senders = [RecordingSender() for _ in range(5)]
     for i, sender in enumerate(senders):
         worker.submit(parse_request(_inputs(input_ids=np.array([[10 + i]], np.int32), input_lengths=None)), sender)
     worker.close()
@@ -254,7 +235,7 @@ def test_engine_crash_gives_an_internal_error():
         def generate(self, input_ids, params):
             raise RuntimeError("out of memory")
 
-    sender, logged = FakeSender(), []
+    sender, logged = RecordingSender(), []
     worker = RequestWorker(BrokenEngine(), log_error=logged.append)
     worker.submit(parse_request(_inputs()), sender)
     worker.close()
@@ -288,7 +269,7 @@ def test_the_engine_is_loaded_and_run_on_the_worker_thread():
         return ThreadRecordingEngine()
 
     worker = RequestWorker(load=load)
-    sender = FakeSender()
+    sender = RecordingSender()
     worker.submit(parse_request(_inputs()), sender)
     worker.close()
     assert threads == ["specpipe-engine", "specpipe-engine"] and len(sender.responses) == 1
