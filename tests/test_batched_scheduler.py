@@ -6,7 +6,7 @@ import pytest
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.adaptive import (
-    AcceptanceEstimate, DraftCandidate, ForwardCostModel, choose_draft_lengths,
+    AcceptanceEstimate, DraftCandidate, ForwardCostModel, choose_draft_lengths, non_decreasing,
 )
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.cached_lm import CachedLM
@@ -114,6 +114,27 @@ def test_it_drafts_with_high_acceptance_and_a_small_batch_and_stops_under_load()
     # 32 requests of a busy batch: the forward is compute-bound, extra tokens cost a full share each
     busy = [DraftCandidate(list(range(6)), AcceptanceEstimate(prior=0.4)) for _ in range(32)]
     assert sum(choose_draft_lengths(cost, busy, fixed_tokens=32)) == 0
+
+
+def test_cost_curve_is_non_decreasing_and_learns_from_served_forwards():
+    assert non_decreasing([3.0, 1.0, 2.0, 5.0, 4.0]) == [2.0, 2.0, 2.0, 4.5, 4.5]
+    assert non_decreasing([1.0, 2.0, 2.0]) == [1.0, 2.0, 2.0]
+    # measured while the machine was busy: every count looks 3x too slow, and 8 tokens oddly cheap
+    model = ForwardCostModel((1, 8, 64), (3.0, 2.4, 18.0), learning_rate=0.2)
+    model.seconds = tuple(non_decreasing(list(model.seconds)))
+    assert model.seconds == (2.7, 2.7, 18.0)
+    for _ in range(200):  # served forwards: 1 + n/8 seconds for n tokens
+        for n in (1, 4, 8, 40):
+            model.observe(n, 1.0 + n / 8)
+    assert model.cost(1) == pytest.approx(1.125, rel=0.1) and model.cost(8) == pytest.approx(2.0, rel=0.1)
+    assert list(model.seconds) == sorted(model.seconds)
+    before = model.seconds
+    model.observe(500, 1e3)  # beyond the measured counts: ignored
+    model.observe(8, 1e3)  # an outlier moves the curve by at most a share of 2x the prediction
+    assert model.seconds[0] == before[0] and model.seconds[1] <= before[1] * (1 + 0.2)
+    fixed = ForwardCostModel((1, 64), (1.0, 64.0))  # learning_rate 0: a test's model stays as given
+    fixed.observe(64, 1.0)
+    assert fixed.seconds == (1.0, 64.0)
 
 
 def test_acceptance_estimate_follows_observations():

@@ -96,3 +96,27 @@ def test_no_baseline_means_no_speedup_column():
     table = comparison_table(run)
     assert "speed-up" not in [c.header for c in table.columns] and "no deployment named 'baseline'" in table.caption
     assert format_bytes(None) == "-" and format_bytes(512 * 2**20, "gpu") == "512 MiB GPU"
+
+
+def test_committed_json_renders_as_readme_tables(tmp_path):
+    from specpipe.bench.markdown import load_table
+
+    run = make_run()
+    run.command = "specpipe bench --url baseline=h:1 --url ngram=h:2 --concurrency 1,2"
+    paths = write_results(run, tmp_path / "out")
+    assert json.loads(paths["bench.json"].read_text())["command"] == run.command
+    text = load_table(paths["bench.json"])
+    assert text.startswith(f"`{run.command}` (chat prompts, 16 new tokens")
+    lines = text.splitlines()
+    # baseline @1: 10.0 tok/s; ngram @1: 13.3 tok/s = 1.33x; @2: baseline 5.0, ngram 8.0 = 1.60x
+    assert "| baseline | 10.0 (1.00×) | 5.0 (1.00×) |" in lines
+    assert "| ngram | 13.3 (1.33×) | 8.0 (1.60×) |" in lines
+    # TTFT p50 = latency / 4: baseline 250 ms @1, 750 ms @2; memory only where measured (3 GiB)
+    assert "| baseline | 250 | 750 | 1.00 | 1.00 | 3,072 |" in lines
+    assert any(line.startswith("| ngram | 125 | 375 |") and line.endswith("| — |") for line in lines)
+
+
+def test_the_run_records_its_command_line(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/venv/bin/specpipe", "bench", "--url", "a b=h:1"])
+    run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1,)))
+    assert run.command == "specpipe bench --url 'a b=h:1'"

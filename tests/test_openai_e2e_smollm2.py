@@ -103,6 +103,8 @@ class TestIssue12OnSmolLM2:
         start = time.monotonic()
         client.completions.create(model=name, prompt="Hello", max_tokens=4, temperature=0)
         assert time.monotonic() - start < 10.0
+        # the counter is live (a served request moves it), so its standing still above meant something
+        assert _decode_steps(metrics_port) > before
 
     def test_special_tokens_typed_by_users_stay_text_and_models_retrieve(self, api):
         client, _, name, _ = api

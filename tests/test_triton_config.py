@@ -56,6 +56,10 @@ UPSTREAM_ENSEMBLE_OUTPUTS = {
 }
 
 
+#: specpipe's documented addition to the CPU runtime's ensemble outputs (see specpipe.triton.interface).
+SPECPIPE_CPU_ENSEMBLE_OUTPUTS = {"draft_length": ("INT32", (1,))}
+
+
 def step_configs() -> dict[str, mc.ModelConfig]:
     return {
         m.name: python_model_config(m, {"tokenizer_dir": "/abs/tok"}, decoupled=m.name == "tensorrt_llm")
@@ -68,6 +72,16 @@ def test_ensemble_interface_matches_tensorrt_llm():
     assert {s.name: (s.dtype, s.dims) for s in itf.ENSEMBLE.outputs} == UPSTREAM_ENSEMBLE_OUTPUTS
     required = [s.name for s in itf.ENSEMBLE.inputs if not s.optional]
     assert required == ["text_input", "max_tokens"]
+    assert itf.CPU_ENSEMBLE.inputs == itf.ENSEMBLE.inputs
+    assert {s.name: (s.dtype, s.dims) for s in itf.CPU_ENSEMBLE.outputs} == {**UPSTREAM_ENSEMBLE_OUTPUTS, **SPECPIPE_CPU_ENSEMBLE_OUTPUTS}
+
+
+def test_engine_flow_has_none_of_the_cpu_only_outputs():
+    assert {s.name for s in itf.TENSORRT_LLM.outputs} >= {"prior_output_ids", "draft_length"}
+    assert not {s.name for s in itf.TENSORRT_LLM_ENGINE.outputs} & {"prior_output_ids", "draft_length"}
+    for step in itf.ENGINE_ENSEMBLE_STEPS:
+        assert not {name for name, _ in step.output_map} & {"prior_output_ids", "draft_length"}
+    assert "draft_length" in dict(next(s for s in itf.ENSEMBLE_STEPS if s.model_name == "tensorrt_llm").output_map)
 
 
 def test_step_interfaces_keep_tensorrt_llm_names_and_types():

@@ -173,6 +173,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
         })
     return {
         "specpipe_version": __version__,
+        "command": run.command,
         "started": run.started, "finished": run.finished,
         "incomplete": run.incomplete, "reasons": run.reasons,
         "settings": asdict(run.settings),

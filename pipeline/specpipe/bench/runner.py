@@ -8,8 +8,11 @@ as they are measured: an interrupted or failed run still holds everything gather
 
 from __future__ import annotations
 
+import shlex
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from specpipe.bench.endpoints import Endpoint
@@ -53,6 +56,13 @@ class BenchSettings:
         return self.num_requests if self.num_requests is not None else max(8, 4 * concurrency)
 
 
+def command_line() -> str:
+    """This process's command line, shell-quoted, with the program's file name only (``specpipe bench ...``)."""
+    if not sys.argv or not sys.argv[0]:
+        return ""
+    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
 @dataclass
 class BenchRun:
     """Everything measured so far.
@@ -61,6 +71,7 @@ class BenchRun:
         deployments: per deployment: name, kind, address, metrics URL and what the pre-flight found.
         levels: one :class:`LevelResult` per deployment and concurrency, in the order run.
         incomplete: the run did not finish every planned level; ``reasons`` says why.
+        command: the command line that made the run (recorded in ``bench.json``).
     """
 
     settings: BenchSettings
@@ -70,6 +81,7 @@ class BenchRun:
     reasons: list[str] = field(default_factory=list)
     started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     finished: str | None = None
+    command: str = field(default_factory=command_line)
 
     def mark_incomplete(self, reason: str) -> None:
         self.incomplete = True

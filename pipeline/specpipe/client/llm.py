@@ -19,7 +19,9 @@ import numpy as np
 
 from specpipe.errors import SpecpipeError
 
-PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens", "num_output_tokens")
+#: Per-request counters read from a response when present (``draft_length``: CPU runtime only).
+PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
+                "num_output_tokens", "draft_length")
 
 
 @dataclass(frozen=True)

@@ -72,12 +72,14 @@ def python_model_config(
     return config
 
 
-def ensemble_model_config(max_batch_size: int = MAX_BATCH_SIZE, steps=ENSEMBLE_STEPS) -> mc.ModelConfig:
-    """Config of the ``ensemble`` model: :data:`~specpipe.triton.interface.ENSEMBLE` tensors wired
-    through ``steps`` (default :data:`~specpipe.triton.interface.ENSEMBLE_STEPS`; ``platform: "ensemble"``)."""
-    config = mc.ModelConfig(name=ENSEMBLE.name, platform="ensemble", max_batch_size=max_batch_size)
-    config.input.extend(model_input(s) for s in ENSEMBLE.inputs)
-    config.output.extend(model_output(s) for s in ENSEMBLE.outputs)
+def ensemble_model_config(max_batch_size: int = MAX_BATCH_SIZE, steps=ENSEMBLE_STEPS,
+                          interface: ModelInterface = ENSEMBLE) -> mc.ModelConfig:
+    """Config of the ``ensemble`` model: ``interface``'s tensors (default
+    :data:`~specpipe.triton.interface.ENSEMBLE`) wired through ``steps`` (default
+    :data:`~specpipe.triton.interface.ENSEMBLE_STEPS`; ``platform: "ensemble"``)."""
+    config = mc.ModelConfig(name=interface.name, platform="ensemble", max_batch_size=max_batch_size)
+    config.input.extend(model_input(s) for s in interface.inputs)
+    config.output.extend(model_output(s) for s in interface.outputs)
     for step in steps:
         message = config.ensemble_scheduling.step.add(model_name=step.model_name, model_version=-1)
         for key, value in step.input_map:

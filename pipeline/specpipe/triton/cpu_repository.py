@@ -26,7 +26,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.manifest import Manifest
 from specpipe.speculative import Runtime
 from specpipe.triton.config import ensemble_model_config, python_model_config
-from specpipe.triton.interface import ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM
+from specpipe.triton.interface import CPU_ENSEMBLE, ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM
 from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
 
 #: ``tensorrt_llm`` parameter naming the runtime a repository was written for (CPU repositories).
@@ -65,6 +65,6 @@ def cpu_repository(manifest: Manifest, engine_dir: Path) -> Repository:
             decoupled=True,
         ),
         POSTPROCESSING.name: python_model_config(POSTPROCESSING, {**common, "skip_special_tokens": "true"}),
-        ENSEMBLE.name: ensemble_model_config(),
+        ENSEMBLE.name: ensemble_model_config(interface=CPU_ENSEMBLE),
     }
     return Repository(configs, modules={**STEP_MODULES, TENSORRT_LLM.name: MODULES["cpu_engine"]})

@@ -30,14 +30,18 @@ Differences from upstream, all of them additions internal to the repository:
   text, so a special-token string typed by a user is not turned into a control token.
 - The seed input of ``tensorrt_llm`` is ``seed`` at 2a9abd95; releases before ~0.15 named it
   ``random_seed``.
+- CPU runtime only: ``tensorrt_llm`` and the ensemble (:data:`CPU_ENSEMBLE`) have one extra output,
+  ``draft_length`` (INT32 ``[1]``), returned with ``return_perf_metrics``: the draft length the
+  load-adaptive rule chose for the request's latest step (0 = plain decoding; a tree method: the
+  tree's depth). TensorRT-LLM drafts a fixed length, so the engine flow's ensemble has no such output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: ``max_batch_size`` of every model: one prompt per request (the CPU engine serves requests one at a
-#: time, in arrival order). Tensors carry a leading batch dimension of 1.
+#: ``max_batch_size`` of every model: one prompt per request, as TensorRT-LLM's ensemble is used (the
+#: CPU engine batches requests itself, in flight). Tensors carry a leading batch dimension of 1.
 MAX_BATCH_SIZE = 1
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ TENSORRT_LLM = ModelInterface(
         _t("total_draft_tokens", "INT32", [1]),
         _t("num_input_tokens", "INT32", [1]),
         _t("num_output_tokens", "INT32", [1]),
+        _t("draft_length", "INT32", [1], doc="specpipe: draft length chosen for the latest step (0 = plain decoding)"),
     ),
 )
 
@@ -274,6 +279,7 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
             ("total_draft_tokens", "total_draft_tokens"),
             ("num_input_tokens", "num_input_tokens"),
             ("num_output_tokens", "num_output_tokens"),
+            ("draft_length", "draft_length"),
         ),
     ),
     EnsembleStep(
@@ -287,8 +293,21 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
     ),
 )
 
+#: The CPU runtime's ensemble: :data:`ENSEMBLE` plus ``draft_length`` (module doc).
+CPU_ENSEMBLE = ModelInterface(
+    name=ENSEMBLE.name, inputs=ENSEMBLE.inputs,
+    outputs=ENSEMBLE.outputs + (
+        _t("draft_length", "INT32", [1],
+           doc="specpipe, CPU runtime: draft length the load-adaptive rule chose for the latest step (0 = plain decoding)"),
+    ),
+)
+
 #: Ensemble outputs filled only on request (``return_perf_metrics`` and the ``return_num_*`` flags).
-PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens", "num_output_tokens")
+PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
+                "num_output_tokens", "draft_length")
+
+#: Outputs of the CPU runtime's models that TensorRT-LLM's engine flow does not have.
+_CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length")
 
 
 # --- the TensorRT-LLM engine flow ----------------------------------------------------------------------
@@ -311,7 +330,7 @@ TENSORRT_LLM_ENGINE = ModelInterface(
     inputs=tuple(
         TensorSpec(s.name, s.dtype, s.dims, s.optional, s.reshape, s.doc, s.name in _RAGGED) for s in TENSORRT_LLM.inputs
     ) + _DRAFT_TARGET_INPUTS,
-    outputs=tuple(s for s in TENSORRT_LLM.outputs if s.name != "prior_output_ids")
+    outputs=tuple(s for s in TENSORRT_LLM.outputs if s.name not in _CPU_ONLY_OUTPUTS)
     + (_t("generation_logits", "FP32", [-1, -1, -1], doc="[beam, T, vocab] logits of generated tokens (on request)"),),
 )
 
@@ -319,7 +338,7 @@ ENGINE_ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = tuple(
     EnsembleStep(
         step.model_name,
         input_map=tuple(m for m in step.input_map if m[0] != "PRIOR_TOKENS_BATCH"),
-        output_map=tuple(m for m in step.output_map if m[0] != "prior_output_ids"),
+        output_map=tuple(m for m in step.output_map if m[0] not in _CPU_ONLY_OUTPUTS),
     )
     for step in ENSEMBLE_STEPS
 )

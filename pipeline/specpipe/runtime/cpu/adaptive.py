@@ -8,7 +8,10 @@ picks draft lengths ``k_i`` (0 = plain decoding) that maximise the batch's expec
 
 * ``C(N)``: seconds of one batched target forward over N packed tokens, with logits for them all,
   measured at load time (:meth:`ForwardCostModel.measure`, a few N from 1 to 64, spread over up to
-  ``max_batch_size`` requests) and interpolated linearly; ``N_0`` counts the step's fixed tokens (prompt
+  ``max_batch_size`` requests, sizes interleaved over rounds, medians made non-decreasing), interpolated
+  linearly, and refined while serving from the scheduler's own timed forwards
+  (:meth:`ForwardCostModel.observe`), so a curve measured while the machine was busy (several servers
+  loading at once) does not mislead the rule for long; ``N_0`` counts the step's fixed tokens (prompt
   chunks and each decoding request's newest token), ``P`` the prompts that finish prefill this step;
 * ``n_i(k)``: tokens request i adds to the forward with draft length k (k for a chain; the tree's node
   count down to depth k for a token tree);
@@ -42,17 +45,51 @@ from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
 MEASURED_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 
 
-@dataclass(frozen=True)
+def non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of ``values`` (pool adjacent violators; Barlow et al. 1972):
+    a forward over more tokens never costs less, so a noisy low or high median is averaged with its
+    neighbours instead of bending the curve."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, c1), (m2, c2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [mean for mean, count in blocks for _ in range(int(count))]
+
+
+@dataclass
 class ForwardCostModel:
     """Seconds of one batched target forward against the total tokens it processes.
 
     Attributes:
         tokens: increasing token counts (>= 1).
-        seconds: measured seconds per forward at each count (same length).
+        seconds: seconds per forward at each count (same length).
+        learning_rate: weight of one observed forward in :meth:`observe` (0: the model stays fixed).
     """
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
+    learning_rate: float = 0.0
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Refine the curve with one timed forward over ``n`` tokens with logits for all of them: move
+        the two measured points around ``n`` towards it, each by its share of the linear interpolation
+        (one step of least squares, the observation clipped to half / double the prediction), then keep
+        the curve non-decreasing. Counts beyond the measured ones are ignored."""
+        if self.learning_rate <= 0 or seconds <= 0 or n > self.tokens[-1]:
+            return
+        predicted = self.cost(n)
+        error = min(max(seconds, 0.5 * predicted), 2.0 * predicted) - predicted
+        ts, new = self.tokens, list(self.seconds)
+        i = min(max(bisect_left(ts, n), 1), len(ts) - 1) if len(ts) > 1 else 0
+        if len(ts) == 1 or n <= ts[0]:
+            new[0] += self.learning_rate * error
+        else:
+            share = min(max((n - ts[i - 1]) / (ts[i] - ts[i - 1]), 0.0), 1.0)
+            new[i - 1] += self.learning_rate * (1.0 - share) * error
+            new[i] += self.learning_rate * share * error
+        self.seconds = tuple(non_decreasing(new))
 
     def cost(self, n: int) -> float:
         """Seconds for ``n`` tokens: linear between measurements, extrapolated from the last two."""
@@ -65,34 +102,41 @@ class ForwardCostModel:
         t0, t1, s0, s1 = ts[i - 1], ts[i], ss[i - 1], ss[i]
         return s0 + (s1 - s0) * (n - t0) / (t1 - t0)
 
+    def describe(self) -> str:
+        """One line, e.g. ``1 tok 21.3 ms, 2 tok 22.0 ms, ...``."""
+        return ", ".join(f"{t} tok {s * 1e3:.1f} ms" for t, s in zip(self.tokens, self.seconds))
+
     @classmethod
     @torch.inference_mode()
-    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 3) -> "ForwardCostModel":
+    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 3,
+                learning_rate: float = 0.05) -> "ForwardCostModel":
         """Time ``lm``'s batched forward (with logits for every row) at each total token count, spread
-        over ``min(count, free slots)`` requests holding ``context`` cached tokens each; the median of
-        ``repeats`` runs after one warm-up. Uses free slots and gives them back.
+        over ``min(count, free slots)`` requests holding ``context`` cached tokens each: one warm-up
+        round, then ``repeats`` rounds over all the counts (interleaved, so that a burst of load on the
+        machine hits every count alike); per count the median, then :func:`non_decreasing`. Uses free
+        slots and gives them back. The model learns from served forwards at ``learning_rate``.
         """
         width = min(lm.free_slots, max(token_counts))
         slots = [lm.allocate() for _ in range(width)]
+        runs: dict[int, list[float]] = {n: [] for n in token_counts}
         try:
             lm.hidden([BatchEntry(s, [0] * context) for s in slots])
-            seconds = []
-            for n in token_counts:
-                used = slots[: min(n, width)]
-                split = [n // len(used) + (1 if i < n % len(used) else 0) for i in range(len(used))]
-                entries = [BatchEntry(s, [1] * k) for s, k in zip(used, split)]
-                runs = []
-                for _ in range(repeats + 1):
+            for round_index in range(repeats + 1):
+                for n in token_counts:
+                    used = slots[: min(n, width)]
+                    split = [n // len(used) + (1 if i < n % len(used) else 0) for i in range(len(used))]
+                    entries = [BatchEntry(s, [1] * k) for s, k in zip(used, split)]
                     start = time.perf_counter()
                     lm.project(lm.hidden(entries))
-                    runs.append(time.perf_counter() - start)
+                    if round_index:
+                        runs[n].append(time.perf_counter() - start)
                     for s in used:
                         lm.truncate(s, context)
-                seconds.append(sorted(runs[1:])[len(runs[1:]) // 2])
         finally:
             for s in slots:
                 lm.release(s)
-        return cls(tuple(token_counts), tuple(seconds))
+        medians = [sorted(runs[n])[len(runs[n]) // 2] for n in token_counts]
+        return cls(tuple(token_counts), tuple(non_decreasing(medians)), learning_rate)
 
 
 @dataclass

@@ -220,6 +220,7 @@ class BatchScheduler:
             plans.append((request, entries[-1], None))
         if not entries:
             return
+        started = time.perf_counter()
         try:
             hidden = self.lm.hidden(entries)
             rows, offset, wanted = [], 0, []
@@ -238,6 +239,8 @@ class BatchScheduler:
             for request, _, _ in plans:
                 self._finish(request, error=exc)
             return
+        if len(rows) == offset:  # every token had logits, as in the cost model's measurements
+            self.cost_model.observe(offset, time.perf_counter() - started)
         self.steps += 1
         self.last_draft_lengths = [r.draft_length for r in decoding]
         first_row, offset = 0, 0

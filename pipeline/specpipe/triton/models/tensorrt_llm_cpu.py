@@ -239,15 +239,22 @@ class SchedulerMetrics:
             family = pb.MetricFamily
         except Exception:  # noqa: BLE001 - no Triton (tests) or a backend without custom metrics
             return
-        self._gauge = lambda name, doc: family(name=name, description=doc, kind=family.GAUGE)
-        self._batch = self._gauge("specpipe_batch_size", "requests in the latest batch step").Metric(labels={})
-        self._waiting = self._gauge("specpipe_waiting_requests", "requests waiting for a batch slot").Metric(labels={})
-        lengths = self._gauge("specpipe_draft_length", "draft lengths chosen by the load-adaptive rule in the latest step")
+        # Triton deletes a family's metrics with the family object: keep every family referenced.
+        self._families = {
+            name: family(name=name, description=doc, kind=family.GAUGE) for name, doc in (
+                ("specpipe_batch_size", "requests in the latest batch step"),
+                ("specpipe_waiting_requests", "requests waiting for a batch slot"),
+                ("specpipe_draft_length", "draft lengths chosen by the load-adaptive rule in the latest step"),
+            )
+        }
+        self._families["specpipe_decode_steps_total"] = family(
+            name="specpipe_decode_steps_total", kind=family.COUNTER, description="request decoding steps by chosen draft length")
+        self._batch = self._families["specpipe_batch_size"].Metric(labels={})
+        self._waiting = self._families["specpipe_waiting_requests"].Metric(labels={})
+        lengths = self._families["specpipe_draft_length"]
         self._mean, self._max = lengths.Metric(labels={"stat": "mean"}), lengths.Metric(labels={"stat": "max"})
-        self._steps_family = family(name="specpipe_decode_steps_total", kind=family.COUNTER,
-                                    description="request decoding steps by chosen draft length")
+        self._steps_family = self._families["specpipe_decode_steps_total"]
         self._steps: dict[int, object] = {}
-        self._families = True
 
     def update(self, scheduler: BatchScheduler) -> None:
         if self._families is None:
@@ -281,7 +288,10 @@ class TritonPythonModel:
             warm_up_engine(engine, logger.log_info)  # on the engine thread, before the model reports ready
             limits = self.manifest.limits or {}
             batch = int(limits.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)
-            return BatchScheduler(engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch))
+            scheduler = BatchScheduler(engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch))
+            logger.log_info(f"specpipe: batch scheduler for {batch} requests; target forward cost measured at load: "
+                            f"{scheduler.cost_model.describe()}")
+            return scheduler
 
         self.metrics = SchedulerMetrics()
         self.worker = RequestWorker(load=load, log_error=logger.log_error, on_step=self.metrics.update)

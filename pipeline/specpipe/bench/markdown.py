@@ -1,0 +1,86 @@
+"""A committed ``bench.json`` as Markdown tables for the README (generated with cog, never typed by hand).
+
+:func:`load_table` reads the file that ``specpipe bench`` wrote (:func:`~specpipe.bench.report.to_json`)
+and renders, per deployment and concurrency, the output token throughput (tokens/s), the gain against
+the baseline deployment at the same concurrency, the median TTFT (ms) and the mean draft length the
+CPU runtime's load-adaptive rule chose where the server reported it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _by_level(results: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["deployment"], int(r["concurrency"])): r for r in results}
+
+
+def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:,.{digits}f}{suffix}"
+
+
+def throughput_table(bench: dict[str, Any]) -> str:
+    """Markdown: one row per deployment, one column per concurrency, cells ``tok/s (gain×)``.
+
+    Args:
+        bench: a parsed ``bench.json``.
+    """
+    levels = _by_level(bench["results"])
+    concurrencies = sorted({c for _, c in levels})
+    names = [d["name"] for d in bench["deployments"]]
+    head = "| deployment | " + " | ".join(f"concurrency {c}" for c in concurrencies) + " |"
+    lines = [head, "|---|" + "---|" * len(concurrencies)]
+    for name in names:
+        cells = []
+        for c in concurrencies:
+            level = levels.get((name, c))
+            if level is None:
+                cells.append("—")
+                continue
+            tps = level["aggregate"]["output_token_throughput"]
+            gain = level.get("speedup_vs_baseline")
+            cells.append(f"{_fmt(tps)} ({_fmt(gain, 2, '×')})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def latency_table(bench: dict[str, Any]) -> str:
+    """Markdown: per deployment, median TTFT (ms) at each concurrency, mean accepted length at the
+    lowest and highest concurrency, and the peak memory of the deployment's processes (MiB)."""
+    levels = _by_level(bench["results"])
+    concurrencies = sorted({c for _, c in levels})
+    low, high = concurrencies[0], concurrencies[-1]
+    head = ("| deployment | " + " | ".join(f"TTFT p50 @{c} (ms)" for c in concurrencies)
+            + f" | tokens/step @{low} | tokens/step @{high} | memory (MiB) |")
+    lines = [head, "|---|" + "---|" * (len(concurrencies) + 3)]
+    for d in bench["deployments"]:
+        name = d["name"]
+        row = [name]
+        for c in concurrencies:
+            level = levels.get((name, c))
+            row.append(_fmt(level["aggregate"]["ttft_ms"]["p50"], 0) if level else "—")
+        for c in (low, high):
+            level = levels.get((name, c))
+            row.append(_fmt(level["aggregate"].get("mean_accepted_length"), 2) if level else "—")
+        peaks = [levels[(name, c)].get("memory_peak_bytes") for c in concurrencies if (name, c) in levels]
+        peaks = [p for p in peaks if p]
+        row.append(_fmt(max(peaks) / 2**20, 0) if peaks else "—")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def load_table(path: str | Path) -> str:
+    """Both tables of the ``bench.json`` at ``path`` with the command that produced it.
+
+    Raises:
+        FileNotFoundError: no such file; json.JSONDecodeError / KeyError: not a ``specpipe bench`` result.
+    """
+    bench = json.loads(Path(path).read_text(encoding="utf-8"))
+    settings = bench["settings"]
+    header = (f"`{bench.get('command') or 'specpipe bench'}` ({settings['prompts']} prompts, "
+              f"{settings['max_tokens']} new tokens, greedy; measured {bench['started'][:10]}, "
+              f"specpipe {bench['specpipe_version']}):")
+    return "\n\n".join([header, "Output tokens/s (gain against the baseline at the same concurrency):",
+                        throughput_table(bench), "Time to first token and memory:", latency_table(bench)]) + "\n"
