@@ -112,7 +112,7 @@ def test_committed_json_renders_as_readme_tables(tmp_path):
     assert "| baseline | 10.0 (1.00×) | 5.0 (1.00×) |" in lines
     assert "| ngram | 13.3 (1.33×) | 8.0 (1.60×) |" in lines
     # TTFT p50 = latency / 4: baseline 250 ms @1, 750 ms @2; memory only where measured (3 GiB)
-    assert "| baseline | 250 | 750 | 1.00 | 1.00 | 3,072 |" in lines
+    assert "| baseline | 250 | 750 | 1.00 | 1.00 | 3,072 host-wide |" in lines
     assert any(line.startswith("| ngram | 125 | 375 |") and line.endswith("| — |") for line in lines)
 
 

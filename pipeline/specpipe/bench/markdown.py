@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 
+#: How ``memory_kind`` is shown (see ``memory_peak_bytes`` in :data:`specpipe.bench.report.METRIC_DEFINITIONS`).
+MEMORY_KINDS = {"gpu": "GPU", "cpu": "host-wide", "process": "process tree PSS"}
+
+
 def _by_level(results: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["deployment"], int(r["concurrency"])): r for r in results}
 
@@ -48,12 +52,13 @@ def throughput_table(bench: dict[str, Any]) -> str:
 
 def latency_table(bench: dict[str, Any]) -> str:
     """Markdown: per deployment, median TTFT (ms) at each concurrency, mean accepted length at the
-    lowest and highest concurrency, and the peak memory of the deployment's processes (MiB)."""
+    lowest and highest concurrency, and the peak memory (MiB) with what it measures (a local server's
+    process tree PSS, GPU memory, or host-wide memory)."""
     levels = _by_level(bench["results"])
     concurrencies = sorted({c for _, c in levels})
     low, high = concurrencies[0], concurrencies[-1]
     head = ("| deployment | " + " | ".join(f"TTFT p50 @{c} (ms)" for c in concurrencies)
-            + f" | tokens/step @{low} | tokens/step @{high} | memory (MiB) |")
+            + f" | tokens/step @{low} | tokens/step @{high} | peak memory (MiB) |")
     lines = [head, "|---|" + "---|" * (len(concurrencies) + 3)]
     for d in bench["deployments"]:
         name = d["name"]
@@ -64,9 +69,12 @@ def latency_table(bench: dict[str, Any]) -> str:
         for c in (low, high):
             level = levels.get((name, c))
             row.append(_fmt(level["aggregate"].get("mean_accepted_length"), 2) if level else "—")
-        peaks = [levels[(name, c)].get("memory_peak_bytes") for c in concurrencies if (name, c) in levels]
-        peaks = [p for p in peaks if p]
-        row.append(_fmt(max(peaks) / 2**20, 0) if peaks else "—")
+        measured = [levels[(name, c)] for c in concurrencies if levels.get((name, c), {}).get("memory_peak_bytes")]
+        if measured:
+            peak = max(measured, key=lambda level: level["memory_peak_bytes"])
+            row.append(f"{_fmt(peak['memory_peak_bytes'] / 2**20, 0)} {MEMORY_KINDS.get(peak.get('memory_kind'), '')}".strip())
+        else:
+            row.append("—")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
