@@ -25,7 +25,7 @@ def deployments(smollm2_engines, tmp_path_factory):
             server = LocalTritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port())
             server.start()
             servers[draft] = server
-        for server in servers.values():
+            # one at a time: four servers loading at once oversubscribe 2 cores (each runs 2 threads)
             server.wait_ready(timeout_s=300)
         yield servers
     finally:

@@ -12,7 +12,9 @@ an OpenAI error object, and only failures during generation travel inside an eve
 errors become HTTP 503 when Triton cannot be reached, 400 otherwise. ``stop`` is string-exact
 (:mod:`.stops`): when a stop string completes, the Triton request is cancelled. When the HTTP client
 goes away (closed transport; aiohttp cancels the handler), the gRPC stream is cancelled, which
-cancels the Triton request. Unknown routes and methods answer OpenAI-style JSON errors (404/405).
+cancels the Triton request (known defect: Triton checks an ensemble's cancellation only between its
+steps, so the CPU engine decodes an abandoned request to ``max_tokens``; see the README). Unknown
+routes and methods answer OpenAI-style JSON errors (404/405).
 """
 
 from __future__ import annotations
