@@ -2,8 +2,8 @@
 
 :func:`load_table` reads the file that ``specpipe bench`` wrote (:func:`~specpipe.bench.report.to_json`)
 and renders, per deployment and concurrency, the output token throughput (tokens/s), the gain against
-the baseline deployment at the same concurrency, the median TTFT (ms) and the mean draft length the
-CPU runtime's load-adaptive rule chose where the server reported it.
+the baseline deployment at the same concurrency and the median TTFT (ms); per deployment, the mean
+accepted length (tokens per step) at the lowest and highest concurrency and the peak memory.
 """
 
 from __future__ import annotations

@@ -82,11 +82,11 @@ class ForwardCostModel:
         predicted = self.cost(n)
         error = min(max(seconds, 0.5 * predicted), 2.0 * predicted) - predicted
         ts, new = self.tokens, list(self.seconds)
-        i = min(max(bisect_left(ts, n), 1), len(ts) - 1) if len(ts) > 1 else 0
-        if len(ts) == 1 or n <= ts[0]:
+        if n <= ts[0]:
             new[0] += self.learning_rate * error
-        else:
-            share = min(max((n - ts[i - 1]) / (ts[i] - ts[i - 1]), 0.0), 1.0)
+        else:  # ts[0] < n <= ts[-1]: between ts[i - 1] and ts[i]
+            i = bisect_left(ts, n)
+            share = (n - ts[i - 1]) / (ts[i] - ts[i - 1])
             new[i - 1] += self.learning_rate * (1.0 - share) * error
             new[i] += self.learning_rate * share * error
         self.seconds = tuple(non_decreasing(new))

@@ -253,7 +253,6 @@ class SchedulerMetrics:
         self._waiting = self._families["specpipe_waiting_requests"].Metric(labels={})
         lengths = self._families["specpipe_draft_length"]
         self._mean, self._max = lengths.Metric(labels={"stat": "mean"}), lengths.Metric(labels={"stat": "max"})
-        self._steps_family = self._families["specpipe_decode_steps_total"]
         self._steps: dict[int, object] = {}
 
     def update(self, scheduler: BatchScheduler) -> None:
@@ -266,7 +265,7 @@ class SchedulerMetrics:
         self._max.set(float(max(lengths, default=0)))
         for k in lengths:
             if k not in self._steps:
-                self._steps[k] = self._steps_family.Metric(labels={"draft_length": str(k)})
+                self._steps[k] = self._families["specpipe_decode_steps_total"].Metric(labels={"draft_length": str(k)})
             self._steps[k].increment(1.0)
 
 
