@@ -11,13 +11,20 @@ the server sends one response per step or one at the end.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from specpipe.errors import SpecpipeError
+
+logger = logging.getLogger(__name__)
+
+#: Seconds to wait for the answer to a stop request.
+STOP_TIMEOUT_S = 10.0
 
 #: Per-request counters read from a response when present (``draft_length``: CPU runtime only).
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
@@ -176,6 +183,9 @@ class LLMClient:
         self.url, self.model, self.timeout_s = url, model, timeout_s
         self._client = None
         self._batched: bool | None = None
+        self._stop_target: tuple[str, bool] | None = None
+        self._stop_target_read = False
+        self._stopping: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> "LLMClient":
         from tritonclient.grpc.aio import InferenceServerClient
@@ -187,6 +197,9 @@ class LLMClient:
         await self.close()
 
     async def close(self) -> None:
+        """Wait (at most :data:`STOP_TIMEOUT_S`) for the stop requests still being sent, then disconnect."""
+        if self._stopping:
+            await asyncio.wait(self._stopping, timeout=STOP_TIMEOUT_S)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -216,7 +229,9 @@ class LLMClient:
         """Run one request; ``on_text`` is called with each non-empty text chunk as it arrives.
 
         ``on_text`` returning ``True`` ends the request there: the gRPC stream is cancelled, which
-        cancels the request in Triton (as leaving this coroutine early, e.g. by task cancellation, does).
+        cancels the request in Triton (as leaving this coroutine early, e.g. by task cancellation, does),
+        and a stop request for it goes to the ensemble's engine model in the background (:meth:`stop`;
+        :meth:`close` waits for it). Each request carries a fresh request id (a UUID) for that.
 
         Returns a result with ``error`` set when the server answers with an error (the exception is
         not raised, so load generators can count errors).
@@ -226,33 +241,101 @@ class LLMClient:
         """
         inputs = build_inputs(request, await self._is_batched())
         result = GenerationResult()
+        request_id = uuid.uuid4().hex
 
         async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "enable_empty_final_response": True}
+            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id,
+                   "enable_empty_final_response": True}
 
         start = time.perf_counter()
         stream = self._client.stream_infer(requests(), stream_timeout=self.timeout_s)
+        ended = received = False
         try:
             async for response, error in stream:
+                received = True
                 now = time.perf_counter() - start
                 if error is not None:
                     result.error = error.message() if hasattr(error, "message") else str(error)
+                    ended = True
                     break
                 text = _text_of(response)
                 result.perf.update(_perf_of(response))
+                ended = _is_final(response)
                 if text:
                     result.add_chunk(text, now)
                     if on_text and on_text(text) is True:
                         break  # the caller has all it wants (a stop string): cancel the request
-                if _is_final(response):
+                if ended:
                     break
         except Exception as exc:  # grpc transport errors surface here
             result.error = f"{type(exc).__name__}: {exc}"
+            ended = not received  # nothing reached the engine (e.g. the server is down): nothing to stop
         finally:
             stream.cancel()
+            if not ended:
+                self._send_stop(request_id)
         result.latency_s = time.perf_counter() - start
         result.text = "".join(result.chunks)
         return result
+
+    def _send_stop(self, request_id: str) -> None:
+        """Stop the engine request of an abandoned ensemble request, in the background (:meth:`stop`)."""
+        task = asyncio.get_running_loop().create_task(self.stop(request_id))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def stop(self, request_id: str) -> bool:
+        """Send TensorRT-LLM's stop request for ``request_id`` to the ensemble's engine model.
+
+        Cancelling the gRPC stream of an ensemble request does not cancel its running engine step
+        (Triton checks an ensemble's cancellation only between steps; server issue #6739), so the
+        engine would decode an abandoned request to ``max_tokens``. TensorRT-LLM's ``tensorrt_llm``
+        model (and specpipe's CPU one) take a second request with the optional input ``stop`` true and
+        the same request id, which the ensemble passed on to its engine step, and cancel that request
+        (:mod:`specpipe.triton.models.stop_requests`). Nothing is sent when the model is not an
+        ensemble (Triton cancels it itself) or its engine model has no ``stop`` input.
+
+        Returns:
+            whether a stop request was sent and acknowledged. Failures are logged, never raised (the
+            request may have finished meanwhile, or the server gone).
+        """
+        try:
+            target = await self._engine_with_stop()
+            if target is None:
+                return False
+            model, batched = target
+            values = {"input_ids": np.array([0], np.int32), "input_lengths": np.array([0], np.int32),
+                      "request_output_len": np.array([0], np.int32), "stop": np.array([True])}
+            inputs = [_input(name, value, batched) for name, value in values.items()]
+
+            async def one():
+                yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+
+            stream = self._client.stream_infer(one(), stream_timeout=STOP_TIMEOUT_S)
+            try:
+                async for _, error in stream:
+                    if error is not None:
+                        raise SpecpipeError(error.message() if hasattr(error, "message") else str(error))
+                    return True
+            finally:
+                stream.cancel()
+        except Exception as exc:  # noqa: BLE001 - best effort: log, never fail the caller
+            logger.warning("could not stop request %s at %s: %s", request_id, self.url, exc)
+        return False
+
+    async def _engine_with_stop(self) -> tuple[str, bool] | None:
+        """``(engine model, batched)`` when :attr:`model` is an ensemble whose engine step (the step fed
+        ``input_ids``, TensorRT-LLM's layout) declares a ``stop`` input; else ``None``. Read once."""
+        if not self._stop_target_read:
+            self._stop_target_read = True
+            config = await self.model_config()
+            steps = config.get("ensemble_scheduling", {}).get("step", []) if config.get("platform") == "ensemble" else []
+            engine = next((step["model_name"] for step in steps if "input_ids" in step.get("input_map", {})), None)
+            if engine is not None:
+                engine_config = await self.model_config(engine)
+                if any(spec.get("name") == "stop" for spec in engine_config.get("input", [])):
+                    self._stop_target = (engine, int(engine_config.get("max_batch_size", 0)) > 0)
+        return self._stop_target
 
 
 def run_sync(coro):

@@ -17,8 +17,8 @@ class Generation:
     """One running ensemble request: its text after the stop strings, read while watching the client.
 
     The request runs as a task; :meth:`next` returns the next released text (``None`` at the end).
-    A completed stop string ends the gRPC stream (Triton cancels the request); a closed HTTP
-    transport cancels the task, whose gRPC stream is then cancelled.
+    A completed stop string ends the request, and a closed HTTP transport cancels the task: either way
+    the client cancels the gRPC stream and stops the engine request (:meth:`~specpipe.client.llm.LLMClient.stop`).
     """
 
     def __init__(self, client, request: GenerationRequest, stops: tuple[str, ...], http_request):
@@ -66,6 +66,6 @@ class Generation:
             return GenerationResult(error=f"UNAVAILABLE: {exc}")
 
     def cancel(self) -> None:
-        """Cancel the request if it is still running (its gRPC stream is cancelled)."""
+        """Cancel the request if it is still running (the client cancels its gRPC stream and engine request)."""
         if not self.task.done():
             self.task.cancel()

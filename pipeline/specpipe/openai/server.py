@@ -11,9 +11,9 @@ is sent only once Triton's first response (or error) arrived, so every refusal i
 an OpenAI error object, and only failures during generation travel inside an event stream. Ensemble
 errors become HTTP 503 when Triton cannot be reached, 400 otherwise. ``stop`` is string-exact
 (:mod:`.stops`): when a stop string completes, the Triton request is cancelled. When the HTTP client
-goes away (closed transport; aiohttp cancels the handler), the gRPC stream is cancelled, which
-cancels the Triton request (known defect: Triton checks an ensemble's cancellation only between its
-steps, so the CPU engine decodes an abandoned request to ``max_tokens``; see the README). Unknown
+goes away (closed transport; aiohttp cancels the handler), the gRPC stream is cancelled and, since
+Triton does not cancel an ensemble's running step, TensorRT-LLM's stop request is sent to the engine
+model (:meth:`specpipe.client.llm.LLMClient.stop`). Unknown
 routes and methods answer OpenAI-style JSON errors (404/405).
 """
 

@@ -193,6 +193,7 @@ TENSORRT_LLM = ModelInterface(
         _t("return_num_output_tokens", "BOOL", [1], True, _SCALAR),
         _t("exclude_input_in_output", "BOOL", [1], True, _SCALAR),
         _t("streaming", "BOOL", [1], True, _SCALAR),
+        _t("stop", "BOOL", [1], True, _SCALAR, doc="true: a stop request, cancelling the running request with this request's id"),
         _t("draft_input_ids", "INT32", [-1], True, doc="draft tokens to verify in one target step (draft-target)"),
     ),
     outputs=(

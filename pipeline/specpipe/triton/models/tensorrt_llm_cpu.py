@@ -10,7 +10,8 @@ response per engine step when ``streaming`` is true, else one response at the en
 always carries the final flag (:func:`~specpipe.triton.models.generation.run_request` lists the tensors).
 A client that cancels its gRPC stream is seen through ``response_sender.is_cancelled()`` (Triton
 Python backend, 23.10+; the pytriton 0.7.0 server is 2.51) and its request leaves the batch at the next
-step.
+step. A client of the ensemble, which Triton does not cancel in flight, sends TensorRT-LLM's stop
+request instead (input ``stop`` true, the same request id; :mod:`.stop_requests`), with the same effect.
 
 Custom metrics (Triton ``pb_utils.MetricFamily``, on Triton's metrics port): ``specpipe_batch_size``
 (requests in the latest step), ``specpipe_waiting_requests``, ``specpipe_draft_length`` (label
@@ -32,6 +33,7 @@ Model parameters: ``gpt_model_path`` (absolute engine directory, TensorRT-LLM's 
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import traceback
@@ -43,14 +45,21 @@ from specpipe.triton.models.engine_request import EngineRequest, parse_request
 from specpipe.runtime.cpu.scheduler import BatchScheduler, ServerBusy
 from specpipe.runtime.cpu.scheduler import Cancelled as SchedulerCancelled
 from specpipe.triton.models.generation import Cancelled, StepResponder, run_request
+from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
 from specpipe.triton.models.warmup import warm_up_engine
 
 
 class TritonSender:
-    """Adapter from a Triton ``InferenceResponseSender`` to what :class:`RequestWorker` needs."""
+    """Adapter from a Triton ``InferenceResponseSender`` to what :class:`RequestWorker` needs.
 
-    def __init__(self, sender):
-        self._sender = sender
+    Args:
+        sender: the request's response sender.
+        request_id: the Triton request id (``""`` when the client sent none).
+        stops: the model's stop requests; the request counts as cancelled once one names its id.
+    """
+
+    def __init__(self, sender, request_id: str = "", stops: StopRequests | None = None):
+        self._sender, self.request_id, self._stops = sender, request_id, stops
 
     def data(self, outputs, final: bool) -> None:
         """Send a response with ``outputs`` (name -> numpy array), with the final flag if ``final``."""
@@ -63,10 +72,18 @@ class TritonSender:
 
     def finish(self) -> None:
         """Send the final flag alone (after a cancellation)."""
+        if self._stops is not None:
+            self._stops.forget(self.request_id)
         self._sender.send(flags=pb_utils().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
+    def acknowledge(self) -> None:
+        """Send one empty final response (the answer to a stop request, as TensorRT-LLM's backend)."""
+        self._sender.send(response({}), flags=pb_utils().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
     def cancelled(self) -> bool:
-        """Whether the client cancelled the request."""
+        """Whether the client cancelled the request, or a stop request named its id."""
+        if self._stops is not None and self._stops.is_stopped(self.request_id):
+            return True
         is_cancelled = getattr(self._sender, "is_cancelled", None)
         return bool(is_cancelled()) if is_cancelled else False
 
@@ -293,14 +310,20 @@ class TritonPythonModel:
             return scheduler
 
         self.metrics = SchedulerMetrics()
+        self.stops = StopRequests()
         self.worker = RequestWorker(load=load, log_error=logger.log_error, on_step=self.metrics.update)
         logger.log_info(f"specpipe CPU engine '{self.manifest.name}' loaded from {engine_dir}")
 
     def execute(self, requests):
         for request in requests:
-            sender = TritonSender(request.get_response_sender())
+            sender = TritonSender(request.get_response_sender(), request.request_id(), self.stops)
+            get = functools.partial(input_array, request)
             try:
-                parsed = parse_request(lambda name: input_array(request, name), exclude_input_default=self.exclude_input_default)
+                if is_stop_request(get):
+                    self.stops.stop(sender.request_id)
+                    sender.acknowledge()
+                    continue
+                parsed = parse_request(get, exclude_input_default=self.exclude_input_default)
             except ValueError as exc:
                 sender.error(str(exc))
                 continue

@@ -1,0 +1,177 @@
+"""TensorRT-LLM's stop request (input ``stop`` true + the request id) on the CPU ``tensorrt_llm`` model:
+the registry, and the model's ``execute`` with Triton's Python-backend objects faked."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from specpipe.generation.api import SamplingParams
+from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
+from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker, TritonPythonModel
+from batch_helpers import make_engine, prompts, run_alone, scheduler_for
+
+FINAL = 1
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_stop_is_remembered_for_a_while_and_forgotten_when_its_request_ends():
+    clock = _Clock()
+    stops = StopRequests(pending_s=10.0, clock=clock)
+    assert not stops.is_stopped("a")
+    stops.stop("a")
+    assert stops.is_stopped("a") and not stops.is_stopped("b") and not stops.is_stopped("")
+    clock.now += 9.0
+    assert stops.is_stopped("a")
+    clock.now += 2.0
+    assert not stops.is_stopped("a")  # expired: a later request reusing the id runs
+    stops.stop("b")
+    assert "a" not in stops._stopped  # expired entries are dropped, so the registry stays small
+    stops.forget("b")
+    assert not stops.is_stopped("b")
+    with pytest.raises(ValueError, match="request id"):
+        stops.stop("")
+
+
+@pytest.mark.parametrize("value, expected", [(None, False), (np.array([[True]]), True), (np.array([False]), False)])
+def test_is_stop_request(value, expected):
+    assert is_stop_request(lambda name: value if name == "stop" else None) is expected
+
+
+def test_is_stop_request_refuses_more_than_one_value():
+    with pytest.raises(ValueError, match="'stop' must hold one value"):
+        is_stop_request(lambda name: np.array([True, False]))
+
+
+# --- the model's execute, with Triton's Python-backend objects faked ---------------------------------
+
+class _Tensor:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+    def as_numpy(self):
+        return self.value
+
+
+class _Response:
+    def __init__(self, output_tensors, error=None):
+        self.outputs = {t.name: t.value for t in output_tensors}
+        self.error = error
+
+
+class _Error:
+    INVALID_ARG, INTERNAL, UNAVAILABLE = "INVALID_ARG", "INTERNAL", "UNAVAILABLE"
+
+    def __init__(self, message, code=None):
+        self.message, self.code = message, code
+
+
+FAKE_PB = types.SimpleNamespace(
+    Tensor=_Tensor, InferenceResponse=_Response, TritonError=_Error, TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
+    get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
+)
+
+
+class _Sender:
+    """Triton's ``InferenceResponseSender``: records ``(response or None, flags)``."""
+
+    def __init__(self):
+        self.sent, self.done = [], threading.Event()
+
+    def send(self, response=None, flags=0):
+        self.sent.append((response, flags))
+        if flags & FINAL:
+            self.done.set()
+
+    def is_cancelled(self):
+        return False
+
+    def tokens(self):
+        return [t for r, _ in self.sent if r is not None and "output_ids" in r.outputs
+                for t in r.outputs["output_ids"].reshape(-1).tolist()]
+
+
+class _Request:
+    def __init__(self, request_id, **inputs):
+        self.id, self.inputs, self.sender = request_id, {k: _Tensor(k, v) for k, v in inputs.items()}, _Sender()
+
+    def request_id(self):
+        return self.id
+
+    def get_response_sender(self):
+        return self.sender
+
+
+def _generate(request_id, prompt, max_tokens):
+    return _Request(request_id, input_ids=np.array([prompt], np.int32), input_lengths=np.array([[len(prompt)]], np.int32),
+                    request_output_len=np.array([[max_tokens]], np.int32), streaming=np.array([[True]]))
+
+
+def _stop(request_id):
+    return _Request(request_id, input_ids=np.array([[0]], np.int32), input_lengths=np.array([[0]], np.int32),
+                    request_output_len=np.array([[0]], np.int32), stop=np.array([[True]]))
+
+
+@pytest.fixture
+def model(monkeypatch, single_thread):
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", FAKE_PB)
+    engine = make_engine("ngram")
+    instance = TritonPythonModel()
+    instance.exclude_input_default, instance.stops = True, StopRequests()
+    instance.worker = RequestWorker(load=lambda: scheduler_for(engine, max_batch_size=4))
+    yield instance, engine
+    instance.worker.close()
+
+
+def _wait_for(condition, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_stop_request_cancels_the_running_request_with_its_id_and_no_other(model):
+    instance, engine = model
+    ps = prompts(2, seed=5)
+    running, neighbour = _generate("req-1", ps[0], 400), _generate("req-2", ps[1], 30)
+    instance.execute([running, neighbour])
+    _wait_for(lambda: len(running.sender.sent) >= 3)
+    stop = _stop("req-1")
+    instance.execute([stop])
+    # the stop request is answered at once with one empty final response, as TensorRT-LLM's backend does
+    assert len(stop.sender.sent) == 1 and stop.sender.sent[0][1] == FINAL and stop.sender.sent[0][0].outputs == {}
+    assert running.sender.done.wait(60) and neighbour.sender.done.wait(60)
+    # the stopped request ends with the final flag alone, long before its 400 tokens
+    assert running.sender.sent[-1] == (None, FINAL)
+    assert len(running.sender.tokens()) < 100
+    assert neighbour.sender.tokens() == run_alone(engine, ps[1], SamplingParams(max_tokens=30))
+    assert not instance.stops.is_stopped("req-1")  # forgotten once its request ended
+
+
+def test_a_stop_that_arrives_before_its_request_cancels_it_on_arrival(model):
+    instance, _ = model
+    instance.execute([_stop("early")])
+    late = _generate("early", prompts(1, seed=6)[0], 400)
+    instance.execute([late])
+    assert late.sender.done.wait(60)
+    assert late.sender.sent[-1] == (None, FINAL) and len(late.sender.tokens()) <= 12
+
+
+def test_a_stop_request_without_an_id_is_a_clear_error(model):
+    instance, _ = model
+    stop = _stop("")
+    instance.execute([stop])
+    (response, flags), = stop.sender.sent
+    assert flags == FINAL and response.error.code == "INVALID_ARG" and "request id" in response.error.message
