@@ -4,8 +4,10 @@ item 7), measured side by side on the same fp32 weights (not a test).
 Both decode the same chat prompt greedily, one token per forward, after the same prefill; the figure is
 the median over ``--reps`` interleaved runs of (wall time of ``--tokens`` steps) / ``--tokens``, in ms:
 
-* ``specpipe``: :class:`~specpipe.runtime.cpu.batched_lm.BatchedLM` (the scheduler's forward, prepacked
-  fp32 linear layers) plus ``lm_head`` and the argmax, one request;
+* ``specpipe``: :class:`~specpipe.runtime.cpu.batched_lm.BatchedLM` (the scheduler's forward) plus
+  ``lm_head`` and the argmax, one request, twice: with the decoder's dense weight copies used for one
+  row (what a deployment does where they pay, :mod:`specpipe.runtime.cpu.dense_rows`) and with the
+  prepacked oneDNN kernels only (``--dense-rows 0``);
 * ``llama.cpp``: llama-cpp-python's ``generate`` with ``top_k=1`` on an f32 GGUF of the same checkpoint
   (see ``benchmarks/llama_cpp_column.py`` for building llama-cpp-python and the GGUF).
 
@@ -78,17 +80,24 @@ def main() -> None:
     from specpipe.runtime.cpu.batched_lm import BatchedLM
     from specpipe.runtime.cpu.loader import load_engine
 
-    engine, manifest = load_engine(args.engine)
+    from specpipe.runtime.cpu.prepack import set_dense_rows
+
+    engine, manifest = load_engine(args.engine, dense_copy=True)
     tokenizer = AutoTokenizer.from_pretrained(args.engine / manifest.target.path)
     prompt_ids = list(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                                     return_dict=True)["input_ids"])
     lm = BatchedLM(engine.target.model, 1)
     llm = Llama(model_path=str(args.gguf), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
-    ours, theirs = [], []
-    specpipe_step_seconds(lm, prompt_ids, 4)
+    ours, packed, theirs = [], [], []
+    for rows in (1, 0):
+        set_dense_rows(engine.target.model, rows)
+        specpipe_step_seconds(lm, prompt_ids, 4)
     llama_step_seconds(llm, prompt_ids, 4)
     for _ in range(args.reps):
+        set_dense_rows(engine.target.model, 1)
         ours.append(specpipe_step_seconds(lm, prompt_ids, args.tokens))
+        set_dense_rows(engine.target.model, 0)
+        packed.append(specpipe_step_seconds(lm, prompt_ids, args.tokens))
         theirs.append(llama_step_seconds(llm, prompt_ids, args.tokens))
     result = {
         "command": shlex.join(["python", *sys.argv]),
@@ -96,10 +105,13 @@ def main() -> None:
                   "torch": torch.__version__, "machine": platform.machine(), "cpu": _cpu_name(),
                   "date": time.strftime("%Y-%m-%d %H:%M")},
         "specpipe_step_ms": [round(s * 1e3, 2) for s in ours],
+        "specpipe_packed_step_ms": [round(s * 1e3, 2) for s in packed],
         "llama_cpp_step_ms": [round(s * 1e3, 2) for s in theirs],
         "specpipe_median_ms": round(statistics.median(ours) * 1e3, 2),
+        "specpipe_packed_median_ms": round(statistics.median(packed) * 1e3, 2),
         "llama_cpp_median_ms": round(statistics.median(theirs) * 1e3, 2),
         "ratio": round(statistics.median(ours) / statistics.median(theirs), 3),
+        "packed_ratio": round(statistics.median(packed) / statistics.median(theirs), 3),
     }
     text = json.dumps(result, indent=1)
     print(text)

@@ -47,6 +47,7 @@ def test_repository_layout_and_configs(engine, tmp_path):
     assert params["gpt_model_path"] == str(engine.resolve())
     assert params["tokenizer_dir"] == str((engine / "target").resolve())
     assert params["specpipe_runtime"] == "cpu" and params["engine_name"] == "tiny"
+    assert params["dense_rows"] == "auto"
     for name in ("preprocessing", "postprocessing"):
         assert configs[name].parameters["tokenizer_dir"].string_value == str((engine / "target").resolve())
         assert not configs[name].model_transaction_policy.decoupled
@@ -147,3 +148,18 @@ def test_package_plan_needs_a_readable_plan(tmp_path):
     with pytest.raises(SpecpipeError, match="cannot read plan .*plan.json.*--dry-run --json"):
         package_plan(tmp_path / "plan.json", "x", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dense_rows_is_written_and_checked_on_the_command_line(engine, tmp_path):
+    from click.testing import CliRunner
+
+    from specpipe.cli import main
+
+    repo_dir = tmp_path / "repos"
+    args = ["package", engine.name, "--engines-dir", str(engine.parent), "--repo-dir", str(repo_dir)]
+    done = CliRunner().invoke(main, [*args, "--dense-rows", "0"])
+    assert done.exit_code == 0, done.output
+    config = read_config(repo_dir / engine.name / "tensorrt_llm" / "config.pbtxt")
+    assert config.parameters["dense_rows"].string_value == "0"
+    refused = CliRunner().invoke(main, [*args, "--dense-rows", "many"])
+    assert refused.exit_code == 2 and "expected 'auto' or a row count" in refused.output

@@ -17,7 +17,10 @@ from specpipe.progress import result
 @click.option("--from-plan", type=click.Path(path_type=Path, exists=True), default=None,
               help="Package a plan (build --dry-run --json) instead of a built engine.")
 @click.option("--name", "plan_name", default=None, help="Repository name with --from-plan.")
-def package(name, engines_dir, repo_dir, from_plan, plan_name) -> None:
+@click.option("--dense-rows", default="auto", show_default=True, callback=lambda ctx, param, value: _dense_rows(value),
+              help="CPU runtime: inputs of at most this many rows use dense weight copies instead of the packed "
+                   "kernels ('auto': measured at load; 0: packed only, one copy of the weights).")
+def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> None:
     """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
     from specpipe.triton.repository import package_engine, package_plan
 
@@ -26,5 +29,12 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name) -> None:
     else:
         if not name:
             raise click.UsageError("give the engine NAME (or --from-plan PLAN.json --name NAME)")
-        out = package_engine(engines_dir / name, repo_dir / name)
+        out = package_engine(engines_dir / name, repo_dir / name, dense_rows=dense_rows)
     result(f"wrote Triton model repository {out}")
+
+
+def _dense_rows(value: str) -> str:
+    text = value.strip().lower()
+    if text != "auto" and not text.isdigit():
+        raise click.BadParameter(f"expected 'auto' or a row count >= 0 (0: packed kernels only), got {value!r}")
+    return text

@@ -33,8 +33,9 @@ from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
 RUNTIME_PARAMETER = "specpipe_runtime"
 
 
-def cpu_repository(manifest: Manifest, engine_dir: Path) -> Repository:
-    """The repository of the CPU engine in ``engine_dir`` whose manifest is ``manifest``.
+def cpu_repository(manifest: Manifest, engine_dir: Path, *, dense_rows: str = "auto") -> Repository:
+    """The repository of the CPU engine in ``engine_dir`` whose manifest is ``manifest``; ``dense_rows``
+    is written as the ``tensorrt_llm`` model's parameter of that name (``auto`` or a row count).
 
     Raises:
         SpecpipeError: not a CPU engine, or no target checkpoint directory.
@@ -58,6 +59,7 @@ def cpu_repository(manifest: Manifest, engine_dir: Path) -> Repository:
                 **common,
                 "gpt_model_path": str(engine_dir),
                 "exclude_input_in_output": "false",
+                "dense_rows": dense_rows,
                 RUNTIME_PARAMETER: Runtime.CPU.value,
                 "engine_name": manifest.name,
                 "specpipe_version": __version__,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specpipe.errors import SpecpipeError
 from specpipe.manifest import read_manifest
 from specpipe.speculative import Runtime
 from specpipe.triton.config import read_config
@@ -23,11 +24,12 @@ from specpipe.triton.trtllm_repository import engine_repository
 from specpipe.triton.writer import write_repository
 
 
-def package_engine(engine_dir: Path, out_dir: Path) -> Path:
+def package_engine(engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto") -> Path:
     """Write the Triton model repository for the engine in ``engine_dir`` to ``out_dir``.
 
     ``out_dir`` is replaced as a whole (written beside it, then renamed into place). The writer is
-    chosen by the manifest's ``runtime``: CPU, TensorRT-LLM engine flow or LLM API.
+    chosen by the manifest's ``runtime``: CPU, TensorRT-LLM engine flow or LLM API. ``dense_rows``:
+    the CPU model's parameter of that name (:mod:`specpipe.runtime.cpu.dense_rows`).
 
     Returns:
         the absolute path of the repository (``out_dir``).
@@ -38,7 +40,10 @@ def package_engine(engine_dir: Path, out_dir: Path) -> Path:
     """
     manifest = read_manifest(engine_dir)
     if manifest.runtime is Runtime.CPU:
-        return write_repository(out_dir, cpu_repository(manifest, engine_dir))
+        return write_repository(out_dir, cpu_repository(manifest, engine_dir, dense_rows=dense_rows))
+    if dense_rows != "auto":
+        raise SpecpipeError(f"dense_rows is a setting of the CPU runtime, and engine {engine_dir} is for "
+                            f"'{manifest.runtime.value}': leave --dense-rows out")
     return write_trtllm_repository(from_manifest(engine_dir), out_dir)
 
 

@@ -62,14 +62,16 @@ def load_checkpoint(path: Path, role: str) -> PreTrainedModel:
 @dataclass(frozen=True)
 class DraftSource:
     """What a drafter factory gets: the engine directory, its manifest, the loaded target (fp32, eval, not
-    yet prepacked: heads copy rows of its embedding and lm_head first), whether to prepack the draft and
-    the draft's dtype (:func:`resolve_draft_dtype`)."""
+    yet prepacked: heads copy rows of its embedding and lm_head first), whether to prepack the draft (and
+    keep dense copies of its decoder layers, see :func:`load_engine`) and the draft's dtype
+    (:func:`resolve_draft_dtype`)."""
 
     engine_dir: Path
     manifest: Manifest
     target: PreTrainedModel
     prepack: bool = True
     draft_dtype: torch.dtype = torch.float32
+    dense_copy: bool = False
 
     @property
     def settings(self) -> SpeculativeSettings:
@@ -123,6 +125,7 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
     model = load_checkpoint(draft_dir, "draft").to(source.draft_dtype)
     drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
     if source.prepack:
+        prepack_linear_layers(model.model, dense_copy=source.dense_copy)
         prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
     own_memory(model)  # what is not prepacked leaves the checkpoint's memory map (one copy of the weights)
     return drafter
@@ -178,7 +181,8 @@ def resolve_draft_dtype(name: str = "auto") -> torch.dtype:
     return DRAFT_DTYPES[name]
 
 
-def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "auto") -> tuple[SpeculativeEngine, Manifest]:
+def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "auto",
+                dense_copy: bool = False) -> tuple[SpeculativeEngine, Manifest]:
     """Load an engine directory: its manifest, target and drafter.
 
     Args:
@@ -187,6 +191,11 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
             keeps plain ``nn.Linear``, for A/B measurements).
         draft_dtype: dtype of the EAGLE/Medusa heads, their reduced lm_head and a draft model
             (:func:`resolve_draft_dtype`); the target always runs in fp32.
+        dense_copy: with ``prepack``, the decoder layers of the target and of a draft model also keep a
+            dense copy of each weight for inputs of few rows (+ their size again; unused until
+            :func:`~specpipe.runtime.cpu.dense_rows.choose_dense_rows` or
+            :func:`~specpipe.runtime.cpu.prepack.set_dense_rows` turns them on, or
+            :func:`~specpipe.runtime.cpu.prepack.drop_dense_copies` drops them).
 
     Returns:
         the engine (a :class:`TreeSpeculativeEngine` for tree drafters) and the typed manifest.
@@ -213,8 +222,9 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
     # memory of their own before drafters take views of them; the linear weights still view the
     # checkpoint's memory map until prepacking replaces them, and then the map goes.
     own_memory(target, skip_prepackable=prepack)
-    drafter = factory(DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype)))
+    drafter = factory(DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype), dense_copy))
     if prepack:
+        prepack_linear_layers(target.model, dense_copy=dense_copy)
         prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
         lm = getattr(drafter, "lm", None)
         if (isinstance(lm, ReducedLMHead) and lm.draft_vocab is None and lm.dtype == torch.float32

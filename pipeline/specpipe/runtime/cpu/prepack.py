@@ -16,6 +16,14 @@ SmolLM2-135M (fp32, 200-token context), one target forward plus lm_head over n n
 
 Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
 many tokens a forward holds, which breaks the greedy identity of speculative decoding).
+
+On AVX2 without AVX-512 the packed kernel is slow for one row: measured on 2 Zen 3 cores, SmolLM2's
+decoder linear layers take about 24 ms packed against 15-18 ms as ``x @ W^T`` on a plain transposed
+copy (MKL), while from 8 rows on the packed kernel is about 20 % faster. A layer can therefore keep a
+*dense copy* (``dense_copy=True``) and use it for inputs of at most :attr:`PrepackedLinear.dense_rows`
+rows; :mod:`~specpipe.runtime.cpu.dense_rows` measures where it pays at load and drops the copies
+where it does not. Both kernels round differently (about 1e-6 relative), as the packed kernel already
+does between row counts for some shapes (SmolLM2's ``down_proj``, K = 1536).
 """
 
 from __future__ import annotations
@@ -61,14 +69,18 @@ class PrepackedLinear(torch.nn.Module):
 
     Args:
         linear: the layer to copy (its weight and bias, if any, are copied; it is left unchanged).
+        dense_copy: also keep an fp32 ``[in_features, out_features]`` copy of the weight (``dense_t``,
+            +in x out x 4 bytes), used for inputs of at most :attr:`dense_rows` rows (0 until set).
     """
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, dense_copy: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dtype = torch.bfloat16 if linear.weight.dtype == torch.bfloat16 and bf16_prepack_available() else torch.float32
         weight = linear.weight.detach().to(self.dtype).contiguous()
         bias = None if linear.bias is None else linear.bias.detach().to(self.dtype).contiguous()
+        self.dense_t = weight.t().contiguous() if dense_copy and self.dtype == torch.float32 else None
+        self.dense_rows = 0
         if _fused_linear_available():
             self._packed = True
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
@@ -79,6 +91,12 @@ class PrepackedLinear(torch.nn.Module):
             self.bias = None if bias is None else bias.to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows <= self.dense_rows and self.dense_t is not None:
+            out = torch.mm(x.reshape(rows, self.in_features).float(), self.dense_t)
+            if self.bias is not None:
+                out = out + self.bias
+            return out.reshape(*x.shape[:-1], self.out_features)
         if self._packed:
             return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype).contiguous(), self.weight, self.bias, "none", [], "")
         rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
@@ -93,7 +111,36 @@ class PrepackedLinear(torch.nn.Module):
         return cls(linear)
 
 
-def prepack_linear_layers(module: torch.nn.Module) -> int:
+def set_dense_rows(module: torch.nn.Module, rows: int) -> int:
+    """Use the dense copies of the :class:`PrepackedLinear` layers inside ``module`` for inputs of at most
+    ``rows`` rows (0: never).
+
+    Returns:
+        bytes held by those dense copies.
+    """
+    total = 0
+    for layer in module.modules():
+        if isinstance(layer, PrepackedLinear) and layer.dense_t is not None:
+            layer.dense_rows = rows
+            total += layer.dense_t.numel() * layer.dense_t.element_size()
+    return total
+
+
+def drop_dense_copies(module: torch.nn.Module) -> int:
+    """Drop the dense copies of the :class:`PrepackedLinear` layers inside ``module`` (then call
+    :func:`~specpipe.runtime.cpu.weights_memory.release_freed_memory` to hand the memory back).
+
+    Returns:
+        bytes dropped.
+    """
+    dropped = set_dense_rows(module, 0)
+    for layer in module.modules():
+        if isinstance(layer, PrepackedLinear):
+            layer.dense_t = None
+    return dropped
+
+
+def prepack_linear_layers(module: torch.nn.Module, dense_copy: bool = False) -> int:
     """Replace every fp32 ``nn.Linear`` (and bf16 one, where :func:`bf16_prepack_available`) inside
     ``module`` (in place) by a :class:`PrepackedLinear`.
 
@@ -101,7 +148,8 @@ def prepack_linear_layers(module: torch.nn.Module) -> int:
     inference-only (no autograd) and their ``weight`` is no longer a dense tensor, so anything that
     slices a weight (a reduced draft vocabulary, say) must copy it first. A linear layer that is
     ``module`` itself is not replaced (pass its parent). A tied ``lm_head`` gets its own packed copy
-    (+vocab x hidden x 4 bytes) while the input embedding stays dense.
+    (+vocab x hidden x 4 bytes) while the input embedding stays dense. ``dense_copy``: each fp32 layer
+    also keeps a dense copy (see :class:`PrepackedLinear`, :func:`set_dense_rows`).
 
     Returns:
         the number of layers replaced (0 when this PyTorch build lacks oneDNN).
@@ -112,6 +160,6 @@ def prepack_linear_layers(module: torch.nn.Module) -> int:
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear and child.weight.dtype in _packable_dtypes():
-                setattr(parent, name, PrepackedLinear(child))
+                setattr(parent, name, PrepackedLinear(child, dense_copy))
                 replaced += 1
     return replaced

@@ -28,7 +28,10 @@ but verified: one target forward over prompt + drafts commits the accepted draft
 ``draft_tokens_external`` mode does without draft logits.
 
 Model parameters: ``gpt_model_path`` (absolute engine directory, TensorRT-LLM's name for it),
-``exclude_input_in_output`` (default for requests that do not set it; default false).
+``exclude_input_in_output`` (default for requests that do not set it; default false), ``dense_rows``
+(``auto``, the default: measure at load whether dense weight copies beat the packed kernels for few
+rows, :mod:`specpipe.runtime.cpu.dense_rows`; a row count; ``0``: packed kernels only, one copy of the
+weights).
 """
 
 from __future__ import annotations
@@ -290,6 +293,7 @@ class TritonPythonModel:
     """Triton entry point (loaded through the repository's ``tensorrt_llm/1/model.py``)."""
 
     def initialize(self, args):
+        from specpipe.runtime.cpu.dense_rows import apply_dense_rows
         from specpipe.runtime.cpu.loader import load_engine
 
         params = model_parameters(args)
@@ -299,9 +303,12 @@ class TritonPythonModel:
         self.exclude_input_default = parse_bool(params.get("exclude_input_in_output"), False)
         logger = pb_utils().Logger
 
+        dense_rows = params.get("dense_rows", "auto")
+
         def load():
-            engine, self.manifest = load_engine(Path(engine_dir))
+            engine, self.manifest = load_engine(Path(engine_dir), dense_copy=dense_rows.strip() != "0")
             warm_up_engine(engine, logger.log_info)  # on the engine thread, before the model reports ready
+            logger.log_info(f"specpipe: linear kernels for few rows: {apply_dense_rows(engine, dense_rows)}")
             limits = self.manifest.limits or {}
             batch = int(limits.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)
             scheduler = BatchScheduler(engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch))

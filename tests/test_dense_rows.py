@@ -1,0 +1,139 @@
+"""Dense weight copies for few rows (``PrepackedLinear.dense_t``) and their load-time choice
+(:mod:`specpipe.runtime.cpu.dense_rows`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, rows_from_timings
+from specpipe.runtime.cpu.loader import load_engine
+from specpipe.runtime.cpu.prepack import PrepackedLinear, drop_dense_copies, prepack_available, set_dense_rows
+from tiny_engine import make_tiny_engine
+
+pytestmark = [
+    pytest.mark.usefixtures("single_thread"),
+    pytest.mark.skipif(not prepack_available(), reason="this PyTorch build has no oneDNN backend"),
+]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_rows_up_to_the_threshold_use_the_dense_copy_and_the_rest_the_packed_kernel(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=bias)
+    packed_only, layer = PrepackedLinear(linear), PrepackedLinear(linear, dense_copy=True)
+    assert packed_only.dense_t is None and layer.dense_t.shape == (64, 48) and layer.dense_t.is_contiguous()
+    set_dense_rows(layer, 2)
+    few, many = [(1, 64), (1, 1, 64), (2, 64), (1, 2, 64)], [(3, 64), (1, 5, 64)]
+    with torch.inference_mode():
+        for shape in few + many:
+            x = torch.randn(*shape)
+            got = layer(x)
+            assert got.shape == (*shape[:-1], 48)
+            torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
+        # which kernel ran: scale the dense copy, and only inputs of at most 2 rows change with it
+        layer.dense_t.mul_(2.0)
+        for shape in few:
+            x = torch.randn(*shape)
+            expected = 2.0 * (x @ linear.weight.detach().t()) + (linear.bias.detach() if bias else 0.0)
+            torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+        for shape in many:
+            x = torch.randn(*shape)
+            assert torch.equal(layer(x), packed_only(x))
+    assert drop_dense_copies(layer) == 64 * 48 * 4
+    assert layer.dense_t is None and layer.dense_rows == 0
+    x = torch.randn(1, 64)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), packed_only(x))
+
+
+@pytest.mark.parametrize("dense, packed, rows", [
+    ((10, 20, 30, 40, 50), (20, 25, 35, 45, 45), 8),  # faster up to 8 rows, slower at 12
+    ((10, 20, 30, 40, 50), (20, 20, 60, 60, 60), 1),  # a tie at 2 rows ends the range, though 4 wins
+    ((30, 30, 30, 30, 30), (30, 30, 30, 30, 30), 0),  # a tie is not worth the memory
+    ((1, 1, 1, 1, 1), (5, 5, 5, 5, 5), 12),
+])
+def test_rows_from_timings(dense, packed, rows):
+    assert rows_from_timings((1, 2, 4, 8, 12), dense, packed) == rows
+
+
+def _dense_layers(engine):
+    return [m for m in engine.target.model.modules() if isinstance(m, PrepackedLinear) and m.dense_t is not None]
+
+
+def test_loading_with_dense_copies_covers_the_decoder_but_not_lm_head(tmp_path):
+    engine_dir = make_tiny_engine(tmp_path)
+    plain, _ = load_engine(engine_dir)
+    engine, _ = load_engine(engine_dir, dense_copy=True)
+    layers = engine.target.model.config.num_hidden_layers
+    assert not _dense_layers(plain)
+    assert len(_dense_layers(engine)) == 7 * layers and engine.target.model.lm_head.dense_t is None
+    assert all(m.dense_rows == 0 for m in _dense_layers(engine))  # off until chosen
+
+
+def test_apply_dense_rows_settings(tmp_path):
+    engine_dir = make_tiny_engine(tmp_path)
+    engine, _ = load_engine(engine_dir, dense_copy=True)
+    assert "up to 3 rows" in apply_dense_rows(engine, "3")
+    assert {m.dense_rows for m in _dense_layers(engine)} == {3}
+    with pytest.raises(ValueError, match="dense_rows must be 'auto' or a row count"):
+        apply_dense_rows(engine, "fast")
+    assert "off" in apply_dense_rows(engine, "0") and not _dense_layers(engine)
+    prompt, params = [5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=12)
+    tokens, _ = engine.generate_all(prompt, params)
+    assert len(tokens) == 12
+
+
+def test_without_dense_copies_there_is_nothing_to_choose(tmp_path):
+    engine, _ = load_engine(make_tiny_engine(tmp_path))
+    choice = choose_dense_rows(engine)
+    assert choice.rows == 0 and choice.copy_bytes == 0 and "packed kernels only" in choice.describe()
+
+
+def test_the_measured_choice_is_consistent(tmp_path):
+    engine_dir = make_tiny_engine(tmp_path, method="ngram")
+    engine, _ = load_engine(engine_dir, dense_copy=True)
+    choice = choose_dense_rows(engine, measured_rows=(1, 2, 4), repeats=1)
+    assert choice.rows in (0, 1, 2, 4) and len(choice.dense_ms) == len(choice.packed_ms) == 3
+    assert all(ms > 0 for ms in choice.dense_ms + choice.packed_ms)
+    layers = _dense_layers(engine)
+    if choice.rows:
+        assert {m.dense_rows for m in layers} == {choice.rows} and choice.copy_bytes > 0
+    else:
+        assert not layers and choice.copy_bytes > 0
+    assert str(choice.rows) in choice.describe() or "dropped" in choice.describe()
+
+
+def test_a_draft_model_gets_the_same_threshold():
+    from specpipe.runtime.cpu.drafters import DraftModelDrafter
+    from specpipe.runtime.cpu.engine import SpeculativeEngine
+    from specpipe.runtime.cpu.prepack import prepack_linear_layers
+    from tiny_models import tiny_llama
+
+    target, draft = tiny_llama(seed=1), tiny_llama(seed=2)
+    for model in (target, draft):
+        prepack_linear_layers(model.model, dense_copy=True)
+        prepack_linear_layers(model)
+    engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3)
+    apply_dense_rows(engine, "2")
+    draft_layers = [m for m in draft.modules() if isinstance(m, PrepackedLinear) and m.dense_t is not None]
+    assert draft_layers and {m.dense_rows for m in draft_layers} == {2}
+    apply_dense_rows(engine, "0")
+    assert not any(isinstance(m, PrepackedLinear) and m.dense_t is not None for m in draft.modules())
+
+
+@pytest.mark.parametrize("method", ["none", "eagle"])
+def test_greedy_output_is_the_same_alone_and_in_a_batch_with_both_kernels_in_use(method):
+    from batch_helpers import make_engine, prompts, run_alone, run_batch
+    from specpipe.runtime.cpu.prepack import prepack_linear_layers
+
+    engine = make_engine(method)
+    model = engine.target.model
+    prepack_linear_layers(model.model, dense_copy=True)
+    prepack_linear_layers(model)
+    set_dense_rows(model, 4)  # alone: dense kernel at 1 row; in a batch of 8: the packed kernel
+    params = SamplingParams(max_tokens=16)
+    ps = prompts(8, seed=11)
+    outs = run_batch(engine, [(p, params) for p in ps])
+    assert [o.tokens for o in outs] == [run_alone(engine, p, params) for p in ps]
