@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, rows_from_timings
+from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, parse_dense_rows, rows_from_timings
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.prepack import PrepackedLinear, drop_dense_copies, prepack_available, set_dense_rows
 from tiny_engine import make_tiny_engine
@@ -62,6 +62,17 @@ def _dense_layers(engine):
     return [m for m in engine.target.model.modules() if isinstance(m, PrepackedLinear) and m.dense_t is not None]
 
 
+@pytest.mark.parametrize("text, rows", [("auto", None), ("", None), (None, None), (" AUTO ", None), ("0", 0), ("12", 12)])
+def test_parse_dense_rows(text, rows):
+    assert parse_dense_rows(text) == rows
+
+
+@pytest.mark.parametrize("text", ["fast", "-1", "1.5", "²", "٣"])
+def test_parse_dense_rows_refuses_anything_else(text):
+    with pytest.raises(ValueError, match="dense_rows must be 'auto' or a row count"):
+        parse_dense_rows(text)
+
+
 def test_loading_with_dense_copies_covers_the_decoder_but_not_lm_head(tmp_path):
     engine_dir = make_tiny_engine(tmp_path)
     plain, _ = load_engine(engine_dir)
@@ -75,11 +86,9 @@ def test_loading_with_dense_copies_covers_the_decoder_but_not_lm_head(tmp_path):
 def test_apply_dense_rows_settings(tmp_path):
     engine_dir = make_tiny_engine(tmp_path)
     engine, _ = load_engine(engine_dir, dense_copy=True)
-    assert "up to 3 rows" in apply_dense_rows(engine, "3")
+    assert "up to 3 rows" in apply_dense_rows(engine, parse_dense_rows(" 3 "))
     assert {m.dense_rows for m in _dense_layers(engine)} == {3}
-    with pytest.raises(ValueError, match="dense_rows must be 'auto' or a row count"):
-        apply_dense_rows(engine, "fast")
-    assert "off" in apply_dense_rows(engine, "0") and not _dense_layers(engine)
+    assert "off" in apply_dense_rows(engine, parse_dense_rows("0")) and not _dense_layers(engine)
     prompt, params = [5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=12)
     tokens, _ = engine.generate_all(prompt, params)
     assert len(tokens) == 12
@@ -116,10 +125,10 @@ def test_a_draft_model_gets_the_same_threshold():
         prepack_linear_layers(model.model, dense_copy=True)
         prepack_linear_layers(model)
     engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3)
-    apply_dense_rows(engine, "2")
+    apply_dense_rows(engine, 2)
     draft_layers = [m for m in draft.modules() if isinstance(m, PrepackedLinear) and m.dense_t is not None]
     assert draft_layers and {m.dense_rows for m in draft_layers} == {2}
-    apply_dense_rows(engine, "0")
+    apply_dense_rows(engine, 0)
     assert not any(isinstance(m, PrepackedLinear) and m.dense_t is not None for m in draft.modules())
 
 

@@ -27,7 +27,7 @@ class _Clock:
         return self.now
 
 
-def test_a_stop_is_remembered_for_a_while_and_forgotten_when_its_request_ends():
+def test_a_stop_before_its_request_is_kept_for_a_while():
     clock = _Clock()
     stops = StopRequests(pending_s=10.0, clock=clock)
     assert not stops.is_stopped("a")
@@ -36,13 +36,40 @@ def test_a_stop_is_remembered_for_a_while_and_forgotten_when_its_request_ends():
     clock.now += 9.0
     assert stops.is_stopped("a")
     clock.now += 2.0
-    assert not stops.is_stopped("a")  # expired: a later request reusing the id runs
-    stops.stop("b")
+    assert not stops.is_stopped("a")  # expired: a request arriving now runs
+    stops.stop("c")
     assert "a" not in stops._stopped  # expired entries are dropped, so the registry stays small
-    stops.forget("b")
-    assert not stops.is_stopped("b")
     with pytest.raises(ValueError, match="request id"):
         stops.stop("")
+
+
+def test_a_running_request_stays_stopped_and_a_late_stop_spares_the_next_request_with_its_id():
+    clock = _Clock()
+    stops = StopRequests(pending_s=10.0, clock=clock)
+    stops.started("r")
+    stops.stop("r")
+    clock.now += 30.0
+    assert stops.is_stopped("r")  # running: stopped however long its current step takes
+    stops.ended("r")
+    assert not stops.is_stopped("r")
+    stops.stop("r")  # late: the request has ended
+    stops.started("r")  # a client reusing the id
+    assert not stops.is_stopped("r")
+    stops.ended("r")
+    clock.now += 11.0
+    stops.stop("r")  # long after: an id not seen for a while is a stop ahead of its request again
+    assert stops.is_stopped("r")
+
+
+def test_two_running_requests_with_one_id_are_stopped_together():
+    stops = StopRequests()
+    stops.started("x")
+    stops.started("x")
+    stops.stop("x")
+    stops.ended("x")
+    assert stops.is_stopped("x")  # the other one is still running
+    stops.ended("x")
+    assert not stops.is_stopped("x")
 
 
 @pytest.mark.parametrize("value, expected", [(None, False), (np.array([[True]]), True), (np.array([False]), False)])
@@ -160,6 +187,19 @@ def test_a_stop_request_cancels_the_running_request_with_its_id_and_no_other(mod
     assert not instance.stops.is_stopped("req-1")  # forgotten once its request ended
 
 
+def test_a_stop_arriving_after_its_request_ended_does_not_cancel_a_request_reusing_the_id(model):
+    instance, engine = model
+    prompt, params = prompts(1, seed=7)[0], SamplingParams(max_tokens=12)
+    first = _generate("same", prompt, 12)
+    instance.execute([first])
+    assert first.sender.done.wait(60) and len(first.sender.tokens()) == 12
+    instance.execute([_stop("same")])
+    again = _generate("same", prompt, 12)
+    instance.execute([again])
+    assert again.sender.done.wait(60)
+    assert again.sender.tokens() == first.sender.tokens() == run_alone(engine, prompt, params)
+
+
 def test_a_stop_that_arrives_before_its_request_cancels_it_on_arrival(model):
     instance, _ = model
     instance.execute([_stop("early")])
@@ -175,3 +215,87 @@ def test_a_stop_request_without_an_id_is_a_clear_error(model):
     instance.execute([stop])
     (response, flags), = stop.sender.sent
     assert flags == FINAL and response.error.code == "INVALID_ARG" and "request id" in response.error.message
+
+
+# --- the client: stop requests sent at the same time on a fresh client -----------------------------
+
+class _FakeStream:
+    def __init__(self, sent, iterator):
+        self.sent, self.iterator = sent, iterator
+
+    def __aiter__(self):
+        return self._responses()
+
+    async def _responses(self):
+        async for request in self.iterator:
+            self.sent.append(request)
+            yield object(), None
+
+    def cancel(self):
+        pass
+
+
+class _FakeTriton:
+    """``tritonclient.grpc.aio.InferenceServerClient`` as far as ``LLMClient.stop`` uses it; reading a
+    config takes a while, so concurrent stops overlap the first reading."""
+
+    ENSEMBLE = {"platform": "ensemble", "ensemble_scheduling": {"step": [
+        {"model_name": "preprocessing", "input_map": {"QUERY": "text_input"}},
+        {"model_name": "tensorrt_llm", "input_map": {"input_ids": "_INPUT_ID"}},
+    ]}}
+    ENGINE = {"max_batch_size": 1, "input": [{"name": "input_ids"}, {"name": "stop"}]}
+
+    def __init__(self):
+        self.sent, self.config_reads = [], 0
+
+    async def get_model_config(self, model, as_json=True):
+        import asyncio
+
+        self.config_reads += 1
+        await asyncio.sleep(0.05)
+        return {"config": self.ENSEMBLE if model == "ensemble" else self.ENGINE}
+
+    def stream_infer(self, iterator, stream_timeout=None):
+        return _FakeStream(self.sent, iterator)
+
+
+def test_stops_sent_together_on_a_fresh_client_all_go_out():
+    import asyncio
+
+    from specpipe.client.llm import LLMClient
+
+    async def go():
+        client = LLMClient("unused:1")
+        client._client = fake = _FakeTriton()
+        done = await asyncio.gather(*(client.stop(f"id-{i}") for i in range(3)))
+        return done, fake
+
+    done, fake = asyncio.run(go())
+    assert done == [True, True, True]
+    assert sorted(r["request_id"] for r in fake.sent) == ["id-0", "id-1", "id-2"]
+    assert {r["model_name"] for r in fake.sent} == {"tensorrt_llm"} and fake.config_reads == 2
+    stop = next(t for t in fake.sent[0]["inputs"] if t.name() == "stop")
+    assert stop.shape() == [1, 1]
+
+
+def test_sigterm_cancels_a_client_run_like_ctrl_c_and_exits_143():
+    import asyncio
+    import os
+    import signal
+
+    from specpipe.client.llm import run_sync
+
+    cleaned = []
+
+    async def work():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.01)  # cleanup that awaits, as LLMClient.close waits for its stop requests
+            cleaned.append(True)
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_sync(work())
+    assert exit_info.value.code == 143 and cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -34,7 +34,10 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> No
 
 
 def _dense_rows(value: str) -> str:
-    text = value.strip().lower()
-    if text != "auto" and not text.isdigit():
-        raise click.BadParameter(f"expected 'auto' or a row count >= 0 (0: packed kernels only), got {value!r}")
-    return text
+    from specpipe.runtime.cpu.dense_rows import parse_dense_rows
+
+    try:
+        rows = parse_dense_rows(value)
+    except ValueError:
+        raise click.BadParameter(f"expected 'auto' or a row count >= 0 (0: packed kernels only), got {value!r}") from None
+    return "auto" if rows is None else str(rows)

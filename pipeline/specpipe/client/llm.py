@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -185,6 +186,7 @@ class LLMClient:
         self._batched: bool | None = None
         self._stop_target: tuple[str, bool] | None = None
         self._stop_target_read = False
+        self._stop_target_lock = asyncio.Lock()
         self._stopping: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> "LLMClient":
@@ -325,19 +327,54 @@ class LLMClient:
 
     async def _engine_with_stop(self) -> tuple[str, bool] | None:
         """``(engine model, batched)`` when :attr:`model` is an ensemble whose engine step (the step fed
-        ``input_ids``, TensorRT-LLM's layout) declares a ``stop`` input; else ``None``. Read once."""
-        if not self._stop_target_read:
-            self._stop_target_read = True
-            config = await self.model_config()
-            steps = config.get("ensemble_scheduling", {}).get("step", []) if config.get("platform") == "ensemble" else []
-            engine = next((step["model_name"] for step in steps if "input_ids" in step.get("input_map", {})), None)
-            if engine is not None:
-                engine_config = await self.model_config(engine)
-                if any(spec.get("name") == "stop" for spec in engine_config.get("input", [])):
-                    self._stop_target = (engine, int(engine_config.get("max_batch_size", 0)) > 0)
+        ``input_ids``, TensorRT-LLM's layout) declares a ``stop`` input; else ``None``. Read once (stops
+        sent at the same time wait for that one reading; a failed reading is tried again next time)."""
+        async with self._stop_target_lock:
+            if not self._stop_target_read:
+                self._stop_target = await self._read_stop_target()
+                self._stop_target_read = True
         return self._stop_target
+
+    async def _read_stop_target(self) -> tuple[str, bool] | None:
+        config = await self.model_config()
+        steps = config.get("ensemble_scheduling", {}).get("step", []) if config.get("platform") == "ensemble" else []
+        engine = next((step["model_name"] for step in steps if "input_ids" in step.get("input_map", {})), None)
+        if engine is None:
+            return None
+        engine_config = await self.model_config(engine)
+        if not any(spec.get("name") == "stop" for spec in engine_config.get("input", [])):
+            return None
+        return engine, int(engine_config.get("max_batch_size", 0)) > 0
 
 
 def run_sync(coro):
-    """Run a coroutine from synchronous code (the CLI)."""
-    return asyncio.run(coro)
+    """Run a coroutine from synchronous code (the CLI). SIGTERM cancels it as Ctrl-C does, so an
+    abandoned request is stopped on the server (:meth:`LLMClient.stop`) before the process exits with
+    status 143.
+    """
+    terminated = False
+
+    async def main():
+        nonlocal terminated
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+
+        def on_sigterm():
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        try:
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+            return await coro
+        try:
+            return await coro
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if terminated:
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise

@@ -2,9 +2,9 @@
 
 A :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` built with a dense copy can compute inputs of
 at most ``dense_rows`` rows as ``x @ W^T`` on that copy (MKL) instead of oneDNN's packed kernel. Which
-is faster depends on the CPU: on AVX-512 machines the packed kernel wins at every row count, on 2 AVX2
-(Zen 3) cores the dense copy makes a one-token SmolLM2 forward about 25 % faster and loses from about
-8 rows on (see :mod:`~specpipe.runtime.cpu.prepack`). :func:`choose_dense_rows` times the target's
+is faster depends on the CPU and its libraries: on 2 cores of an Intel Xeon (AVX-512, AMX) the dense
+copy makes a one-token SmolLM2 forward about 25 % faster and loses from about 8 rows on (see
+:mod:`~specpipe.runtime.cpu.prepack`), and a CPU whose packed kernel is fast for one row gains nothing. :func:`choose_dense_rows` times the target's
 batched forward both ways at 1, 2, 4, 8 and 12 rows, keeps the dense copies for the row counts where they
 are faster by a margin, and drops them (their memory, the decoder's weights once more) where they are
 never faster.
@@ -112,26 +112,32 @@ def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, cont
     return DenseRowsChoice(rows, tuple(measured_rows), dense_ms, packed_ms, copy_bytes)
 
 
-def apply_dense_rows(engine, setting: str) -> str:
-    """Apply the ``dense_rows`` setting of a CPU deployment (its ``tensorrt_llm`` model parameter).
-
-    Args:
-        engine: loaded with ``dense_copy=True`` unless ``setting`` is ``"0"``.
-        setting: ``"auto"`` (or empty): :func:`choose_dense_rows`; an integer >= 0: that threshold
-            (0 drops the copies).
-
-    Returns:
-        a line for the server log.
+def parse_dense_rows(setting: str | None) -> int | None:
+    """The ``dense_rows`` setting: ``None`` for ``"auto"`` (or empty), else the row count.
 
     Raises:
-        ValueError: any other setting, naming the accepted values.
+        ValueError: anything but ``auto`` or a row count >= 0 in ASCII digits, naming the accepted values.
     """
     text = (setting or "auto").strip().lower()
     if text == "auto":
+        return None
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"dense_rows must be 'auto' or a row count >= 0 (0: packed kernels only), got {setting!r}")
+    return int(text)
+
+
+def apply_dense_rows(engine, rows: int | None) -> str:
+    """Apply a parsed ``dense_rows`` setting (:func:`parse_dense_rows`) to a loaded engine.
+
+    Args:
+        engine: loaded with ``dense_copy=True`` unless ``rows`` is 0.
+        rows: ``None``: :func:`choose_dense_rows`; else that threshold (0 drops the copies).
+
+    Returns:
+        a line for the server log.
+    """
+    if rows is None:
         return choose_dense_rows(engine).describe()
-    if not text.isdigit():
-        raise ValueError(f"parameter dense_rows must be 'auto' or a row count >= 0 (0: packed kernels only), got {setting!r}")
-    rows = int(text)
     if rows == 0:
         freed = sum(drop_dense_copies(module) for module in _models(engine))
         release_freed_memory()

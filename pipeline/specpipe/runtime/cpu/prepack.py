@@ -17,9 +17,9 @@ SmolLM2-135M (fp32, 200-token context), one target forward plus lm_head over n n
 Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
 many tokens a forward holds, which breaks the greedy identity of speculative decoding).
 
-On AVX2 without AVX-512 the packed kernel is slow for one row: measured on 2 Zen 3 cores, SmolLM2's
-decoder linear layers take about 24 ms packed against 15-18 ms as ``x @ W^T`` on a plain transposed
-copy (MKL), while from 8 rows on the packed kernel is about 20 % faster. A layer can therefore keep a
+For one row the packed kernel can be the slower one: measured on 2 cores of an Intel Xeon (AVX-512,
+AMX), SmolLM2's decoder linear layers take about 24-33 ms packed against 15-20 ms as ``x @ W^T`` on a
+plain transposed copy (MKL), while from 8 rows on the packed kernel is 5-15 % faster. A layer can therefore keep a
 *dense copy* (``dense_copy=True``) and use it for inputs of at most :attr:`PrepackedLinear.dense_rows`
 rows; :mod:`~specpipe.runtime.cpu.dense_rows` measures where it pays at load and drops the copies
 where it does not. Both kernels round differently (about 1e-6 relative), as the packed kernel already

@@ -13,7 +13,8 @@ for its ensemble request names the engine request too.
 As upstream, the stop request gets one empty final response at once, and a stop naming no running
 request is not an error (the request may have finished). Unlike upstream, a stop that arrives before
 its request (the ensemble still tokenizing) is kept for :data:`PENDING_STOP_S` seconds and cancels that
-request when it arrives.
+request when it arrives; a stop that arrives just after its request ended is dropped, so a later
+request reusing the id runs.
 """
 
 from __future__ import annotations
@@ -46,15 +47,42 @@ class StopRequests:
     """Request ids named by stop requests, shared between Triton's ``execute`` thread and the engine
     thread (which asks :meth:`is_stopped` once a step for every running request).
 
+    A stop naming a running request cancels it. A stop naming a request that ended less than
+    ``pending_s`` seconds ago is late and ignored, so a client reusing the id is not cancelled. A stop
+    naming an id not seen in that time is kept for ``pending_s`` seconds, for a request that has not
+    reached the engine yet.
+
     Args:
-        pending_s: how long a stop is remembered, seconds (:data:`PENDING_STOP_S`).
+        pending_s: how long stops and ended ids are remembered, seconds (:data:`PENDING_STOP_S`).
         clock: monotonic clock in seconds (tests pass a fake one).
     """
 
     def __init__(self, pending_s: float = PENDING_STOP_S, clock: Callable[[], float] = time.monotonic):
         self.pending_s, self._clock = pending_s, clock
         self._stopped: dict[str, float] = {}
+        self._running: dict[str, int] = {}
+        self._ended: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def started(self, request_id: str) -> None:
+        """A request with this id reached the engine (``""``: no id, ignored)."""
+        if request_id:
+            with self._lock:
+                self._running[request_id] = self._running.get(request_id, 0) + 1
+                self._ended.pop(request_id, None)
+
+    def ended(self, request_id: str) -> None:
+        """A request with this id sent its final response."""
+        if not request_id:
+            return
+        with self._lock:
+            count = self._running.get(request_id, 0) - 1
+            if count > 0:
+                self._running[request_id] = count
+                return
+            self._running.pop(request_id, None)
+            self._stopped.pop(request_id, None)
+            self._ended[request_id] = self._clock()
 
     def stop(self, request_id: str) -> None:
         """Record a stop request for ``request_id``.
@@ -67,19 +95,18 @@ class StopRequests:
                              "(send it with the same request_id as that request)")
         now = self._clock()
         with self._lock:
-            for old in [rid for rid, at in self._stopped.items() if now - at > self.pending_s]:
-                del self._stopped[old]
-            self._stopped[request_id] = now
+            for table in (self._stopped, self._ended):
+                for old in [rid for rid, at in table.items() if now - at > self.pending_s]:
+                    del table[old]
+            if request_id in self._running or request_id not in self._ended:
+                self._stopped[request_id] = now
 
     def is_stopped(self, request_id: str) -> bool:
-        """Whether a stop request named ``request_id`` in the last ``pending_s`` seconds."""
+        """Whether ``request_id`` is running and stopped, or was named by a stop in the last ``pending_s``
+        seconds before it arrived."""
         if not request_id:
             return False
         with self._lock:
             at = self._stopped.get(request_id)
-        return at is not None and self._clock() - at <= self.pending_s
-
-    def forget(self, request_id: str) -> None:
-        """Drop ``request_id`` (its request has ended)."""
-        with self._lock:
-            self._stopped.pop(request_id, None)
+            running = request_id in self._running
+        return at is not None and (running or self._clock() - at <= self.pending_s)

@@ -63,21 +63,35 @@ class TritonSender:
 
     def __init__(self, sender, request_id: str = "", stops: StopRequests | None = None):
         self._sender, self.request_id, self._stops = sender, request_id, stops
+        self._started = False
+
+    def started(self) -> None:
+        """The request goes to the engine: a stop request can now name it."""
+        if self._stops is not None and not self._started:
+            self._started = True
+            self._stops.started(self.request_id)
 
     def data(self, outputs, final: bool) -> None:
         """Send a response with ``outputs`` (name -> numpy array), with the final flag if ``final``."""
         pb = pb_utils()
+        if final:
+            self._ended()
         self._sender.send(response(outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def error(self, message: str, code: str = "INVALID_ARG") -> None:
         """Send a final response holding a ``TritonError``."""
+        self._ended()
         self._sender.send(error_response(message, code), flags=pb_utils().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finish(self) -> None:
         """Send the final flag alone (after a cancellation)."""
-        if self._stops is not None:
-            self._stops.forget(self.request_id)
+        self._ended()
         self._sender.send(flags=pb_utils().TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _ended(self) -> None:
+        if self._stops is not None and self._started:
+            self._started = False
+            self._stops.ended(self.request_id)
 
     def acknowledge(self) -> None:
         """Send one empty final response (the answer to a stop request, as TensorRT-LLM's backend)."""
@@ -293,7 +307,7 @@ class TritonPythonModel:
     """Triton entry point (loaded through the repository's ``tensorrt_llm/1/model.py``)."""
 
     def initialize(self, args):
-        from specpipe.runtime.cpu.dense_rows import apply_dense_rows
+        from specpipe.runtime.cpu.dense_rows import apply_dense_rows, parse_dense_rows
         from specpipe.runtime.cpu.loader import load_engine
 
         params = model_parameters(args)
@@ -303,10 +317,10 @@ class TritonPythonModel:
         self.exclude_input_default = parse_bool(params.get("exclude_input_in_output"), False)
         logger = pb_utils().Logger
 
-        dense_rows = params.get("dense_rows", "auto")
+        dense_rows = parse_dense_rows(params.get("dense_rows"))  # a bad value fails before the weights load
 
         def load():
-            engine, self.manifest = load_engine(Path(engine_dir), dense_copy=dense_rows.strip() != "0")
+            engine, self.manifest = load_engine(Path(engine_dir), dense_copy=dense_rows != 0)
             warm_up_engine(engine, logger.log_info)  # on the engine thread, before the model reports ready
             logger.log_info(f"specpipe: linear kernels for few rows: {apply_dense_rows(engine, dense_rows)}")
             limits = self.manifest.limits or {}
@@ -334,6 +348,7 @@ class TritonPythonModel:
             except ValueError as exc:
                 sender.error(str(exc))
                 continue
+            sender.started()
             self.worker.submit(parsed, sender)
         return None
 
