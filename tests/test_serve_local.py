@@ -173,7 +173,11 @@ def test_real_server_plain_and_streamed(server):
     assert error is None
     assert 1 < len(streamed) <= streamed_perf["num_output_tokens"]  # one chunk per engine step
     assert "".join(streamed) == plain[0]
-    assert streamed_perf == perf  # greedy: the same tokens, the same counters
+    # greedy: the same tokens; the draft counters follow the load-adaptive rule, whose choices read
+    # timings (the cost curve is refined from served forwards), so only their consistency is fixed
+    assert {k: streamed_perf[k] for k in ("num_input_tokens", "num_output_tokens")} == \
+        {k: perf[k] for k in ("num_input_tokens", "num_output_tokens")}
+    assert streamed_perf["total_accepted_draft_tokens"] <= streamed_perf["total_draft_tokens"]
     echoed, _, error = _generate(server.grpc_url, prompt, 24, stream=False, exclude=False, perf=False)
     assert error is None and echoed[0] == prompt + plain[0]
 
