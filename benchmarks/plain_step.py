@@ -79,7 +79,6 @@ def main() -> None:
 
     from specpipe.runtime.cpu.batched_lm import BatchedLM
     from specpipe.runtime.cpu.loader import load_engine
-
     from specpipe.runtime.cpu.prepack import set_dense_rows
 
     engine, manifest = load_engine(args.engine, dense_copy=True)

@@ -4,10 +4,10 @@ A :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` built with a dense copy
 at most ``dense_rows`` rows as ``x @ W^T`` on that copy (MKL) instead of oneDNN's packed kernel. Which
 is faster depends on the CPU and its libraries: on 2 cores of an Intel Xeon (AVX-512, AMX) the dense
 copy makes a one-token SmolLM2 forward about 25 % faster and loses from about 8 rows on (see
-:mod:`~specpipe.runtime.cpu.prepack`), and a CPU whose packed kernel is fast for one row gains nothing. :func:`choose_dense_rows` times the target's
-batched forward both ways at 1, 2, 4, 8 and 12 rows, keeps the dense copies for the row counts where they
-are faster by a margin, and drops them (their memory, the decoder's weights once more) where they are
-never faster.
+:mod:`~specpipe.runtime.cpu.prepack`), and a CPU whose packed kernel is fast for one row gains
+nothing. :func:`choose_dense_rows` times the target's batched forward both ways at 1, 2, 4, 8 and 12
+rows, keeps the dense copies for the row counts where they are faster by a margin, and drops them
+(their memory, the decoder's weights once more) where they are never faster.
 """
 
 from __future__ import annotations
@@ -104,12 +104,7 @@ def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, cont
     dense_ms = tuple(statistics.median(runs[(n, True)]) for n in measured_rows)
     packed_ms = tuple(statistics.median(runs[(n, False)]) for n in measured_rows)
     rows = rows_from_timings(measured_rows, dense_ms, packed_ms)
-    if rows:
-        copy_bytes = sum(set_dense_rows(module, rows) for module in models)
-    else:
-        copy_bytes = sum(drop_dense_copies(module) for module in models)
-        release_freed_memory()
-    return DenseRowsChoice(rows, tuple(measured_rows), dense_ms, packed_ms, copy_bytes)
+    return DenseRowsChoice(rows, tuple(measured_rows), dense_ms, packed_ms, _use_or_drop(models, rows))
 
 
 def parse_dense_rows(setting: str | None) -> int | None:
@@ -138,12 +133,20 @@ def apply_dense_rows(engine, rows: int | None) -> str:
     """
     if rows is None:
         return choose_dense_rows(engine).describe()
+    copy_bytes = _use_or_drop(_models(engine), rows)
     if rows == 0:
-        freed = sum(drop_dense_copies(module) for module in _models(engine))
-        release_freed_memory()
-        return f"dense copies off (dense_rows 0; {freed / 2**20:.0f} MiB freed)"
-    kept = sum(set_dense_rows(module, rows) for module in _models(engine))
-    return f"dense copies used up to {rows} rows (dense_rows {rows}; {kept / 2**20:.0f} MiB)"
+        return f"dense copies off (dense_rows 0; {copy_bytes / 2**20:.0f} MiB freed)"
+    return f"dense copies used up to {rows} rows (dense_rows {rows}; {copy_bytes / 2**20:.0f} MiB)"
+
+
+def _use_or_drop(models, rows: int) -> int:
+    """Use the models' dense copies up to ``rows`` rows, or drop them (and free their memory) for 0;
+    returns the bytes of copies kept or dropped."""
+    if rows:
+        return sum(set_dense_rows(module, rows) for module in models)
+    dropped = sum(drop_dense_copies(module) for module in models)
+    release_freed_memory()
+    return dropped
 
 
 def _models(engine) -> list:

@@ -19,9 +19,9 @@ many tokens a forward holds, which breaks the greedy identity of speculative dec
 
 For one row the packed kernel can be the slower one: measured on 2 cores of an Intel Xeon (AVX-512,
 AMX), SmolLM2's decoder linear layers take about 24-33 ms packed against 15-20 ms as ``x @ W^T`` on a
-plain transposed copy (MKL), while from 8 rows on the packed kernel is 5-15 % faster. A layer can therefore keep a
-*dense copy* (``dense_copy=True``) and use it for inputs of at most :attr:`PrepackedLinear.dense_rows`
-rows; :mod:`~specpipe.runtime.cpu.dense_rows` measures where it pays at load and drops the copies
+plain transposed copy (MKL), while from 8 rows on the packed kernel is 5-15 % faster. A layer can
+therefore keep a *dense copy* (``dense_copy=True``) and use it for inputs of at most
+:attr:`PrepackedLinear.dense_rows` rows; :mod:`~specpipe.runtime.cpu.dense_rows` measures where it pays at load and drops the copies
 where it does not. Both kernels round differently (about 1e-6 relative), as the packed kernel already
 does between row counts for some shapes (SmolLM2's ``down_proj``, K = 1536).
 """
@@ -91,9 +91,8 @@ class PrepackedLinear(torch.nn.Module):
             self.bias = None if bias is None else bias.to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if rows <= self.dense_rows and self.dense_t is not None:
-            out = torch.mm(x.reshape(rows, self.in_features).float(), self.dense_t)
+        if self.dense_rows and x.numel() <= self.dense_rows * self.in_features and self.dense_t is not None:
+            out = torch.mm(x.reshape(-1, self.in_features).float(), self.dense_t)
             if self.bias is not None:
                 out = out + self.bias
             return out.reshape(*x.shape[:-1], self.out_features)
