@@ -2,14 +2,19 @@
 gives the output it gives alone, whatever joins, leaves, fails or stops beside it; seeded sampling does
 not depend on the batch; the adaptive rule drafts only where it pays; the queue bound answers busy."""
 
+import time
+
 import pytest
+import torch
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.adaptive import (
     AcceptanceEstimate, DraftCandidate, ForwardCostModel, choose_draft_lengths, non_decreasing,
 )
+from specpipe.runtime.cpu.batch_request import fork_drafter
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.cached_lm import CachedLM
+from specpipe.runtime.cpu.sampling import TokenSampler
 from specpipe.runtime.cpu.scheduler import Cancelled, ServerBusy
 from batch_helpers import (
     FLAT_COST, LINEAR_COST, METHODS, make_engine, prompts, run_alone, run_batch, scheduler_for, submit,
@@ -198,3 +203,47 @@ def test_penalties_and_min_tokens_in_a_batch_match_the_one_request_engine(method
         assert out.tokens == plain
         changed += out.tokens != baseline.generate_all(prompt, SamplingParams(max_tokens=12))[0]
     assert changed > 0  # the options changed some outputs: the test would see them ignored
+
+
+@pytest.mark.parametrize("method", ["draft-model", "eagle"])
+def test_catching_up_first_leaves_the_proposal_unchanged(method):
+    """A drafter brought up to date by ``catch_up`` proposes what it would have proposed catching up
+    inside ``propose``."""
+    engine = make_engine(method)
+    prompt = prompts(2, seed=5)[1]
+    context = [*prompt, 7, 9, 11]
+    proposals = []
+    for catch_up_first in (False, True):
+        drafter = fork_drafter(engine.drafter)
+        drafter.reset(prompt)
+        if method == "eagle":
+            features = engine.target.model.model(input_ids=torch.tensor([context])).last_hidden_state[0]
+            drafter.commit(context, features[:-1])
+            if catch_up_first:
+                drafter.catch_up(context)
+            tree = drafter.propose(context, 7, 3)
+            proposals.append((tree.tokens, tree.parents))
+        else:
+            if catch_up_first:
+                drafter.catch_up(context)
+            proposals.append(drafter.propose(context, 3, TokenSampler(SamplingParams(max_tokens=4), torch.Generator())).tokens)
+    assert proposals[0] == proposals[1] and proposals[0][0]
+
+
+def test_the_drafting_cost_per_depth_leaves_out_catching_up(monkeypatch):
+    """Tokens committed while a drafter was not proposing (the prompt, accepted drafts) are fed to it
+    before the proposal is timed: the per-depth cost the rule uses is the proposal's alone. Here the
+    draft model's forward is slowed down for inputs of more than one token, which only catching up has."""
+    decode = CachedLM._decode
+
+    def slow_for_many_tokens(self, token_ids, positions, mask):
+        if len(token_ids) > 1:
+            time.sleep(0.2)
+        return decode(self, token_ids, positions, mask)
+
+    monkeypatch.setattr(CachedLM, "_decode", slow_for_many_tokens)
+    scheduler = scheduler_for(make_engine("draft-model"))
+    request, out = submit(scheduler, prompts(2)[1], SamplingParams(max_tokens=3))
+    scheduler.run_until_idle()
+    assert out.error is None and len(out.tokens) == 3
+    assert 0.0 < request.draft_seconds_per_depth < 0.05  # the first proposal caught up on the whole prompt

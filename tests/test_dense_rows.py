@@ -1,4 +1,4 @@
-"""Dense weight copies for few rows (``PrepackedLinear.dense_t``) and their load-time choice
+"""Dense weight copies (``PrepackedLinear.dense``) for few rows or for all, and their load-time choice
 (:mod:`specpipe.runtime.cpu.dense_rows`)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import torch
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, parse_dense_rows, rows_from_timings
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.prepack import PrepackedLinear, drop_dense_copies, prepack_available, set_dense_rows
+from specpipe.runtime.cpu.prepack import (ALL_ROWS, PrepackedLinear, drop_dense_copies, drop_packed_weights, prepack_available,
+                                          set_dense_rows)
 from tiny_engine import make_tiny_engine
 
 pytestmark = [
@@ -23,7 +24,7 @@ def test_rows_up_to_the_threshold_use_the_dense_copy_and_the_rest_the_packed_ker
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48, bias=bias)
     packed_only, layer = PrepackedLinear(linear), PrepackedLinear(linear, dense_copy=True)
-    assert packed_only.dense_t is None and layer.dense_t.shape == (64, 48) and layer.dense_t.is_contiguous()
+    assert packed_only.dense is None and layer.dense.shape == (48, 64) and layer.dense.is_contiguous()
     set_dense_rows(layer, 2)
     few, many = [(1, 64), (1, 1, 64), (2, 64), (1, 2, 64)], [(3, 64), (1, 5, 64)]
     with torch.inference_mode():
@@ -33,7 +34,7 @@ def test_rows_up_to_the_threshold_use_the_dense_copy_and_the_rest_the_packed_ker
             assert got.shape == (*shape[:-1], 48)
             torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
         # which kernel ran: scale the dense copy, and only inputs of at most 2 rows change with it
-        layer.dense_t.mul_(2.0)
+        layer.dense.mul_(2.0)
         for shape in few:
             x = torch.randn(*shape)
             expected = 2.0 * (x @ linear.weight.detach().t()) + (linear.bias.detach() if bias else 0.0)
@@ -42,34 +43,57 @@ def test_rows_up_to_the_threshold_use_the_dense_copy_and_the_rest_the_packed_ker
             x = torch.randn(*shape)
             assert torch.equal(layer(x), packed_only(x))
     assert drop_dense_copies(layer) == 64 * 48 * 4
-    assert layer.dense_t is None and layer.dense_rows == 0
+    assert layer.dense is None and layer.dense_rows == 0
     x = torch.randn(1, 64)
     with torch.inference_mode():
         assert torch.equal(layer(x), packed_only(x))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_dropping_the_packed_weights_runs_every_input_on_the_dense_copy(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48, bias=bias)
+    layer = PrepackedLinear(linear, dense_copy=True)
+    assert drop_packed_weights(layer) == 64 * 48 * 4
+    assert layer.weight is None and layer.dense_rows == ALL_ROWS
+    assert set_dense_rows(layer, 2) == 0 and layer.dense_rows == ALL_ROWS  # a threshold cannot bring the packed kernel back
+    assert drop_dense_copies(layer) == 0 and layer.dense is not None  # nor can dropping the copies leave no weight
+    with torch.inference_mode():
+        for shape in [(1, 64), (3, 64), (1, 130, 64)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
+        layer.dense.mul_(2.0)  # and it is the copy that runs
+        x = torch.randn(40, 64)
+        torch.testing.assert_close(layer(x), 2.0 * (x @ linear.weight.detach().t()) + (linear.bias.detach() if bias else 0.0),
+                                   rtol=1e-5, atol=1e-5)
+    assert drop_packed_weights(layer) == 0  # nothing left to drop
+
+
 @pytest.mark.parametrize("dense, packed, rows", [
-    ((10, 20, 30, 40, 50), (20, 25, 35, 45, 45), 8),  # faster up to 8 rows, slower at 12
-    ((10, 20, 30, 40, 50), (20, 20, 60, 60, 60), 1),  # a tie at 2 rows ends the range, though 4 wins
-    ((30, 30, 30, 30, 30), (30, 30, 30, 30, 30), 0),  # a tie is not worth the memory
-    ((1, 1, 1, 1, 1), (5, 5, 5, 5, 5), 12),
+    ((10, 20, 30, 40, 50), (20, 25, 35, 45, 45), 8),  # faster up to 8 rows, 11 % slower at 12: both copies
+    ((10, 20, 30, 40, 80), (20, 20, 60, 60, 60), 1),  # a tie at 2 rows ends the range, though 4 wins
+    ((30, 30, 30, 30, 30), (30, 30, 30, 30, 30), ALL_ROWS),  # a tie: one copy, the dense one
+    ((10, 20, 30, 40, 49), (20, 25, 35, 45, 45), ALL_ROWS),  # never more than 10 % slower: dense only
+    ((1, 1, 1, 1, 1), (5, 5, 5, 5, 5), ALL_ROWS),
+    ((30, 30, 30, 30, 30), (25, 25, 25, 25, 25), 0),  # packed always faster: packed only
 ])
 def test_rows_from_timings(dense, packed, rows):
     assert rows_from_timings((1, 2, 4, 8, 12), dense, packed) == rows
 
 
 def _dense_layers(engine):
-    return [m for m in engine.target.model.modules() if isinstance(m, PrepackedLinear) and m.dense_t is not None]
+    return [m for m in engine.target.model.modules() if isinstance(m, PrepackedLinear) and m.dense is not None]
 
 
-@pytest.mark.parametrize("text, rows", [("auto", None), ("", None), (None, None), (" AUTO ", None), ("0", 0), ("12", 12)])
+@pytest.mark.parametrize("text, rows", [("auto", None), ("", None), (None, None), (" AUTO ", None), ("0", 0), ("12", 12),
+                                        ("all", ALL_ROWS), (" All ", ALL_ROWS)])
 def test_parse_dense_rows(text, rows):
     assert parse_dense_rows(text) == rows
 
 
 @pytest.mark.parametrize("text", ["fast", "-1", "1.5", "²", "٣"])
 def test_parse_dense_rows_refuses_anything_else(text):
-    with pytest.raises(ValueError, match="dense_rows must be 'auto' or a row count"):
+    with pytest.raises(ValueError, match="dense_rows must be 'auto', 'all' .* or a row count"):
         parse_dense_rows(text)
 
 
@@ -79,7 +103,7 @@ def test_loading_with_dense_copies_covers_the_decoder_but_not_lm_head(tmp_path):
     engine, _ = load_engine(engine_dir, dense_copy=True)
     layers = engine.target.model.config.num_hidden_layers
     assert not _dense_layers(plain)
-    assert len(_dense_layers(engine)) == 7 * layers and engine.target.model.lm_head.dense_t is None
+    assert len(_dense_layers(engine)) == 7 * layers and engine.target.model.lm_head.dense is None
     assert all(m.dense_rows == 0 for m in _dense_layers(engine))  # off until chosen
 
 
@@ -88,10 +112,15 @@ def test_apply_dense_rows_settings(tmp_path):
     engine, _ = load_engine(engine_dir, dense_copy=True)
     assert "up to 3 rows" in apply_dense_rows(engine, parse_dense_rows(" 3 "))
     assert {m.dense_rows for m in _dense_layers(engine)} == {3}
-    assert "off" in apply_dense_rows(engine, parse_dense_rows("0")) and not _dense_layers(engine)
     prompt, params = [5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=12)
-    tokens, _ = engine.generate_all(prompt, params)
-    assert len(tokens) == 12
+    expected, _ = engine.generate_all(prompt, params)
+    assert len(expected) == 12
+    assert "dense weights only" in apply_dense_rows(engine, parse_dense_rows("all"))
+    assert {m.dense_rows for m in _dense_layers(engine)} == {ALL_ROWS} and all(m.weight is None for m in _dense_layers(engine))
+    assert engine.generate_all(prompt, params)[0] == expected
+    engine, _ = load_engine(engine_dir, dense_copy=True)
+    assert "off" in apply_dense_rows(engine, parse_dense_rows("0")) and not _dense_layers(engine)
+    assert engine.generate_all(prompt, params)[0] == expected
 
 
 def test_without_dense_copies_there_is_nothing_to_choose(tmp_path):
@@ -104,10 +133,13 @@ def test_the_measured_choice_is_consistent(tmp_path):
     engine_dir = make_tiny_engine(tmp_path, method="ngram")
     engine, _ = load_engine(engine_dir, dense_copy=True)
     choice = choose_dense_rows(engine, measured_rows=(1, 2, 4), repeats=1)
-    assert choice.rows in (0, 1, 2, 4) and len(choice.dense_ms) == len(choice.packed_ms) == 3
-    assert all(ms > 0 for ms in choice.dense_ms + choice.packed_ms)
+    assert choice.rows in (0, 1, 2, 4, ALL_ROWS) and choice.measured_rows == (1, 2, 4, 32, 128)
+    assert len(choice.dense_ms) == len(choice.packed_ms) == 5 and all(ms > 0 for ms in choice.dense_ms + choice.packed_ms)
+    assert choice.rows == rows_from_timings(choice.measured_rows, choice.dense_ms, choice.packed_ms)
     layers = _dense_layers(engine)
-    if choice.rows:
+    if choice.rows == ALL_ROWS:
+        assert layers and all(m.weight is None for m in layers) and "dense weights only" in choice.describe()
+    elif choice.rows:
         assert {m.dense_rows for m in layers} == {choice.rows} and choice.copy_bytes > 0
     else:
         assert not layers and choice.copy_bytes > 0
@@ -126,14 +158,21 @@ def test_a_draft_model_gets_the_same_threshold():
         prepack_linear_layers(model)
     engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3)
     apply_dense_rows(engine, 2)
-    draft_layers = [m for m in draft.modules() if isinstance(m, PrepackedLinear) and m.dense_t is not None]
+    draft_layers = [m for m in draft.modules() if isinstance(m, PrepackedLinear) and m.dense is not None]
     assert draft_layers and {m.dense_rows for m in draft_layers} == {2}
+    apply_dense_rows(engine, ALL_ROWS)
+    assert all(m.weight is None and m.dense_rows == ALL_ROWS for m in draft_layers)
+    target, draft = tiny_llama(seed=1), tiny_llama(seed=2)
+    for model in (target, draft):
+        prepack_linear_layers(model.model, dense_copy=True)
+        prepack_linear_layers(model)
+    engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3)
     apply_dense_rows(engine, 0)
-    assert not any(isinstance(m, PrepackedLinear) and m.dense_t is not None for m in draft.modules())
+    assert not any(isinstance(m, PrepackedLinear) and m.dense is not None for m in draft.modules())
 
 
-@pytest.mark.parametrize("method", ["none", "eagle"])
-def test_greedy_output_is_the_same_alone_and_in_a_batch_with_both_kernels_in_use(method):
+@pytest.mark.parametrize("method, rows", [("none", 4), ("eagle", 4), ("none", ALL_ROWS), ("eagle", ALL_ROWS)])
+def test_greedy_output_is_the_same_alone_and_in_a_batch_with_both_kernels_in_use(method, rows):
     from batch_helpers import make_engine, prompts, run_alone, run_batch
     from specpipe.runtime.cpu.prepack import prepack_linear_layers
 
@@ -141,7 +180,10 @@ def test_greedy_output_is_the_same_alone_and_in_a_batch_with_both_kernels_in_use
     model = engine.target.model
     prepack_linear_layers(model.model, dense_copy=True)
     prepack_linear_layers(model)
-    set_dense_rows(model, 4)  # alone: dense kernel at 1 row; in a batch of 8: the packed kernel
+    if rows == ALL_ROWS:
+        drop_packed_weights(model)  # F.linear on the dense weights at every row count
+    else:
+        set_dense_rows(model, rows)  # alone: dense kernel at 1 row; in a batch of 8: the packed kernel
     params = SamplingParams(max_tokens=16)
     ps = prompts(8, seed=11)
     outs = run_batch(engine, [(p, params) for p in ps])

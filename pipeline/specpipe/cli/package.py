@@ -19,7 +19,8 @@ from specpipe.progress import result
 @click.option("--name", "plan_name", default=None, help="Repository name with --from-plan.")
 @click.option("--dense-rows", default="auto", show_default=True, callback=lambda ctx, param, value: _dense_rows(value),
               help="CPU runtime: inputs of at most this many rows use dense weight copies instead of the packed "
-                   "kernels ('auto': measured at load; 0: packed only, one copy of the weights).")
+                   "kernels ('auto': measured at load; 'all': dense weights only; 0: packed only; 'all' and 0 keep "
+                   "one copy of the weights).")
 def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> None:
     """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
     from specpipe.triton.repository import package_engine, package_plan
@@ -35,9 +36,11 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> No
 
 def _dense_rows(value: str) -> str:
     from specpipe.runtime.cpu.dense_rows import parse_dense_rows
+    from specpipe.runtime.cpu.prepack import ALL_ROWS
 
     try:
         rows = parse_dense_rows(value)
     except ValueError:
-        raise click.BadParameter(f"expected 'auto' or a row count >= 0 (0: packed kernels only), got {value!r}") from None
-    return "auto" if rows is None else str(rows)
+        raise click.BadParameter(f"expected 'auto', 'all' (dense weights only) or a row count >= 0 (0: packed kernels "
+                                 f"only), got {value!r}") from None
+    return "auto" if rows is None else "all" if rows >= ALL_ROWS else str(rows)

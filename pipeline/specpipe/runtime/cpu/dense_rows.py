@@ -1,13 +1,18 @@
-"""Which kernel runs a linear layer for few rows: measured at load, like the forward cost model.
+"""Which kernel runs a linear layer: measured at load, like the forward cost model.
 
 A :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` built with a dense copy can compute inputs of
-at most ``dense_rows`` rows as ``x @ W^T`` on that copy (MKL) instead of oneDNN's packed kernel. Which
-is faster depends on the CPU and its libraries: on 2 cores of an Intel Xeon (AVX-512, AMX) the dense
-copy makes a one-token SmolLM2 forward about 25 % faster and loses from about 8 rows on (see
-:mod:`~specpipe.runtime.cpu.prepack`), and a CPU whose packed kernel is fast for one row gains
-nothing. :func:`choose_dense_rows` times the target's batched forward both ways at 1, 2, 4, 8 and 12
-rows, keeps the dense copies for the row counts where they are faster by a margin, and drops them
-(their memory, the decoder's weights once more) where they are never faster.
+at most ``dense_rows`` rows with ``F.linear`` on that copy (MKL) instead of oneDNN's packed kernel.
+Which is faster depends on the CPU and its libraries: on 2 cores of an Intel Xeon (AVX-512, AMX) the
+dense copy makes a one-token SmolLM2 forward about 25 % faster and is about as fast from 8 rows on
+(see :mod:`~specpipe.runtime.cpu.prepack`); on AMD Zen the packed kernel wins from 2 rows on.
+:func:`choose_dense_rows` times the target's batched forward both ways at 1, 2, 4, 8 and 12 rows (one
+token per request) and at 32 and 128 rows (a prompt chunk), then keeps one of three layouts:
+
+* **dense only** where the dense copy is never more than 10 % slower: the packed weights are dropped
+  and every input runs on the copy (one copy of the weights, as loaded);
+* **both** where the copy is faster by 5 % for few rows but clearly slower for more: the copy up to
+  the largest such row count, the packed kernel above it (the decoder's weights twice);
+* **packed only** where the copy is never faster: the copies are dropped.
 """
 
 from __future__ import annotations
@@ -19,14 +24,22 @@ from dataclasses import dataclass
 
 from specpipe.runtime.cpu.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.prepack import drop_dense_copies, set_dense_rows
+from specpipe.runtime.cpu.prepack import ALL_ROWS, drop_dense_copies, drop_packed_weights, set_dense_rows
 from specpipe.runtime.cpu.weights_memory import release_freed_memory
 
-#: Row counts timed by :func:`choose_dense_rows` (12: an EAGLE tree verification).
+#: Row counts timed by :func:`choose_dense_rows` as one token per request (12: an EAGLE tree verification).
 MEASURED_ROWS = (1, 2, 4, 8, 12)
 
-#: The dense kernel is used for a row count only where it takes at most this fraction of the packed time.
+#: Row counts timed as one request's prompt chunk.
+CHUNK_ROWS = (32, 128)
+
+#: Both copies are kept for a row count only where the dense kernel takes at most this fraction of the
+#: packed time (the second copy has to pay for its memory).
 MARGIN = 0.95
+
+#: The packed weights are dropped where the dense kernel takes at most this multiple of the packed time
+#: at every measured row count.
+ONE_COPY_MARGIN = 1.10
 
 
 @dataclass(frozen=True)
@@ -34,7 +47,8 @@ class DenseRowsChoice:
     """The outcome of :func:`choose_dense_rows`.
 
     Attributes:
-        rows: inputs of at most this many rows use the dense copies (0: copies dropped).
+        rows: inputs of at most this many rows use the dense copies (0: copies dropped;
+            :data:`~specpipe.runtime.cpu.prepack.ALL_ROWS`: packed weights dropped, dense only).
         measured_rows: the row counts timed.
         dense_ms / packed_ms: median forward time (ms) at each row count with / without the dense copies.
         copy_bytes: bytes of dense copies kept (``rows`` > 0) or freed (``rows`` = 0).
@@ -51,15 +65,22 @@ class DenseRowsChoice:
         if not self.measured_rows:
             return "no dense copies loaded: packed kernels only"
         timings = ", ".join(f"{n} rows {d:.1f} vs {p:.1f} ms" for n, d, p in zip(self.measured_rows, self.dense_ms, self.packed_ms))
-        verdict = (f"dense copies used up to {self.rows} rows ({self.copy_bytes / 2**20:.0f} MiB kept)" if self.rows
-                   else f"dense copies dropped ({self.copy_bytes / 2**20:.0f} MiB freed)")
+        if self.rows >= ALL_ROWS:
+            verdict = f"dense weights only, packed copies dropped ({self.copy_bytes / 2**20:.0f} MiB freed)"
+        elif self.rows:
+            verdict = f"dense copies used up to {self.rows} rows ({self.copy_bytes / 2**20:.0f} MiB kept)"
+        else:
+            verdict = f"dense copies dropped ({self.copy_bytes / 2**20:.0f} MiB freed)"
         return f"{verdict}; forward with dense copies vs packed only: {timings}"
 
 
 def rows_from_timings(measured_rows: Sequence[int], dense_ms: Sequence[float], packed_ms: Sequence[float],
-                      margin: float = MARGIN) -> int:
-    """The largest measured row count up to which the dense kernel is faster at every measured count
-    (``dense <= margin * packed``), or 0 when it is not faster at the smallest one."""
+                      margin: float = MARGIN, one_copy_margin: float = ONE_COPY_MARGIN) -> int:
+    """:data:`~specpipe.runtime.cpu.prepack.ALL_ROWS` when the dense kernel is at most ``one_copy_margin``
+    times slower at every measured count; else the largest measured row count up to which it is faster
+    at every measured count (``dense <= margin * packed``), or 0 when it is not faster at the smallest."""
+    if all(dense <= one_copy_margin * packed for dense, packed in zip(dense_ms, packed_ms)):
+        return ALL_ROWS
     rows = 0
     for n, dense, packed in zip(measured_rows, dense_ms, packed_ms):
         if dense > margin * packed:
@@ -69,13 +90,13 @@ def rows_from_timings(measured_rows: Sequence[int], dense_ms: Sequence[float], p
 
 
 def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, context: int = 64,
-                      repeats: int = 3) -> DenseRowsChoice:
+                      repeats: int = 3, chunk_rows: Sequence[int] = CHUNK_ROWS) -> DenseRowsChoice:
     """Time the target's batched forward (plus ``lm_head``) with and without its dense copies at each
-    row count in ``measured_rows`` (one token per request, each after ``context`` cached tokens; one
-    warm-up round, then ``repeats`` interleaved rounds, medians), then set the row threshold
-    (:func:`rows_from_timings`) on the target and on a draft model (whose drafting steps are one row),
-    or drop all their dense copies. Runs on the serving thread, before the forward cost model is
-    measured (that measures the kernels chosen here).
+    row count in ``measured_rows`` (one token per request, each after ``context`` cached tokens) and
+    ``chunk_rows`` (one request's prompt chunk; one warm-up round, then ``repeats`` interleaved rounds,
+    medians), then apply :func:`rows_from_timings` to the target and to a draft model (whose drafting
+    steps are one row): keep the copies only, both, or the packed weights only. Runs on the serving
+    thread, before the forward cost model is measured (that measures the kernels chosen here).
 
     Args:
         engine: a loaded engine (:func:`~specpipe.runtime.cpu.loader.load_engine` with ``dense_copy=True``).
@@ -87,37 +108,43 @@ def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, cont
     models = _models(engine)
     if not set_dense_rows(target, 0):
         return DenseRowsChoice(0, (), (), (), 0)  # loaded without dense copies: nothing to choose
+    all_rows = (*measured_rows, *chunk_rows)
     lm = BatchedLM(target, max_batch_size=max(measured_rows))
     slots = [lm.allocate() for _ in range(max(measured_rows))]
-    runs: dict[tuple[int, bool], list[float]] = {(n, dense): [] for n in measured_rows for dense in (True, False)}
+    runs: dict[tuple[int, bool], list[float]] = {(n, dense): [] for n in all_rows for dense in (True, False)}
     lm.hidden([BatchEntry(s, [0] * context) for s in slots])
     for round_index in range(repeats + 1):
-        for n in measured_rows:
+        for n in all_rows:
+            entries = [BatchEntry(s, [1]) for s in slots[:n]] if n in measured_rows else [BatchEntry(slots[0], [1] * n)]
             for dense in (True, False):
-                set_dense_rows(target, max(measured_rows) if dense else 0)
+                set_dense_rows(target, max(all_rows) if dense else 0)
                 start = time.perf_counter()
-                lm.project(lm.hidden([BatchEntry(s, [1]) for s in slots[:n]]))
+                lm.project(lm.hidden(entries))
                 if round_index:
                     runs[(n, dense)].append((time.perf_counter() - start) * 1e3)
-                for s in slots[:n]:
-                    lm.truncate(s, context)
-    dense_ms = tuple(statistics.median(runs[(n, True)]) for n in measured_rows)
-    packed_ms = tuple(statistics.median(runs[(n, False)]) for n in measured_rows)
-    rows = rows_from_timings(measured_rows, dense_ms, packed_ms)
-    return DenseRowsChoice(rows, tuple(measured_rows), dense_ms, packed_ms, _use_or_drop(models, rows))
+                for entry in entries:
+                    lm.truncate(entry.slot, context)
+    dense_ms = tuple(statistics.median(runs[(n, True)]) for n in all_rows)
+    packed_ms = tuple(statistics.median(runs[(n, False)]) for n in all_rows)
+    rows = rows_from_timings(all_rows, dense_ms, packed_ms)
+    return DenseRowsChoice(rows, all_rows, dense_ms, packed_ms, _use_or_drop(models, rows))
 
 
 def parse_dense_rows(setting: str | None) -> int | None:
-    """The ``dense_rows`` setting: ``None`` for ``"auto"`` (or empty), else the row count.
+    """The ``dense_rows`` setting: ``None`` for ``"auto"`` (or empty), :data:`~specpipe.runtime.cpu.prepack.ALL_ROWS`
+    for ``"all"`` (dense weights only), else the row count.
 
     Raises:
-        ValueError: anything but ``auto`` or a row count >= 0 in ASCII digits, naming the accepted values.
+        ValueError: anything but ``auto``, ``all`` or a row count >= 0 in ASCII digits, naming the accepted values.
     """
     text = (setting or "auto").strip().lower()
     if text == "auto":
         return None
+    if text == "all":
+        return ALL_ROWS
     if not (text.isascii() and text.isdigit()):
-        raise ValueError(f"dense_rows must be 'auto' or a row count >= 0 (0: packed kernels only), got {setting!r}")
+        raise ValueError(f"dense_rows must be 'auto', 'all' (dense weights only) or a row count >= 0 "
+                         f"(0: packed kernels only), got {setting!r}")
     return int(text)
 
 
@@ -134,14 +161,21 @@ def apply_dense_rows(engine, rows: int | None) -> str:
     if rows is None:
         return choose_dense_rows(engine).describe()
     copy_bytes = _use_or_drop(_models(engine), rows)
+    if rows >= ALL_ROWS:
+        return f"dense weights only (dense_rows all; {copy_bytes / 2**20:.0f} MiB of packed copies freed)"
     if rows == 0:
         return f"dense copies off (dense_rows 0; {copy_bytes / 2**20:.0f} MiB freed)"
     return f"dense copies used up to {rows} rows (dense_rows {rows}; {copy_bytes / 2**20:.0f} MiB)"
 
 
 def _use_or_drop(models, rows: int) -> int:
-    """Use the models' dense copies up to ``rows`` rows, or drop them (and free their memory) for 0;
-    returns the bytes of copies kept or dropped."""
+    """Use the models' dense copies up to ``rows`` rows, or drop them (and free their memory) for 0, or
+    drop the packed weights for :data:`~specpipe.runtime.cpu.prepack.ALL_ROWS`; returns the bytes of
+    copies kept or dropped."""
+    if rows >= ALL_ROWS:
+        dropped = sum(drop_packed_weights(module) for module in models)
+        release_freed_memory()
+        return dropped
     if rows:
         return sum(set_dense_rows(module, rows) for module in models)
     dropped = sum(drop_dense_copies(module) for module in models)

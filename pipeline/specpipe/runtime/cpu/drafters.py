@@ -59,6 +59,11 @@ class Drafter(ABC):
     def commit(self, context_ids: list[int]) -> None:
         """The engine committed ``context_ids`` (previous context + accepted drafts + one target token)."""
 
+    def catch_up(self, context_ids: list[int]) -> None:
+        """Bring the drafter's own state up to ``context_ids`` before a :meth:`propose` (a draft model
+        caches the committed tokens it has not seen yet), so that the proposal's time depends on the
+        draft length only; the scheduler times the two apart. Optional: :meth:`propose` catches up itself."""
+
 
 class NoDrafter(Drafter):
     """Proposes nothing: the engine decodes one token per target forward (the baseline)."""
@@ -145,6 +150,13 @@ class DraftModelDrafter(Drafter):
 
     def commit(self, context_ids: list[int]) -> None:
         self._keep_common_prefix(context_ids)
+
+    def catch_up(self, context_ids: list[int]) -> None:
+        self._keep_common_prefix(context_ids)
+        unseen = context_ids[len(self._cached_ids) : -1]  # the newest token stays unseen: propose's first input
+        if unseen:
+            self.lm.hidden(unseen)
+            self._cached_ids.extend(unseen)
 
     def _keep_common_prefix(self, context_ids: list[int]) -> None:
         """Crop the cache to its longest prefix that agrees with ``context_ids``, leaving at least one

@@ -60,6 +60,9 @@ class EagleTreeDrafter(TreeDrafter):
     def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
         self._features.append(features)
 
+    def catch_up(self, context_ids: list[int]) -> None:
+        self._advance(context_ids)
+
     @torch.inference_mode()
     def _advance(self, context_ids: list[int]) -> None:
         """Feed the stable inputs ``(f_t, x_{t+1})`` for every position with a known feature."""

@@ -17,13 +17,15 @@ SmolLM2-135M (fp32, 200-token context), one target forward plus lm_head over n n
 Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
 many tokens a forward holds, which breaks the greedy identity of speculative decoding).
 
-For one row the packed kernel can be the slower one: measured on 2 cores of an Intel Xeon (AVX-512,
-AMX), SmolLM2's decoder linear layers take about 24-33 ms packed against 15-20 ms as ``x @ W^T`` on a
-plain transposed copy (MKL), while from 8 rows on the packed kernel is 5-15 % faster. A layer can
-therefore keep a *dense copy* (``dense_copy=True``) and use it for inputs of at most
-:attr:`PrepackedLinear.dense_rows` rows; :mod:`~specpipe.runtime.cpu.dense_rows` measures where it pays at load and drops the copies
-where it does not. Both kernels round differently (about 1e-6 relative), as the packed kernel already
-does between row counts for some shapes (SmolLM2's ``down_proj``, K = 1536).
+For few rows the packed kernel can be the slower one: measured on 2 cores of an Intel Xeon (AVX-512,
+AMX), SmolLM2's decoder linear layers take about 20-24 ms packed against 14-17 ms with ``F.linear`` on
+the plain ``[out, in]`` weight (MKL) at 1-2 rows, about the same from 8 rows on, and the plain weight
+is faster again at 128 rows (a prompt chunk). A layer can therefore keep a *dense copy*
+(``dense_copy=True``) and use it for inputs of at most :attr:`PrepackedLinear.dense_rows` rows, or,
+where the copy is never much slower, keep only the copy (:func:`drop_packed_weights`: one copy of the
+weights, as loaded). :mod:`~specpipe.runtime.cpu.dense_rows` measures which at load. Both kernels round
+differently (about 1e-6 relative), as the packed kernel already does between row counts for some
+shapes (SmolLM2's ``down_proj``, K = 1536).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
+
+#: ``dense_rows`` of a layer that has only its dense copy left (:func:`drop_packed_weights`).
+ALL_ROWS = 1 << 62
 
 
 @functools.cache
@@ -69,8 +75,9 @@ class PrepackedLinear(torch.nn.Module):
 
     Args:
         linear: the layer to copy (its weight and bias, if any, are copied; it is left unchanged).
-        dense_copy: also keep an fp32 ``[in_features, out_features]`` copy of the weight (``dense_t``,
-            +in x out x 4 bytes), used for inputs of at most :attr:`dense_rows` rows (0 until set).
+        dense_copy: also keep the fp32 weight as it is, ``[out_features, in_features]`` (``dense``, +in x out x
+            4 bytes), used through ``F.linear`` for inputs of at most :attr:`dense_rows` rows (0 until set;
+            :data:`ALL_ROWS` once :func:`drop_packed_weights` has dropped the packed weight).
     """
 
     def __init__(self, linear: torch.nn.Linear, dense_copy: bool = False):
@@ -79,7 +86,8 @@ class PrepackedLinear(torch.nn.Module):
         self.dtype = torch.bfloat16 if linear.weight.dtype == torch.bfloat16 and bf16_prepack_available() else torch.float32
         weight = linear.weight.detach().to(self.dtype).contiguous()
         bias = None if linear.bias is None else linear.bias.detach().to(self.dtype).contiguous()
-        self.dense_t = weight.t().contiguous() if dense_copy and self.dtype == torch.float32 else None
+        self.dense = weight.clone() if dense_copy and self.dtype == torch.float32 else None
+        self.dense_bias = None if self.dense is None or bias is None else bias.clone()
         self.dense_rows = 0
         if _fused_linear_available():
             self._packed = True
@@ -91,11 +99,8 @@ class PrepackedLinear(torch.nn.Module):
             self.bias = None if bias is None else bias.to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense_rows and x.numel() <= self.dense_rows * self.in_features and self.dense_t is not None:
-            out = torch.mm(x.reshape(-1, self.in_features).float(), self.dense_t)
-            if self.bias is not None:
-                out = out + self.bias
-            return out.reshape(*x.shape[:-1], self.out_features)
+        if self.dense_rows and x.numel() <= self.dense_rows * self.in_features and self.dense is not None:
+            return F.linear(x.float(), self.dense, self.dense_bias)
         if self._packed:
             return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype).contiguous(), self.weight, self.bias, "none", [], "")
         rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
@@ -119,9 +124,9 @@ def set_dense_rows(module: torch.nn.Module, rows: int) -> int:
     """
     total = 0
     for layer in module.modules():
-        if isinstance(layer, PrepackedLinear) and layer.dense_t is not None:
+        if isinstance(layer, PrepackedLinear) and layer.dense is not None and layer.weight is not None:
             layer.dense_rows = rows
-            total += layer.dense_t.numel() * layer.dense_t.element_size()
+            total += layer.dense.numel() * layer.dense.element_size()
     return total
 
 
@@ -134,8 +139,25 @@ def drop_dense_copies(module: torch.nn.Module) -> int:
     """
     dropped = set_dense_rows(module, 0)
     for layer in module.modules():
-        if isinstance(layer, PrepackedLinear):
-            layer.dense_t = None
+        if isinstance(layer, PrepackedLinear) and layer.weight is not None:
+            layer.dense = layer.dense_bias = None
+    return dropped
+
+
+def drop_packed_weights(module: torch.nn.Module) -> int:
+    """Keep only the dense copies of the :class:`PrepackedLinear` layers inside ``module`` that have one:
+    their packed weights are dropped and ``F.linear`` on the copy runs every input (one copy of the
+    weights; then call :func:`~specpipe.runtime.cpu.weights_memory.release_freed_memory`).
+
+    Returns:
+        bytes dropped (the packed weights' dense size; oneDNN's blocked layout may pad a little more).
+    """
+    dropped = 0
+    for layer in module.modules():
+        if isinstance(layer, PrepackedLinear) and layer.dense is not None and layer.weight is not None:
+            layer.dense_rows = ALL_ROWS
+            layer.weight = layer.bias = None
+            dropped += layer.dense.numel() * layer.dense.element_size()
     return dropped
 
 

@@ -288,6 +288,8 @@ class BatchScheduler:
         """Propose request's drafts of length/depth ``k``; returns ``(request, entry, draft)``."""
         request.draft_length = k
         context, cached = request.context, len(request.context) - 1
+        if k > 0:
+            request.drafter.catch_up(context)  # tokens committed while not drafting: not a cost of depth k
         started = time.perf_counter()
         if self.tree:
             tree = DraftTree([], [])

@@ -36,6 +36,10 @@ class TreeDrafter:
     def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
         """``features``: float ``[n, H]`` for the last n cached positions (those added since the last call)."""
 
+    def catch_up(self, context_ids: list[int]) -> None:
+        """Feed the drafter's own state everything committed so far (an EAGLE head's cache), so that
+        :meth:`propose`'s time depends on the tree only; optional, :meth:`propose` catches up itself."""
+
     def propose(self, context_ids: list[int], max_nodes: int, max_depth: int) -> DraftTree:
         """The tree below ``context_ids[-1]``: at most ``max_nodes`` nodes, at most ``max_depth`` deep."""
         raise NotImplementedError
