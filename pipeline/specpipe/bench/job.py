@@ -41,6 +41,8 @@ class BenchRequest:
         timeout: per-request timeout, seconds.
         baseline: name of the reference deployment for speed-ups.
         model: the Triton model to drive.
+        rounds: >= 1; above 1 the deployments take turns, each level in this many rounds
+            (:mod:`specpipe.bench.runner`).
     """
 
     urls: tuple[str, ...]
@@ -57,6 +59,7 @@ class BenchRequest:
     timeout: float = 300.0
     baseline: str = "baseline"
     model: str = "ensemble"
+    rounds: int = 1
 
 
 @dataclass
@@ -86,7 +89,8 @@ def run_benchmark(request: BenchRequest, show_progress: bool = True) -> BenchOut
     prompt_list, label = load_prompts(request.prompts)
     settings = BenchSettings(prompts=label, concurrencies=tuple(request.concurrency), max_tokens=request.max_tokens,
                              num_requests=request.num_requests, duration_s=request.duration, warmup=request.warmup,
-                             chat=request.chat, timeout_s=request.timeout, baseline=request.baseline, tokenizer=request.tokenizer)
+                             chat=request.chat, timeout_s=request.timeout, baseline=request.baseline, tokenizer=request.tokenizer,
+                             rounds=request.rounds)
     out_dir = Path(request.out) if request.out else default_out_dir()
     run = execute(endpoints, prompt_list, settings, show_progress)
     return BenchOutcome(run=run, out_dir=out_dir, paths=write_results(run, out_dir))

@@ -69,6 +69,17 @@ def make_record(deployment: str, concurrency: int, index: int, prompt: Prompt, s
     )
 
 
+def add_counters(total: CounterAcceptance | None, delta: CounterAcceptance | None) -> CounterAcceptance | None:
+    """Counter increases of two rounds of one level, added (``None`` when either is unknown)."""
+    if total is None or delta is None:
+        return None
+    plus = lambda a, b: None if a is None or b is None else a + b  # noqa: E731
+    return CounterAcceptance(draft_tokens=total.draft_tokens + delta.draft_tokens,
+                             accepted_draft_tokens=total.accepted_draft_tokens + delta.accepted_draft_tokens,
+                             output_tokens=plus(total.output_tokens, delta.output_tokens),
+                             requests=plus(total.requests, delta.requests), source=delta.source)
+
+
 def counter_delta(before: dict | None, after: dict | None) -> CounterAcceptance | None:
     """The increase of a server's speculative-decoding counters between two scrapes."""
     if not before or not after or before.get("source") != after.get("source"):
@@ -132,13 +143,18 @@ async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: Level
                     on_record: Callable[[RequestRecord], None] = lambda record: None) -> LevelResult:
     """Apply ``plan`` to ``backend``, appending each request's record to ``level`` as it completes.
 
-    ``level`` is filled in place, so a caller interrupted mid-level still holds what was measured.
+    ``level`` is filled in place, so a caller interrupted mid-level still holds what was measured. A
+    level that already holds records (an earlier round, :func:`~specpipe.bench.runner.run_bench` with
+    ``rounds``) is continued: request indices go on from its last one, and the new records' times from
+    its last response, so that its duration is the sum of its rounds' and its draft counters add up.
     """
     import aiohttp
 
     pid = await _server_pid(backend)  # before the clock starts: a /proc scan
+    first_index = max((r.index + 1 for r in level.records), default=0)
+    time_offset_s = max((r.end_s for r in level.records), default=0.0)
     origin = time.perf_counter()
-    indices = itertools.count()
+    indices = itertools.count(first_index)
     stop = asyncio.Event()
     counters = getattr(backend, "counters", None)
     before = await counters() if counters else None
@@ -146,17 +162,18 @@ async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: Level
     async def worker() -> None:
         while not stop.is_set():
             index = next(indices)
-            if plan.num_requests is not None and index >= plan.num_requests:
+            if plan.num_requests is not None and index - first_index >= plan.num_requests:
                 return
             if plan.duration_s is not None and time.perf_counter() - origin >= plan.duration_s:
                 return
             prompt = prompts[index % len(prompts)]
-            start = time.perf_counter() - origin
+            sent = time.perf_counter()
             try:
                 result, tokens, source = await backend.send(prompt.text, plan.max_tokens)
             except Exception as exc:  # a client-side failure still becomes a record
-                result = GenerationResult(latency_s=time.perf_counter() - origin - start, error=f"{type(exc).__name__}: {exc}")
+                result = GenerationResult(latency_s=time.perf_counter() - sent, error=f"{type(exc).__name__}: {exc}")
                 tokens, source = None, "server"
+            start = sent - origin + time_offset_s
             record = make_record(level.deployment, plan.concurrency, index, prompt, start, result, tokens, source)
             level.records.append(record)
             on_record(record)
@@ -177,6 +194,7 @@ async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: Level
             except (asyncio.CancelledError, Exception):
                 pass
     if counters and not level.incomplete:
-        level.counters = counter_delta(before, await counters())
+        delta = counter_delta(before, await counters())
+        level.counters = add_counters(level.counters, delta) if first_index else delta
     level.records.sort(key=lambda r: r.index)
     return level

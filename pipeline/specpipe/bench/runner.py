@@ -1,7 +1,10 @@
 """``specpipe bench`` end to end: check every deployment, warm it up, run each load level, keep results.
 
 Deployments are measured one after the other (all levels of the first, then the next), so on a
-shared machine only the deployment under test is busy. Results accumulate in a :class:`BenchRun`
+shared machine only the deployment under test is busy. With ``rounds`` > 1 they take turns instead:
+each level's requests are split into that many rounds, and every deployment runs its share of a round
+before the next round starts, so a machine whose speed drifts over minutes (a shared VM) slows every
+deployment alike and the speed-ups stay fair; a level's duration is then the sum of its rounds'. Results accumulate in a :class:`BenchRun`
 as they are measured: an interrupted or failed run still holds everything gathered so far, and
 :mod:`specpipe.bench.report` writes it marked incomplete.
 """
@@ -36,6 +39,7 @@ class BenchSettings:
             ``/chat/completions``).
         timeout_s: per-request timeout, seconds.
         baseline: name of the deployment speed-ups are computed against.
+        rounds: >= 1; above 1 the deployments take turns, each level in this many rounds (module doc).
     """
 
     prompts: str
@@ -48,12 +52,23 @@ class BenchSettings:
     timeout_s: float = 300.0
     baseline: str = "baseline"
     tokenizer: str | None = None
+    rounds: int = 1
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests in a counted level: ``num_requests``, or by default 4 per concurrent slot (at least 8)."""
         if self.duration_s is not None:
             return None
         return self.num_requests if self.num_requests is not None else max(8, 4 * concurrency)
+
+    def round_plans(self, concurrency: int) -> list[LoadPlan]:
+        """The level's plan per round: its requests (or seconds) split as evenly as possible, earlier
+        rounds taking the remainder; rounds left without a request are dropped."""
+        total = self.requests_for(concurrency)
+        if total is None:
+            seconds = self.duration_s / self.rounds
+            return [LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, duration_s=seconds)] * self.rounds
+        counts = [total // self.rounds + (1 if r < total % self.rounds else 0) for r in range(self.rounds)]
+        return [LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, num_requests=n) for n in counts if n]
 
 
 def command_line() -> str:
@@ -109,15 +124,19 @@ def first_request(ttft_s: float | None, latency_s: float, error: str | None) -> 
 
 
 async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
-                    progress=None) -> BenchRun:
+                    progress=None, backends: list | None = None) -> BenchRun:
     """Measure every deployment at every concurrency, filling ``run`` as results arrive.
+
+    Args:
+        backends: one client per endpoint (default: :func:`~specpipe.bench.backends.make_backend`).
 
     Raises:
         SpecpipeError: a deployment fails its pre-flight check (nothing has been measured then).
     """
-    from specpipe.bench.backends import make_backend
+    if backends is None:
+        from specpipe.bench.backends import make_backend
 
-    backends = [make_backend(e, settings.timeout_s, settings.chat, settings.tokenizer) for e in endpoints]
+        backends = [make_backend(e, settings.timeout_s, settings.chat, settings.tokenizer) for e in endpoints]
     try:
         for backend in backends:
             await backend.open()
@@ -127,8 +146,11 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
                                     "metrics_url": endpoint.metrics_url, **info})
         if progress is not None:
             progress.start()  # shown once every deployment passed its checks
-        for endpoint, backend in zip(endpoints, backends):
-            await _bench_deployment(endpoint, backend, prompts, settings, run, progress)
+        if settings.rounds > 1:
+            await _bench_in_rounds(endpoints, backends, prompts, settings, run, progress)
+        else:
+            for endpoint, backend in zip(endpoints, backends):
+                await _bench_deployment(endpoint, backend, prompts, settings, run, progress)
     finally:
         for backend in backends:
             await backend.close()
@@ -136,17 +158,34 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
     return run
 
 
+async def _warm_up_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
+                              progress) -> bool:
+    """Warm ``backend`` up (recording its first request); ``False`` when its server stopped answering."""
+    info = next((d for d in run.deployments if d["name"] == endpoint.name), {})
+    if not settings.warmup:
+        return True
+    task = progress.add_task(f"{endpoint.name}: warm-up", total=settings.warmup) if progress else None
+    error, info["first_request"] = await _warm_up(backend, prompts, settings)
+    if progress:
+        progress.update(task, completed=settings.warmup, visible=False)
+    if error is not None and not await backend.alive():
+        run.mark_incomplete(f"{endpoint.name}: the server stopped answering during warm-up ({error.splitlines()[0][:200]})")
+        return False
+    return True
+
+
+def _note_first_request(run: BenchRun, endpoint: Endpoint, level: LevelResult) -> None:
+    """Without a warm-up, a deployment's first request is the first of its first level."""
+    info = next((d for d in run.deployments if d["name"] == endpoint.name), {})
+    if "first_request" not in info and level.records:
+        first = min(level.records, key=lambda r: r.start_s)
+        info["first_request"] = first_request(first.ttft_s, first.latency_s, first.error)
+
+
 async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
                             progress) -> None:
-    info = next((d for d in run.deployments if d["name"] == endpoint.name), {})
-    if settings.warmup:
-        task = progress.add_task(f"{endpoint.name}: warm-up", total=settings.warmup) if progress else None
-        error, info["first_request"] = await _warm_up(backend, prompts, settings)
-        if progress:
-            progress.update(task, completed=settings.warmup, visible=False)
-        if error is not None and not await backend.alive():
-            run.mark_incomplete(f"{endpoint.name}: the server stopped answering during warm-up ({error.splitlines()[0][:200]})")
-            return
+    if not await _warm_up_deployment(endpoint, backend, prompts, settings, run, progress):
+        return
     for concurrency in settings.concurrencies:
         total = settings.requests_for(concurrency)
         plan = LoadPlan(concurrency=concurrency, max_tokens=settings.max_tokens, num_requests=total, duration_s=settings.duration_s)
@@ -156,11 +195,34 @@ async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], 
         task = progress.add_task(label, total=total) if progress else None
         on_record = (lambda record: progress.advance(task)) if progress else (lambda record: None)
         await run_level(backend, prompts, plan, level, on_record)
-        if "first_request" not in info and level.records:  # no warm-up: the level's first request was the first
-            first = min(level.records, key=lambda r: r.start_s)
-            info["first_request"] = first_request(first.ttft_s, first.latency_s, first.error)
+        _note_first_request(run, endpoint, level)
         if progress:
             progress.update(task, description=f"{label} ({len(level.records)} requests)")
         if level.incomplete:
             run.mark_incomplete(f"{endpoint.name}: {level.reason}; concurrency levels after {concurrency} were not run")
             return
+
+
+async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: list[Prompt], settings: BenchSettings,
+                           run: BenchRun, progress) -> None:
+    """Every level in ``settings.rounds`` rounds, the deployments taking turns within each round."""
+    live = [(e, b) for e, b in zip(endpoints, backends) if await _warm_up_deployment(e, b, prompts, settings, run, progress)]
+    for concurrency in settings.concurrencies:
+        plans = settings.round_plans(concurrency)
+        levels, tasks = {}, {}
+        for endpoint, _ in live:
+            levels[endpoint.name] = LevelResult(endpoint.name, concurrency)
+            run.levels.append(levels[endpoint.name])
+            total = settings.requests_for(concurrency)
+            tasks[endpoint.name] = progress.add_task(f"{endpoint.name} @ concurrency {concurrency}", total=total) if progress else None
+        for plan in plans:
+            for endpoint, backend in list(live):
+                level, task = levels[endpoint.name], tasks[endpoint.name]
+                on_record = (lambda record, task=task: progress.advance(task)) if progress else (lambda record: None)
+                await run_level(backend, prompts, plan, level, on_record)
+                if level.incomplete:
+                    run.mark_incomplete(f"{endpoint.name}: {level.reason}; its later rounds and levels were not run")
+                    live.remove((endpoint, backend))
+        for endpoint, _ in zip(endpoints, backends):
+            if endpoint.name in levels:
+                _note_first_request(run, endpoint, levels[endpoint.name])

@@ -31,6 +31,10 @@ PROMPTS_HELP = "Built-in set (chat, code, summarize) or a JSONL file of {\"promp
 @click.option("--timeout", type=SECONDS, default=300.0, show_default=True, help="Per-request timeout, seconds.")
 @click.option("--baseline", default="baseline", show_default=True, help="Name of the reference deployment.")
 @click.option("--model", default="ensemble", show_default=True, help="Triton model to drive.")
+@click.option("--rounds", type=POSITIVE, default=1, show_default=True,
+              help="Deployments take turns: each level's requests in this many rounds, every deployment running "
+                   "its share of a round before the next, so that a machine whose speed drifts slows them alike "
+                   "(1: one deployment after another).")
 def bench(urls, metrics, **options) -> None:
     """Benchmark deployments side by side: throughput, TTFT, ITL, latency, acceptance, memory; table + JSON, CSV, PNG."""
     from specpipe.bench.job import BenchRequest, run_benchmark

@@ -19,9 +19,10 @@ picks draft lengths ``k_i`` (0 = plain decoding) that maximise the batch's expec
   per-depth acceptance (:class:`AcceptanceEstimate`: exponentially decayed counts of accepted /
   tested draft depths with a weak prior, so that a request whose drafts stop being accepted drifts
   back towards the prior and probes again after a while);
-* ``c_i``: the request's measured drafting seconds per draft depth (EWMA of its proposals' time; the
-  drafter is first caught up on the tokens committed since its last proposal, untimed, since that
-  work does not grow with the draft length).
+* ``c_i``: the request's measured drafting seconds per draft depth (EWMA of its proposals' time, with
+  the drafter's catching up on the previous step's tokens; after steps without drafts that catching
+  up, over the prompt or all the tokens committed meanwhile, is left out: it is the cost of having
+  paused, not of drafting).
 
 The maximum is found by coordinate ascent (each request in turn takes its best k with the others
 fixed, until nothing changes; a few sweeps). With a single request and cheap verification

@@ -286,11 +286,13 @@ class BatchScheduler:
 
     def _draft(self, request: BatchRequest, k: int):
         """Propose request's drafts of length/depth ``k``; returns ``(request, entry, draft)``."""
-        request.draft_length = k
+        drafted_last_step, request.draft_length = request.draft_length > 0, k
         context, cached = request.context, len(request.context) - 1
-        if k > 0:
-            request.drafter.catch_up(context)  # tokens committed while not drafting: not a cost of depth k
         started = time.perf_counter()
+        if k > 0:
+            request.drafter.catch_up(context)
+            if not drafted_last_step:  # the prompt or tokens committed while not drafting: not a cost of depth k
+                started = time.perf_counter()
         if self.tree:
             tree = DraftTree([], [])
             if k > 0:

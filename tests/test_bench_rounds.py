@@ -1,0 +1,99 @@
+"""``specpipe bench --rounds``: deployments take turns within each load level, so a machine whose speed
+drifts during the run slows every deployment alike and the speed-ups stay fair."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specpipe.bench.endpoints import Endpoint
+from specpipe.bench.prompts import Prompt
+from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
+from specpipe.bench.stats import level_aggregate
+from specpipe.client.llm import GenerationResult
+
+PROMPTS = [Prompt(f"p{i}", f"prompt {i}") for i in range(3)]
+
+
+class DriftingMachine:
+    """Every request served makes the next one slower: a machine whose speed drifts over the run."""
+
+    def __init__(self, step_s: float = 0.004, drift: float = 0.05):
+        self.served, self.step_s, self.drift = 0, step_s, drift
+
+    async def serve(self, tokens: int) -> float:
+        seconds = self.step_s * tokens * (1.0 + self.drift * self.served)
+        self.served += 1
+        await asyncio.sleep(seconds)
+        return seconds
+
+
+class FakeBackend:
+    """A deployment of ``tokens_per_step`` tokens per step on the shared machine (same interface as
+    :mod:`specpipe.bench.backends`)."""
+
+    def __init__(self, name: str, machine: DriftingMachine, tokens_per_step: float = 1.0):
+        self.endpoint = Endpoint(name, "triton", f"fake-{name}:1", "ensemble", None)
+        self.machine, self.tokens_per_step, self.prompts_seen = machine, tokens_per_step, []
+
+    async def open(self):
+        pass
+
+    async def close(self):
+        pass
+
+    async def preflight(self) -> dict:
+        return {}
+
+    async def alive(self) -> bool:
+        return True
+
+    async def send(self, text: str, max_tokens: int):
+        self.prompts_seen.append(text)
+        seconds = await self.machine.serve(round(max_tokens / self.tokens_per_step))
+        result = GenerationResult(text="x" * max_tokens, chunks=["x" * max_tokens], chunk_times_s=[seconds],
+                                  ttft_s=seconds, latency_s=seconds)
+        return result, max_tokens, "server"
+
+
+def _bench(rounds: int, num_requests: int = 8, concurrencies=(1, 2)):
+    machine = DriftingMachine()
+    backends = [FakeBackend("baseline", machine), FakeBackend("same", machine)]
+    settings = BenchSettings(prompts="fake", concurrencies=tuple(concurrencies), max_tokens=8, num_requests=num_requests,
+                             warmup=0, rounds=rounds)
+    run = BenchRun(settings=settings)
+    asyncio.run(run_bench([b.endpoint for b in backends], PROMPTS, settings, run, backends=backends))
+    return run, backends
+
+
+def _speedup(run: BenchRun, concurrency: int) -> float:
+    rate = {lv.deployment: level_aggregate(lv).output_token_throughput for lv in run.levels if lv.concurrency == concurrency}
+    return rate["same"] / rate["baseline"]
+
+
+def test_one_after_another_a_drifting_machine_favours_the_first_deployment():
+    run, _ = _bench(rounds=1)
+    assert _speedup(run, 1) < 0.8  # two identical deployments, and yet
+
+
+@pytest.mark.parametrize("rounds", [4, 8])
+def test_in_rounds_identical_deployments_measure_alike(rounds):
+    run, backends = _bench(rounds=rounds)
+    assert [(lv.deployment, lv.concurrency) for lv in run.levels] == [("baseline", 1), ("same", 1), ("baseline", 2), ("same", 2)]
+    assert 0.9 < _speedup(run, 1) < 1.1 and 0.9 < _speedup(run, 2) < 1.1
+    for level in run.levels:  # every level complete, its requests numbered on across rounds, prompts in order
+        assert [r.index for r in level.records] == list(range(8)) and not level.incomplete
+        assert [r.prompt_id for r in level.records] == [f"p{i % 3}" for i in range(8)]
+        starts = sorted(r.start_s for r in level.records)
+        assert starts[0] >= 0 and all(r.end_s <= max(x.end_s for x in level.records) for r in level.records)
+    assert backends[0].prompts_seen == backends[1].prompts_seen
+
+
+def test_round_plans_split_requests_and_durations():
+    settings = BenchSettings(prompts="fake", concurrencies=(1, 8), num_requests=10, rounds=4)
+    assert [p.num_requests for p in settings.round_plans(1)] == [3, 3, 2, 2]
+    few = BenchSettings(prompts="fake", concurrencies=(1,), num_requests=2, rounds=4)
+    assert [p.num_requests for p in few.round_plans(1)] == [1, 1]
+    timed = BenchSettings(prompts="fake", concurrencies=(4,), duration_s=60.0, rounds=3)
+    assert [(p.duration_s, p.num_requests, p.concurrency) for p in timed.round_plans(4)] == [(20.0, None, 4)] * 3
