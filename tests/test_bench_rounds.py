@@ -95,5 +95,51 @@ def test_round_plans_split_requests_and_durations():
     assert [p.num_requests for p in settings.round_plans(1)] == [3, 3, 2, 2]
     few = BenchSettings(prompts="fake", concurrencies=(1,), num_requests=2, rounds=4)
     assert [p.num_requests for p in few.round_plans(1)] == [1, 1]
+    # every round keeps the level's concurrency busy: at most requests // concurrency rounds
+    assert [p.num_requests for p in settings.round_plans(4)] == [5, 5]
+    assert [p.num_requests for p in settings.round_plans(8)] == [10]
+    assert [p.num_requests for p in BenchSettings(prompts="fake", concurrencies=(4,), rounds=4).round_plans(4)] == [4] * 4
     timed = BenchSettings(prompts="fake", concurrencies=(4,), duration_s=60.0, rounds=3)
     assert [(p.duration_s, p.num_requests, p.concurrency) for p in timed.round_plans(4)] == [(20.0, None, 4)] * 3
+
+
+def test_a_multi_line_error_becomes_one_readable_line():
+    from specpipe.bench.load import one_line
+
+    error = "<AioRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\tdetails = \"failed to connect\"\n>"
+    assert one_line(error) == '<AioRpcError of RPC that terminated with: status = StatusCode.UNAVAILABLE details = "failed to connect" >'
+    assert len(one_line("x " * 500)) == 300 and one_line("x " * 500).endswith("...")
+
+
+class DyingBackend(FakeBackend):
+    """Answers ``lives`` requests, then its server is gone."""
+
+    def __init__(self, name: str, machine: DriftingMachine, lives: int):
+        super().__init__(name, machine)
+        self.lives = lives
+
+    async def alive(self) -> bool:
+        return self.lives > 0
+
+    async def send(self, text: str, max_tokens: int):
+        self.lives -= 1
+        if self.lives < 0:
+            await asyncio.sleep(0.05)
+            return GenerationResult(latency_s=0.05, error="<AioRpcError of RPC that terminated with:\n\tstatus = UNAVAILABLE\n>"), None, "server"
+        return await super().send(text, max_tokens)
+
+
+def test_a_server_dying_in_rounds_leaves_its_level_incomplete_and_no_speed_up():
+    from specpipe.bench.report import rows
+
+    machine = DriftingMachine()
+    backends = [DyingBackend("baseline", machine, lives=5), FakeBackend("same", machine)]
+    settings = BenchSettings(prompts="fake", concurrencies=(1, 2), max_tokens=8, num_requests=8, warmup=0, rounds=4)
+    run = BenchRun(settings=settings)
+    asyncio.run(run_bench([b.endpoint for b in backends], PROMPTS, settings, run, backends=backends))
+    dead = [lv for lv in run.levels if lv.deployment == "baseline"]
+    assert len(dead) == 1 and dead[0].incomplete and "status = UNAVAILABLE" in dead[0].reason
+    assert run.incomplete and any("baseline" in reason for reason in run.reasons)
+    same = [lv for lv in run.levels if lv.deployment == "same"]
+    assert [lv.concurrency for lv in same] == [1, 2] and all(len(lv.records) == 8 for lv in same)
+    assert all(row["speedup"] is None for row in rows(run))  # no baseline to compare with

@@ -43,6 +43,12 @@ class LoadPlan:
     memory_interval_s: float = 1.0
 
 
+def one_line(error: str, limit: int = 300) -> str:
+    """A multi-line error (gRPC's ``AioRpcError`` puts its status and details on later lines) as one line."""
+    text = " ".join(error.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def make_record(deployment: str, concurrency: int, index: int, prompt: Prompt, start_s: float,
                 result: GenerationResult, tokens: int | None, source: str) -> RequestRecord:
     """A :class:`RequestRecord` from one backend answer (draft counters from the perf outputs)."""
@@ -179,7 +185,7 @@ async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: Level
             on_record(record)
             if record.error is not None and not stop.is_set() and not await backend.alive():
                 level.incomplete = True
-                level.reason = f"the server stopped answering during the run ({record.error.splitlines()[0][:200]})"
+                level.reason = f"the server stopped answering during the run ({one_line(record.error)})"
                 stop.set()
 
     async with aiohttp.ClientSession() as session:

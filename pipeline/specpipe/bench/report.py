@@ -27,13 +27,15 @@ METRIC_DEFINITIONS = {
     "time_to_first_token_ms": "request sent -> first response carrying text (GenAI-Perf/AIPerf TTFT)",
     "end_to_end_latency_ms": "request sent -> final response (GenAI-Perf/AIPerf request latency)",
     "inter_token_latency_ms": "(end-to-end latency - TTFT) / (output tokens - 1), per request (GenAI-Perf/AIPerf ITL)",
-    "benchmark_duration_s": "first request sent -> last response received, per deployment and concurrency",
+    "benchmark_duration_s": "first request sent -> last response received, per deployment and concurrency (with "
+                            "rounds: the sum over the deployment's rounds; start_s runs on that summed timeline)",
     "output_token_throughput": "output tokens of completed requests / benchmark duration, tokens/s",
     "request_throughput": "completed requests / benchmark duration, requests/s",
     "percentiles": "numpy.percentile with linear interpolation",
     "acceptance_rate": "sum of accepted draft tokens / sum of proposed draft tokens (perf outputs or server counters)",
     "mean_accepted_length": "sum(N - 1) / sum(N - 1 - A): tokens per target decoding step after the first token",
-    "speedup": "output token throughput / the baseline deployment's at the same concurrency",
+    "speedup": "output token throughput / the baseline deployment's at the same concurrency (none where either level "
+               "is incomplete)",
     "memory_peak_bytes": "highest nv_gpu_memory_used_bytes (summed over GPUs); else, for a server on this machine, the PSS "
                          "of its process tree (server + Python backend stubs; memory_kind 'process'); else "
                          "nv_cpu_memory_used_bytes (host-wide); sampled every second during the level",
@@ -58,9 +60,11 @@ REQUEST_COLUMNS = (
 def rows(run: BenchRun) -> list[dict[str, Any]]:
     """One summary per level: ``level`` (the :class:`LevelResult`), ``aggregate`` and ``speedup``."""
     aggregates = [(level, level_aggregate(level)) for level in run.levels]
-    base = {level.concurrency: agg.output_token_throughput for level, agg in aggregates if level.deployment == run.settings.baseline}
+    base = {level.concurrency: None if level.incomplete else agg.output_token_throughput
+            for level, agg in aggregates if level.deployment == run.settings.baseline}
     return [
-        {"level": level, "aggregate": agg, "speedup": speedup(agg.output_token_throughput, base.get(level.concurrency))}
+        {"level": level, "aggregate": agg,
+         "speedup": None if level.incomplete else speedup(agg.output_token_throughput, base.get(level.concurrency))}
         for level, agg in aggregates
     ]
 

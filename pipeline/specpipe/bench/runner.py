@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specpipe.bench.endpoints import Endpoint
-from specpipe.bench.load import LoadPlan, run_level
+from specpipe.bench.load import LoadPlan, one_line, run_level
 from specpipe.bench.prompts import Prompt
 from specpipe.bench.records import LevelResult
 
@@ -62,13 +62,15 @@ class BenchSettings:
 
     def round_plans(self, concurrency: int) -> list[LoadPlan]:
         """The level's plan per round: its requests (or seconds) split as evenly as possible, earlier
-        rounds taking the remainder; rounds left without a request are dropped."""
+        rounds taking the remainder. A counted level has at most ``requests // concurrency`` rounds (at
+        least one), so that every round can hold ``concurrency`` requests in flight."""
         total = self.requests_for(concurrency)
         if total is None:
             seconds = self.duration_s / self.rounds
             return [LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, duration_s=seconds)] * self.rounds
-        counts = [total // self.rounds + (1 if r < total % self.rounds else 0) for r in range(self.rounds)]
-        return [LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, num_requests=n) for n in counts if n]
+        rounds = max(1, min(self.rounds, total // concurrency))
+        counts = [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
+        return [LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, num_requests=n) for n in counts]
 
 
 def command_line() -> str:
@@ -169,7 +171,7 @@ async def _warm_up_deployment(endpoint: Endpoint, backend, prompts: list[Prompt]
     if progress:
         progress.update(task, completed=settings.warmup, visible=False)
     if error is not None and not await backend.alive():
-        run.mark_incomplete(f"{endpoint.name}: the server stopped answering during warm-up ({error.splitlines()[0][:200]})")
+        run.mark_incomplete(f"{endpoint.name}: the server stopped answering during warm-up ({one_line(error)})")
         return False
     return True
 

@@ -34,7 +34,8 @@ PROMPTS_HELP = "Built-in set (chat, code, summarize) or a JSONL file of {\"promp
 @click.option("--rounds", type=POSITIVE, default=1, show_default=True,
               help="Deployments take turns: each level's requests in this many rounds, every deployment running "
                    "its share of a round before the next, so that a machine whose speed drifts slows them alike "
-                   "(1: one deployment after another).")
+                   "(1: one deployment after another; at most requests / concurrency rounds, so every round keeps "
+                   "the level's concurrency busy).")
 def bench(urls, metrics, **options) -> None:
     """Benchmark deployments side by side: throughput, TTFT, ITL, latency, acceptance, memory; table + JSON, CSV, PNG."""
     from specpipe.bench.job import BenchRequest, run_benchmark

@@ -39,6 +39,8 @@ def _dense_rows(value: str) -> str:
     from specpipe.runtime.cpu.prepack import ALL_ROWS
 
     try:
+        if not value.strip():
+            raise ValueError("empty")
         rows = parse_dense_rows(value)
     except ValueError:
         raise click.BadParameter(f"expected 'auto', 'all' (dense weights only) or a row count >= 0 (0: packed kernels "
