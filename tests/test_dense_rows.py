@@ -8,10 +8,13 @@ import torch
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, parse_dense_rows, rows_from_timings
+from specpipe.runtime.cpu.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.prepack import (ALL_ROWS, PrepackedLinear, drop_dense_copies, drop_packed_weights, prepack_available,
-                                          set_dense_rows)
+                                          prepack_linear_layers, set_dense_rows)
 from tiny_engine import make_tiny_engine
+from tiny_models import tiny_llama
 
 pytestmark = [
     pytest.mark.usefixtures("single_thread"),
@@ -147,27 +150,23 @@ def test_the_measured_choice_is_consistent(tmp_path):
     assert str(choice.rows) in choice.describe() or "dropped" in choice.describe()
 
 
-def test_a_draft_model_gets_the_same_threshold():
-    from specpipe.runtime.cpu.drafters import DraftModelDrafter
-    from specpipe.runtime.cpu.engine import SpeculativeEngine
-    from specpipe.runtime.cpu.prepack import prepack_linear_layers
-    from tiny_models import tiny_llama
-
+def _engine_with_draft_model():
+    """A tiny draft-model engine whose target and draft decoders were loaded with dense copies."""
     target, draft = tiny_llama(seed=1), tiny_llama(seed=2)
     for model in (target, draft):
         prepack_linear_layers(model.model, dense_copy=True)
         prepack_linear_layers(model)
-    engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3)
+    return SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3), draft
+
+
+def test_a_draft_model_gets_the_same_threshold():
+    engine, draft = _engine_with_draft_model()
     apply_dense_rows(engine, 2)
     draft_layers = [m for m in draft.modules() if isinstance(m, PrepackedLinear) and m.dense is not None]
     assert draft_layers and {m.dense_rows for m in draft_layers} == {2}
     apply_dense_rows(engine, ALL_ROWS)
     assert all(m.weight is None and m.dense_rows == ALL_ROWS for m in draft_layers)
-    target, draft = tiny_llama(seed=1), tiny_llama(seed=2)
-    for model in (target, draft):
-        prepack_linear_layers(model.model, dense_copy=True)
-        prepack_linear_layers(model)
-    engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3)
+    engine, draft = _engine_with_draft_model()
     apply_dense_rows(engine, 0)
     assert not any(isinstance(m, PrepackedLinear) and m.dense is not None for m in draft.modules())
 
@@ -175,7 +174,6 @@ def test_a_draft_model_gets_the_same_threshold():
 @pytest.mark.parametrize("method, rows", [("none", 4), ("eagle", 4), ("none", ALL_ROWS), ("eagle", ALL_ROWS)])
 def test_greedy_output_is_the_same_alone_and_in_a_batch_with_both_kernels_in_use(method, rows):
     from batch_helpers import make_engine, prompts, run_alone, run_batch
-    from specpipe.runtime.cpu.prepack import prepack_linear_layers
 
     engine = make_engine(method)
     model = engine.target.model

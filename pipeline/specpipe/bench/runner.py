@@ -4,9 +4,9 @@ Deployments are measured one after the other (all levels of the first, then the 
 shared machine only the deployment under test is busy. With ``rounds`` > 1 they take turns instead:
 each level's requests are split into that many rounds, and every deployment runs its share of a round
 before the next round starts, so a machine whose speed drifts over minutes (a shared VM) slows every
-deployment alike and the speed-ups stay fair; a level's duration is then the sum of its rounds'. Results accumulate in a :class:`BenchRun`
-as they are measured: an interrupted or failed run still holds everything gathered so far, and
-:mod:`specpipe.bench.report` writes it marked incomplete.
+deployment alike and the speed-ups stay fair; a level's duration is then the sum of its rounds'.
+Results accumulate in a :class:`BenchRun` as they are measured: an interrupted or failed run still
+holds everything gathered so far, and :mod:`specpipe.bench.report` writes it marked incomplete.
 """
 
 from __future__ import annotations
@@ -210,14 +210,13 @@ async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: l
     """Every level in ``settings.rounds`` rounds, the deployments taking turns within each round."""
     live = [(e, b) for e, b in zip(endpoints, backends) if await _warm_up_deployment(e, b, prompts, settings, run, progress)]
     for concurrency in settings.concurrencies:
-        plans = settings.round_plans(concurrency)
+        total = settings.requests_for(concurrency)
         levels, tasks = {}, {}
         for endpoint, _ in live:
             levels[endpoint.name] = LevelResult(endpoint.name, concurrency)
             run.levels.append(levels[endpoint.name])
-            total = settings.requests_for(concurrency)
             tasks[endpoint.name] = progress.add_task(f"{endpoint.name} @ concurrency {concurrency}", total=total) if progress else None
-        for plan in plans:
+        for plan in settings.round_plans(concurrency):
             for endpoint, backend in list(live):
                 level, task = levels[endpoint.name], tasks[endpoint.name]
                 on_record = (lambda record, task=task: progress.advance(task)) if progress else (lambda record: None)
@@ -225,6 +224,6 @@ async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: l
                 if level.incomplete:
                     run.mark_incomplete(f"{endpoint.name}: {level.reason}; its later rounds and levels were not run")
                     live.remove((endpoint, backend))
-        for endpoint, _ in zip(endpoints, backends):
+        for endpoint in endpoints:
             if endpoint.name in levels:
                 _note_first_request(run, endpoint, levels[endpoint.name])
