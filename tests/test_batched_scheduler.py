@@ -9,13 +9,14 @@ import torch
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.adaptive import (
-    AcceptanceEstimate, DraftCandidate, ForwardCostModel, choose_draft_lengths, non_decreasing,
+    DraftCandidate, ForwardCostModel, NodeAcceptance, choose_draft_lengths, non_decreasing, shared_acceptance,
 )
 from specpipe.runtime.cpu.batch_request import fork_drafter
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM, attention_groups
 from specpipe.runtime.cpu.cached_lm import CachedLM
 from specpipe.runtime.cpu.sampling import TokenSampler
 from specpipe.runtime.cpu.scheduler import Cancelled, ServerBusy
+from specpipe.runtime.cpu.tree_accept import tree_attention
 from batch_helpers import (
     FLAT_COST, LINEAR_COST, METHODS, make_engine, prompts, run_alone, run_batch, scheduler_for, submit,
 )
@@ -41,6 +42,36 @@ def test_batched_forward_matches_the_one_sequence_cache():
         expected = alone.hidden(step)
         assert (hidden[offset : offset + len(step)] - expected).abs().max() < 1e-4
         offset += len(step)
+
+
+def test_attention_groups_pad_little_and_match_the_one_sequence_cache():
+    model = tiny_llama(0)
+    lm = BatchedLM(model, 8)
+    prompts_by_slot = [[3 + i] * (4 + i) for i in range(8)]
+    slots = [lm.allocate() for _ in prompts_by_slot]
+    lm.hidden([BatchEntry(s, p) for s, p in zip(slots, prompts_by_slot)])
+    parents = [-1, -1, 0, 2]  # root, then a 4-node tree in the last slot
+    mask, depth = tree_attention(parents, len(prompts_by_slot[7]))
+    tree = BatchEntry(7, [40, 41, 42, 43, 44], positions=len(prompts_by_slot[7]) + depth, mask=mask[0, 0])
+    step = [BatchEntry(0, [30]), BatchEntry(1, [31, 32, 33]), BatchEntry(2, [34]), BatchEntry(3, [35]),
+            BatchEntry(5, [36]), tree]
+    starts = [lm.lengths[e.slot] for e in step]
+    groups = attention_groups(step, starts)
+    # one call for the one-token entries (slot 4 padded in), one per multi-token entry: slots 1 and 7
+    # together would compute 7 x 5 query rows for 8
+    assert [(g.slots.start, g.slots.stop, g.queries) for g in groups] == [(0, 6, 1), (1, 2, 3), (7, 8, 5)]
+    assert groups[0].rows.tolist() == [0, 4, 5, 6] and groups[0].padding[0].tolist() == [0, 2, 3, 5]
+    assert attention_groups(step[2:4], starts[2:4])[0].padding is None  # slots 2, 3: in order, no padding
+    hidden = lm.hidden(step)
+    offset = 0
+    for entry in step:
+        alone = CachedLM(model)
+        alone.hidden(prompts_by_slot[entry.slot])
+        n = len(entry.token_ids)
+        expected = alone.hidden(entry.token_ids, positions=entry.positions,
+                                mask=None if entry.mask is None else entry.mask[None, None])
+        assert (hidden[offset : offset + n] - expected).abs().max() < 1e-4, entry.slot
+        offset += n
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -100,56 +131,72 @@ def test_seeded_sampling_gives_the_same_text_alone_and_in_a_batch(method):
     assert run_alone(make_engine("none"), ps[0], seeded) == alone
 
 
+def chain(base: float, seconds_per_depth: float = 0.0, nodes: int = 5) -> DraftCandidate:
+    """A chain drafter's options whose node j is accepted with probability ``base ** (j + 1)``."""
+    return DraftCandidate.of(NodeAcceptance(base=base), list(range(1, nodes + 1)), seconds_per_depth)
+
+
 def test_draft_length_is_zero_where_drafting_cannot_pay():
-    high = AcceptanceEstimate(prior=0.95)
-    candidates = [DraftCandidate(list(range(6)), high) for _ in range(3)]
-    assert choose_draft_lengths(LINEAR_COST, candidates, fixed_tokens=3) == [0, 0, 0]
+    assert choose_draft_lengths(LINEAR_COST, [chain(0.95) for _ in range(3)], fixed_tokens=3) == [0, 0, 0]
     # costly drafting: even free verification does not pay
-    candidates = [DraftCandidate(list(range(6)), high, seconds_per_depth=10.0)]
-    assert choose_draft_lengths(FLAT_COST, candidates, fixed_tokens=1) == [0]
+    assert choose_draft_lengths(FLAT_COST, [chain(0.95, seconds_per_depth=10.0)], fixed_tokens=1) == [0]
 
 
 def test_it_drafts_with_high_acceptance_and_a_small_batch_and_stops_under_load():
     # measured shape on 2 cores: verifying a few tokens costs ~1.3x a step, then cost grows with tokens
     cost = ForwardCostModel((1, 4, 8, 16, 32, 64), (1.0, 1.3, 1.4, 2.0, 3.5, 6.5))
-    high = AcceptanceEstimate(prior=0.8)
-    assert choose_draft_lengths(cost, [DraftCandidate(list(range(6)), high)], fixed_tokens=1)[0] >= 3
-    low = AcceptanceEstimate(prior=0.1)
-    assert choose_draft_lengths(cost, [DraftCandidate(list(range(6)), low)], fixed_tokens=1) == [0]
+    assert choose_draft_lengths(cost, [chain(0.8)], fixed_tokens=1)[0] >= 3
+    assert choose_draft_lengths(cost, [chain(0.1)], fixed_tokens=1) == [0]
     # 32 requests of a busy batch: the forward is compute-bound, extra tokens cost a full share each
-    busy = [DraftCandidate(list(range(6)), AcceptanceEstimate(prior=0.4)) for _ in range(32)]
-    assert sum(choose_draft_lengths(cost, busy, fixed_tokens=32)) == 0
+    assert sum(choose_draft_lengths(cost, [chain(0.4) for _ in range(32)], fixed_tokens=32)) == 0
 
 
-def test_cost_curve_is_non_decreasing_and_learns_from_served_forwards():
+def test_a_tree_is_cut_to_the_nodes_that_pay():
+    # every verified token costs 10 % of a step: a tree whose first node is accepted half the time and
+    # whose other nodes rarely are verifies its first node only
+    cost = ForwardCostModel((1, 64), (1.0, 7.3))
+    acceptance = NodeAcceptance()
+    for _ in range(30):
+        acceptance.observe(6, [0] if _ % 2 else [])
+    tree = DraftCandidate.of(acceptance, [1, 1, 1, 2, 2, 3], 0.0)
+    assert choose_draft_lengths(cost, [tree], fixed_tokens=1) == [1]
+    # a gain below the margin is not taken: one node accepted 12 % of the time gains 1.8 % here
+    weak = DraftCandidate(expected=[1.0, 1.12], draft_seconds=[0.0, 0.0])
+    assert choose_draft_lengths(cost, [weak], fixed_tokens=1) == [0]
+    assert choose_draft_lengths(cost, [weak], fixed_tokens=1, margin=0.0) == [1]
+
+
+def test_cost_curve_is_non_decreasing_and_learns_the_machines_speed_from_served_forwards():
     assert non_decreasing([3.0, 1.0, 2.0, 5.0, 4.0]) == [2.0, 2.0, 2.0, 4.5, 4.5]
     assert non_decreasing([1.0, 2.0, 2.0]) == [1.0, 2.0, 2.0]
-    # measured while the machine was busy: every count looks 3x too slow, and 8 tokens oddly cheap
-    model = ForwardCostModel((1, 8, 64), (3.0, 2.4, 18.0), learning_rate=0.2)
-    model.seconds = tuple(non_decreasing(list(model.seconds)))
-    assert model.seconds == (2.7, 2.7, 18.0)
-    for _ in range(200):  # served forwards: 1 + n/8 seconds for n tokens
-        for n in (1, 4, 8, 40):
-            model.observe(n, 1.0 + n / 8)
-    assert model.cost(1) == pytest.approx(1.125, rel=0.1) and model.cost(8) == pytest.approx(2.0, rel=0.1)
-    assert list(model.seconds) == sorted(model.seconds)
-    before = model.seconds
-    model.observe(500, 1e3)  # beyond the measured counts: ignored
-    model.observe(8, 1e3)  # an outlier moves the curve by at most a share of 2x the prediction
-    assert model.seconds[0] == before[0] and model.seconds[1] <= before[1] * (1 + 0.2)
+    model = ForwardCostModel((1, 8, 64), (1.0, 2.0, 9.0), learning_rate=0.1)
+    for _ in range(100):  # the machine became 1.5x slower; served forwards are all plain steps
+        model.observe(1, 1.5)
+    assert model.speed == pytest.approx(1.5, rel=1e-3)
+    # the curve keeps its shape: drafting 7 more tokens costs the same share of a step as measured
+    assert model.cost(8) / model.cost(1) == pytest.approx(2.0) and model.cost(36) == pytest.approx(1.5 * 5.5, rel=1e-3)
+    model.observe(1, 1e3)  # an outlier moves the speed by at most its share of 2x the curve
+    assert model.speed <= 1.5 + 0.1 * (2.0 - 1.5) + 1e-9
     fixed = ForwardCostModel((1, 64), (1.0, 64.0))  # learning_rate 0: a test's model stays as given
     fixed.observe(64, 1.0)
-    assert fixed.seconds == (1.0, 64.0)
+    assert fixed.cost(64) == 64.0
 
 
-def test_acceptance_estimate_follows_observations():
-    estimate = AcceptanceEstimate()
+def test_acceptance_follows_observations_and_drifts_back_to_the_deployments():
+    estimate = NodeAcceptance()
     for _ in range(20):
-        estimate.observe(drafted_depth=4, accepted_depth=0)
-    assert estimate.rate < 0.15
+        estimate.observe(4, [])
+    assert estimate.rates(1)[0] < 0.15
     for _ in range(40):
-        estimate.observe(drafted_depth=0, accepted_depth=0)  # no drafts: drifts back to the prior
-    assert estimate.rate > 0.5
+        estimate.observe(0, [])  # no drafts: drifts back to the prior
+    assert estimate.rates(1)[0] > 0.5
+    assert estimate.expected_tokens(2) == pytest.approx([1.0, 1 + estimate.rates(2)[0], 1 + sum(estimate.rates(2))])
+    # with a shared estimate, the prior is what the deployment's drafts achieve, per node
+    shared = shared_acceptance()
+    for _ in range(100):
+        shared.observe(3, [0, 1])
+    newcomer = NodeAcceptance(shared=shared)
+    assert newcomer.rates(3) == pytest.approx(shared.rates(3)) and shared.rates(3)[0] > 0.9 > 0.1 > shared.rates(3)[2]
 
 
 def test_adaptive_scheduler_does_not_draft_when_it_cannot_pay_and_reports_draft_lengths():

@@ -1,37 +1,41 @@
-"""Load-adaptive speculation: each scheduler step, choose every running request's draft length.
+"""Load-adaptive speculation: each scheduler step, choose how many draft tokens every running request
+verifies.
 
 How it decides (issue 11, item 3). A step's wall time is one batched target forward plus the drafting
 done for the step; the step commits, per request, one target token plus the drafts it accepts. The rule
-picks draft lengths ``k_i`` (0 = plain decoding) that maximise the batch's expected tokens per second::
+picks, per request, the number ``m_i`` of draft tokens to verify (0 = plain decoding; for a token tree,
+its first ``m_i`` nodes breadth-first) that maximises the batch's expected tokens per second::
 
-    rate(k) = (P + sum_i E_i(k_i)) / (C(N_0 + sum_i n_i(k_i)) + sum_i k_i * c_i)
+    rate(m) = (P + sum_i E_i(m_i)) / (C(N_0 + sum_i m_i) + sum_i depth_i(m_i) * c)
 
 * ``C(N)``: seconds of one batched target forward over N packed tokens, with logits for them all,
   measured at load time (:meth:`ForwardCostModel.measure`, a few N from 1 to 64, spread over up to
-  ``max_batch_size`` requests, sizes interleaved over rounds, medians made non-decreasing), interpolated
-  linearly, and refined while serving from the scheduler's own timed forwards
-  (:meth:`ForwardCostModel.observe`), so a curve measured while the machine was busy (several servers
-  loading at once) does not mislead the rule for long; ``N_0`` counts the step's fixed tokens (prompt
-  chunks and each decoding request's newest token), ``P`` the prompts that finish prefill this step;
-* ``n_i(k)``: tokens request i adds to the forward with draft length k (k for a chain; the tree's node
-  count down to depth k for a token tree);
-* ``E_i(k) = 1 + a + a^2 + ... + a^k``: expected committed tokens, with ``a`` the request's running
-  per-depth acceptance (:class:`AcceptanceEstimate`: exponentially decayed counts of accepted /
-  tested draft depths with a weak prior, so that a request whose drafts stop being accepted drifts
-  back towards the prior and probes again after a while);
-* ``c_i``: the request's measured drafting seconds per draft depth (EWMA of its proposals' time, with
-  the drafter's catching up on the previous step's tokens; after steps without drafts that catching
-  up, over the prompt or all the tokens committed meanwhile, is left out: it is the cost of having
-  paused, not of drafting).
+  ``max_batch_size`` requests, sizes interleaved over rounds, the fastest of each made non-decreasing),
+  interpolated linearly, and scaled while serving by the machine's speed learnt from the scheduler's
+  own timed forwards (:meth:`ForwardCostModel.observe`). Attention is grouped so that one request's chain or tree does not
+  pad the others' queries (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`): a forward's
+  cost then depends on its total tokens far more than on how they are spread over requests. ``N_0``
+  counts the step's fixed tokens (prompt chunks and each decoding request's newest token), ``P`` the
+  prompts that finish prefill this step;
+* ``E_i(m) = 1 + p_0 + ... + p_{m-1}``: expected committed tokens, with ``p_j`` the probability that
+  draft node j is on the accepted path (:class:`NodeAcceptance`: the request's exponentially decayed
+  counts, with the deployment's shared estimate as prior). For a chain ``p_j`` is the chance that the
+  first j + 1 drafts are accepted; for a tree, per node, so that the rule also chooses the tree's
+  width: on a CPU, where each verified token costs a visible share of a forward, a tree's single most
+  likely node often pays where the whole tree does not;
+* ``depth_i(m)``: the depth of the request's first m nodes (m for a chain), ``c`` its measured
+  drafting seconds per depth (EWMA of its proposals' time, with the drafter's catching up on the
+  previous step's tokens; after steps without drafts that catching up, over the prompt or all the
+  tokens committed meanwhile, is left out: it is the cost of having paused, not of drafting).
 
-The maximum is found by coordinate ascent (each request in turn takes its best k with the others
-fixed, until nothing changes; a few sweeps). With a single request and cheap verification
-(``C(1 + k) ~ C(1)``) this drafts as long as ``a`` makes the extra tokens pay; as the batch grows the
-forward becomes compute-bound, ``C`` grows with every verified token and the rule falls back to
-``k = 0``: a speculative deployment then decodes like the baseline instead of slowing it down.
-Unlike vLLM's, TensorRT-LLM's and SGLang's defaults (a fixed draft length, or speculation switched
-off above a fixed batch size), the decision uses the measured cost curve and each request's own
-acceptance.
+The maximum is found by coordinate ascent (each request in turn takes its best m with the others
+fixed, until nothing changes; a few sweeps); a request drafts only where that beats its plain decoding
+by :data:`DRAFT_MARGIN`. With a single request and cheap verification (``C(1 + m) ~ C(1)``) this drafts
+as long as the nodes' acceptance makes the extra tokens pay; as the batch grows the forward becomes
+compute-bound, ``C`` grows with every verified token and the rule falls back to ``m = 0``: a
+speculative deployment then decodes like the baseline instead of slowing it down. Unlike vLLM's,
+TensorRT-LLM's and SGLang's defaults (a fixed draft length, or speculation switched off above a fixed
+batch size), the decision uses the measured cost curve and each request's own acceptance per node.
 """
 
 from __future__ import annotations
@@ -65,37 +69,39 @@ def non_decreasing(values: list[float]) -> list[float]:
 class ForwardCostModel:
     """Seconds of one batched target forward against the total tokens it processes.
 
+    The curve's shape comes from the load-time measurement; while serving, only the machine's speed
+    is learnt (:meth:`observe`), as one factor over the whole curve. Served forwards cluster at a few
+    token counts (one per request when nothing drafts), so refining the points they hit one by one
+    would let a busy stretch of a shared machine raise those points alone and make every other count,
+    and so drafting, look cheap.
+
     Attributes:
         tokens: increasing token counts (>= 1).
-        seconds: seconds per forward at each count (same length).
+        seconds: seconds per forward at each count (same length), as measured.
         learning_rate: weight of one observed forward in :meth:`observe` (0: the model stays fixed).
+        speed: factor applied to ``seconds`` (1.0 as measured; > 1: the machine is slower now).
     """
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
     learning_rate: float = 0.0
+    speed: float = 1.0
 
     def observe(self, n: int, seconds: float) -> None:
-        """Refine the curve with one timed forward over ``n`` tokens with logits for all of them: move
-        the two measured points around ``n`` towards it, each by its share of the linear interpolation
-        (one step of least squares, the observation clipped to half / double the prediction), then keep
-        the curve non-decreasing. Counts beyond the measured ones are ignored."""
-        if self.learning_rate <= 0 or seconds <= 0 or n > self.tokens[-1]:
+        """Learn from one timed forward over ``n`` tokens with logits for all of them: move
+        :attr:`speed` towards its ratio to the measured curve (clipped to 0.5 - 2), by ``learning_rate``
+        (an exponentially weighted average)."""
+        if self.learning_rate <= 0 or seconds <= 0:
             return
-        predicted = self.cost(n)
-        error = min(max(seconds, 0.5 * predicted), 2.0 * predicted) - predicted
-        ts, new = self.tokens, list(self.seconds)
-        if n <= ts[0]:
-            new[0] += self.learning_rate * error
-        else:  # ts[0] < n <= ts[-1]: between ts[i - 1] and ts[i]
-            i = bisect_left(ts, n)
-            share = (n - ts[i - 1]) / (ts[i] - ts[i - 1])
-            new[i - 1] += self.learning_rate * (1.0 - share) * error
-            new[i] += self.learning_rate * share * error
-        self.seconds = tuple(non_decreasing(new))
+        ratio = min(max(seconds / self._measured(n), 0.5), 2.0)
+        self.speed += self.learning_rate * (ratio - self.speed)
 
     def cost(self, n: int) -> float:
-        """Seconds for ``n`` tokens: linear between measurements, extrapolated from the last two."""
+        """Seconds for ``n`` tokens: linear between measurements, extrapolated from the last two, times
+        :attr:`speed`."""
+        return self.speed * self._measured(n)
+
+    def _measured(self, n: int) -> float:
         ts, ss = self.tokens, self.seconds
         if n <= ts[0] or len(ts) == 1:
             return ss[0]
@@ -106,17 +112,18 @@ class ForwardCostModel:
         return s0 + (s1 - s0) * (n - t0) / (t1 - t0)
 
     def describe(self) -> str:
-        """One line, e.g. ``1 tok 21.3 ms, 2 tok 22.0 ms, ...``."""
-        return ", ".join(f"{t} tok {s * 1e3:.1f} ms" for t, s in zip(self.tokens, self.seconds))
+        """One line, e.g. ``1 tok 21.3 ms, 2 tok 22.0 ms, ...`` (as measured, times :attr:`speed`)."""
+        return ", ".join(f"{t} tok {self.cost(t) * 1e3:.1f} ms" for t in self.tokens)
 
     @classmethod
     @torch.inference_mode()
-    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 3,
+    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 5,
                 learning_rate: float = 0.05) -> "ForwardCostModel":
         """Time ``lm``'s batched forward (with logits for every row) at each total token count, spread
         over ``min(count, free slots)`` requests holding ``context`` cached tokens each: one warm-up
-        round, then ``repeats`` rounds over all the counts (interleaved, so that a burst of load on the
-        machine hits every count alike); per count the median, then :func:`non_decreasing`. Uses free
+        round, then ``repeats`` rounds over all the counts (interleaved); per count the fastest (load
+        from other processes only ever adds time, and a median of a few runs still bent the curve
+        flat or steep between loads on a shared machine), then :func:`non_decreasing`. Uses free
         slots and gives them back. The model learns from served forwards at ``learning_rate``.
         """
         width = min(lm.free_slots, max(token_counts))
@@ -138,77 +145,112 @@ class ForwardCostModel:
         finally:
             for s in slots:
                 lm.release(s)
-        medians = [sorted(runs[n])[len(runs[n]) // 2] for n in token_counts]
-        return cls(tuple(token_counts), tuple(non_decreasing(medians)), learning_rate)
+        fastest = [min(runs[n]) for n in token_counts]
+        return cls(tuple(token_counts), tuple(non_decreasing(fastest)), learning_rate)
 
 
 @dataclass
-class AcceptanceEstimate:
-    """A request's running per-depth acceptance ``a`` (probability that the draft at the next depth is
-    accepted given the ones above it were), from exponentially decayed counts plus a prior.
+class NodeAcceptance:
+    """Running probability ``p_i`` that draft node ``i`` ends up on the accepted path, per node index.
+
+    Node order is the drafter's: a chain's positions, or a token tree's breadth-first nodes (a static
+    tree's fixed nodes; a dynamic tree's nodes by rank). The expected tokens a step commits when it
+    drafts the first ``m`` nodes are then ``1 + p_0 + ... + p_{m-1}`` (each node adds one token exactly
+    when it is on the accepted path), which holds for chains and trees alike.
+
+    Each ``p_i`` comes from exponentially decayed counts (node i verified / on the accepted path) plus a
+    prior of weight ``prior_weight``: the deployment's shared estimate when one is given (so a request
+    starts from, and drifts back to, what the deployment's drafts achieve), else ``base ** (i + 1)``.
 
     Args:
-        prior: ``a`` before any observation; prior_weight: its weight in tested depths.
-        decay: factor applied to the counts at every step (also steps without drafts).
+        decay: factor applied to the counts at every :meth:`observe` (also steps without drafts).
     """
 
-    prior: float = 0.6
+    base: float = 0.6
     prior_weight: float = 2.0
     decay: float = 0.9
-    accepted: float = 0.0
-    tested: float = 0.0
+    shared: "NodeAcceptance | None" = None
+    accepted: list[float] = field(default_factory=list)
+    tested: list[float] = field(default_factory=list)
 
-    @property
-    def rate(self) -> float:
-        return (self.accepted + self.prior * self.prior_weight) / (self.tested + self.prior_weight)
+    def rates(self, nodes: int) -> list[float]:
+        """``[p_0 .. p_{nodes-1}]``."""
+        prior = self.shared.rates(nodes) if self.shared is not None else [self.base ** (i + 1) for i in range(nodes)]
+        out = []
+        for i in range(nodes):
+            accepted = self.accepted[i] if i < len(self.accepted) else 0.0
+            tested = self.tested[i] if i < len(self.tested) else 0.0
+            out.append((accepted + prior[i] * self.prior_weight) / (tested + self.prior_weight))
+        return out
 
-    def observe(self, drafted_depth: int, accepted_depth: int) -> None:
-        """One step: drafts down to ``drafted_depth`` were verified and ``accepted_depth`` accepted."""
-        self.accepted *= self.decay
-        self.tested *= self.decay
-        if drafted_depth > 0:
-            self.accepted += accepted_depth
-            self.tested += min(accepted_depth + 1, drafted_depth)
+    def observe(self, verified: int, on_path: list[int]) -> None:
+        """One step: nodes ``0 .. verified - 1`` were verified and the nodes ``on_path`` accepted
+        (``verified`` 0: a step without drafts, which only decays the counts)."""
+        if len(self.tested) < verified:
+            self.tested += [0.0] * (verified - len(self.tested))
+            self.accepted += [0.0] * (verified - len(self.accepted))
+        self.accepted = [a * self.decay for a in self.accepted]
+        self.tested = [t * self.decay for t in self.tested]
+        for i in range(verified):
+            self.tested[i] += 1.0
+        for i in on_path:
+            self.accepted[i] += 1.0
 
-    def expected_tokens(self, depth: int) -> float:
-        """``1 + a + ... + a^depth``: expected tokens committed by a step drafting ``depth`` deep."""
-        a = self.rate
-        return sum(a**j for j in range(depth + 1))
+    def expected_tokens(self, nodes: int) -> list[float]:
+        """``[E(0) .. E(nodes)]`` with ``E(m) = 1 + p_0 + ... + p_{m-1}``: expected committed tokens."""
+        out = [1.0]
+        for p in self.rates(nodes):
+            out.append(out[-1] + p)
+        return out
+
+
+def shared_acceptance() -> NodeAcceptance:
+    """A deployment-wide estimate (the prior of every request's): it learns from every verified step of
+    every request and forgets slowly (it is not decayed by steps without drafts, so what it learnt
+    under load, where nothing drafts, still holds when the load drops)."""
+    return NodeAcceptance(prior_weight=4.0, decay=0.98)
 
 
 @dataclass
 class DraftCandidate:
-    """What the rule knows about one decoding request this step.
+    """What the rule knows about one decoding request this step: its options, option ``j`` drafting
+    ``j`` nodes (0 = plain decoding).
 
     Attributes:
-        tokens_by_depth: ``tokens_by_depth[k]`` = draft tokens verified with draft length k
-            (``[0, 1, 2, ...]`` for a chain; cumulative node counts for a tree); its length - 1 is the
-            most the request may draft now.
-        acceptance: the request's estimate.
-        seconds_per_depth: measured drafting seconds per draft depth.
+        expected: expected committed tokens per option (``expected[0]`` = 1).
+        draft_seconds: drafting seconds per option (``draft_seconds[0]`` = 0).
     """
 
-    tokens_by_depth: list[int]
-    acceptance: AcceptanceEstimate
-    seconds_per_depth: float = 0.0
-    expected: list[float] = field(default_factory=list)
+    expected: list[float]
+    draft_seconds: list[float]
+
+    @classmethod
+    def of(cls, acceptance: NodeAcceptance, node_depths: list[int], seconds_per_depth: float) -> "DraftCandidate":
+        """Options ``0 .. len(node_depths)`` for a drafter whose first ``m`` nodes reach depth
+        ``node_depths[m - 1]``, drafting at ``seconds_per_depth`` per depth."""
+        return cls(acceptance.expected_tokens(len(node_depths)),
+                   [0.0, *(d * seconds_per_depth for d in node_depths)])
+
+
+#: Drafting must raise the batch's expected tokens per second by this share over plain decoding: the
+#: estimates are noisy, and a gain within their noise is as likely a loss.
+DRAFT_MARGIN = 0.03
 
 
 def choose_draft_lengths(cost: ForwardCostModel, candidates: list[DraftCandidate], fixed_tokens: int,
-                         fixed_outputs: int = 0, sweeps: int = 3) -> list[int]:
-    """Draft length per candidate maximising the batch's expected tokens per second (module doc).
+                         fixed_outputs: int = 0, sweeps: int = 3, margin: float = DRAFT_MARGIN) -> list[int]:
+    """Draft tokens per candidate maximising the batch's expected tokens per second (module doc).
 
     Args:
         cost: the forward cost model.
         candidates: the decoding requests.
         fixed_tokens: tokens in the forward whatever the choice (prompt chunks + one per decoding request).
         fixed_outputs: tokens committed whatever the choice by requests outside ``candidates``.
+        margin: a candidate drafts only where that beats its plain decoding by this share.
 
     Returns:
-        one draft length per candidate (0 = plain decoding).
+        one option per candidate: the number of draft tokens (nodes) to verify, 0 = plain decoding.
     """
-    for c in candidates:
-        c.expected = [c.acceptance.expected_tokens(k) for k in range(len(c.tokens_by_depth))]
     choice = [0] * len(candidates)
     tokens = fixed_tokens
     outputs = fixed_outputs + float(len(candidates))
@@ -216,20 +258,22 @@ def choose_draft_lengths(cost: ForwardCostModel, candidates: list[DraftCandidate
     for _ in range(sweeps):
         changed = False
         for i, c in enumerate(candidates):
-            base_tokens = tokens - c.tokens_by_depth[choice[i]]
+            base_tokens = tokens - choice[i]
             base_outputs = outputs - c.expected[choice[i]]
-            base_draft = draft_seconds - choice[i] * c.seconds_per_depth
-            best_k, best_rate = choice[i], -1.0
-            for k in range(len(c.tokens_by_depth)):
-                seconds = cost.cost(base_tokens + c.tokens_by_depth[k]) + base_draft + k * c.seconds_per_depth
+            base_draft = draft_seconds - c.draft_seconds[choice[i]]
+            best_k, best_rate = 0, -1.0
+            for k in range(len(c.expected)):
+                seconds = cost.cost(base_tokens + k) + base_draft + c.draft_seconds[k]
                 rate = (base_outputs + c.expected[k]) / max(seconds, 1e-12)
-                if rate > best_rate * (1 + 1e-9):
+                if k == 0:
+                    best_rate = rate * (1 + margin)
+                elif rate > best_rate * (1 + 1e-9):
                     best_k, best_rate = k, rate
             if best_k != choice[i]:
                 changed = True
-            tokens = base_tokens + c.tokens_by_depth[best_k]
+            tokens = base_tokens + best_k
             outputs = base_outputs + c.expected[best_k]
-            draft_seconds = base_draft + best_k * c.seconds_per_depth
+            draft_seconds = base_draft + c.draft_seconds[best_k]
             choice[i] = best_k
         if not changed:
             break

@@ -23,7 +23,7 @@ import torch
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
-from specpipe.runtime.cpu.adaptive import AcceptanceEstimate
+from specpipe.runtime.cpu.adaptive import NodeAcceptance
 from specpipe.runtime.cpu.cached_lm import CachedLM
 from specpipe.runtime.cpu.drafters import DraftModelDrafter
 from specpipe.runtime.cpu.sampling import TokenSampler
@@ -118,9 +118,10 @@ class BatchRequest:
             exception that ended the request early (bad state, drafter failure, shutdown).
         slot: KV cache slot while active; prefilled: prompt tokens in the cache so far.
         prefill_features: tree drafters: hidden chunks of the prompt, handed over after the last chunk.
-        draft_length: draft length chosen for the latest step (0 = plain decoding).
+        acceptance: the request's per-node acceptance (the scheduler links it to the deployment's).
+        draft_length: draft tokens chosen for the latest step (a tree's nodes; 0 = plain decoding).
         draft_seconds_per_depth: EWMA of the drafter's seconds per draft depth.
-        tokens_by_depth: tree drafters: cumulative node counts per depth of the latest tree.
+        node_depths: dynamic tree drafters: the depth of each node of the latest tree.
     """
 
     request_id: int
@@ -136,10 +137,10 @@ class BatchRequest:
     slot: int | None = None
     prefilled: int = 0
     prefill_features: list[torch.Tensor] = field(default_factory=list)
-    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    acceptance: NodeAcceptance = field(default_factory=NodeAcceptance)
     draft_length: int = 0
     draft_seconds_per_depth: float = 0.0
-    tokens_by_depth: list[int] | None = None
+    node_depths: list[int] | None = None
     cancelled: bool = False
     done: bool = False
 

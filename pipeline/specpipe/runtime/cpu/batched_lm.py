@@ -15,10 +15,12 @@ Layout:
   cached tokens;
 * a forward packs every request's new tokens into one sequence of ``T`` rows, so each linear layer
   is one GEMM ``[T, H] x [H, *]`` for the whole batch (vLLM-style token packing, Kwon et al. 2023);
-* attention pads queries per slot, ``[slots_used, heads, n_max, d]``, and reads each slot's keys in
-  place ``[slots_used, kv_heads, L_max, d]`` with a bool mask ``[slots_used, 1, n_max, L_max]``
-  (causal for a chain or a prompt chunk, the request's own tree mask for a tree): one
-  ``scaled_dot_product_attention`` call per layer, grouped-query heads shared (``enable_gqa``).
+* attention reads each slot's keys in place ``[slots, kv_heads, L_max, d]`` (a contiguous range of
+  slots) with queries padded per slot, ``[slots, heads, n_max, d]``, and a bool mask
+  ``[slots, 1, n_max, L_max]`` (causal for a chain or a prompt chunk, the request's own tree mask for
+  a tree), grouped-query heads shared (``enable_gqa``); plain-decoding requests share one
+  ``scaled_dot_product_attention`` call per layer and multi-token ones a second call, or one each
+  where sharing would pad too much (:func:`attention_groups`).
 
 Numerics: fp32 throughout. A request's rows go through GEMMs whose row count depends on the batch, and
 through attention over padded keys (masked to exact zeros); the results agree with the one-request
@@ -60,6 +62,85 @@ class BatchEntry:
     token_ids: list[int]
     positions: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+
+
+#: A padded attention call over several multi-token entries may compute at most this many times the
+#: query rows they need; beyond it each entry gets its own call.
+PADDING_LIMIT = 2.0
+
+
+@dataclass
+class AttentionGroup:
+    """Entries whose attention runs as one ``scaled_dot_product_attention`` call.
+
+    Attributes:
+        rows: int64 ``[R]``, the group's rows in the packed sequence; ``None``: every row, in order.
+        slots: the cache slots read, a contiguous range (slots in it outside the group get one dummy
+            query row attending to their first key).
+        queries: query rows per slot (the group's longest entry).
+        keys: keys read per slot (the group's longest cache including this forward's tokens).
+        mask: bool ``[slots, 1, queries, keys]`` (True = may attend).
+        padding: ``(slot - slots.start, row in entry)``, int64 ``[R]`` each: where each row goes in the
+            padded queries; ``None`` when the range holds one row per slot, in row order.
+    """
+
+    rows: torch.Tensor | None
+    slots: slice
+    queries: int
+    keys: int
+    mask: torch.Tensor
+    padding: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def attention_groups(entries: list[BatchEntry], starts: list[int]) -> list[AttentionGroup]:
+    """Split a forward's entries into attention calls that pad little.
+
+    One-token entries (plain decoding) share one call, one query per slot. Longer entries (chains, token
+    trees, prompt chunks) share a second call over their slot range when its padding computes at most
+    :data:`PADDING_LIMIT` times their rows, else get one call each: a 12-node tree then no longer pads
+    every other request's query to 13 rows, which doubled the attention time of a batch of 8.
+
+    Args:
+        entries: the forward's entries; starts: each entry's cached tokens before it.
+    """
+    counts = [len(e.token_ids) for e in entries]
+    offsets = [0]
+    for n in counts:
+        offsets.append(offsets[-1] + n)
+    singles = [i for i, n in enumerate(counts) if n == 1]
+    longer = [i for i, n in enumerate(counts) if n > 1]
+    parts = [singles] if singles else []
+    if longer:
+        span = max(entries[i].slot for i in longer) - min(entries[i].slot for i in longer) + 1
+        if span * max(counts[i] for i in longer) <= PADDING_LIMIT * sum(counts[i] for i in longer):
+            parts.append(longer)
+        else:
+            parts += [[i] for i in longer]
+    return [_group(entries, starts, offsets, part, every_row=len(parts) == 1) for part in parts]
+
+
+def _group(entries: list[BatchEntry], starts: list[int], offsets: list[int], members: list[int],
+           every_row: bool) -> AttentionGroup:
+    slots = [entries[i].slot for i in members]
+    counts = [offsets[i + 1] - offsets[i] for i in members]
+    first, queries = min(slots), max(counts)
+    keys = max(starts[i] + n for i, n in zip(members, counts))
+    mask = torch.zeros(max(slots) - first + 1, 1, queries, keys, dtype=torch.bool)
+    mask[..., 0] = True  # padded query rows attend to something (their output is dropped)
+    for i, slot, n in zip(members, slots, counts):
+        start, entry = starts[i], entries[i]
+        if entry.mask is not None:
+            mask[slot - first, 0, :n, : start + n] = entry.mask
+        else:
+            mask[slot - first, 0, :n, :start] = True
+            mask[slot - first, 0, :n, start : start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+    rows = None if every_row else torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in members])
+    padding = None
+    if queries > 1 or slots != list(range(first, first + len(slots))):
+        padding = (torch.repeat_interleave(torch.tensor(slots) - first, torch.tensor(counts)),
+                   torch.cat([torch.arange(n) for n in counts]))
+    additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # converted once, not per layer
+    return AttentionGroup(rows, slice(first, max(slots) + 1), queries, keys, additive, padding)
 
 
 class BatchedLM:
@@ -151,42 +232,27 @@ class BatchedLM:
             raise ValueError("a batched forward needs distinct slots with at least one token each")
         counts = [len(e.token_ids) for e in entries]
         starts = [self.lengths[e.slot] for e in entries]
-        total = sum(counts)
-        n_max = max(counts)
-        kv_len = max(s + n for s, n in zip(starts, counts))
-        used_slots = max(e.slot for e in entries) + 1
-        self._grow(kv_len)
+        self._grow(max(s + n for s, n in zip(starts, counts)))
 
         token_ids = torch.tensor([t for e in entries for t in e.token_ids], dtype=torch.long)
         slot_of_row = torch.repeat_interleave(torch.tensor([e.slot for e in entries]), torch.tensor(counts))
-        row_in_entry = torch.cat([torch.arange(n) for n in counts])
         cache_index = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)])
         positions = torch.cat([e.positions if e.positions is not None else torch.arange(s, s + n)
                                for e, s, n in zip(entries, starts, counts)])
-        mask = torch.zeros(used_slots, 1, n_max, kv_len, dtype=torch.bool)
-        mask[..., 0] = True  # padded query rows attend to something (their output is dropped)
-        for e, s, n in zip(entries, starts, counts):
-            if e.mask is not None:
-                mask[e.slot, 0, :n, : s + n] = e.mask
-            else:
-                mask[e.slot, 0, :n, :s] = True
-                mask[e.slot, 0, :n, s : s + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        groups = attention_groups(entries, starts)
 
         x = self.decoder.embed_tokens(token_ids)[None]  # [1, T, H]
         cos, sin = self.decoder.rotary_emb(x, positions[None])
         rotary = (cos[0, :, None, :], (sin * self._rotate_sign)[0, :, None, :])  # [T, 1, d] each
-        # one token per request in slot order (plain decoding): the queries need no padding
-        dense = n_max == 1 and used_slots == total and all(e.slot == i for i, e in enumerate(entries))
         for layer_index, layer in enumerate(self.decoder.layers):
-            x = x + self._attention(layer, layer_index, x, rotary, slot_of_row, row_in_entry, cache_index,
-                                    mask, used_slots, n_max, kv_len, dense)
+            x = x + self._attention(layer, layer_index, x, rotary, slot_of_row, cache_index, groups)
             x = x + layer.mlp(_rms_norm(layer.post_attention_layernorm, x))
         for e, s, n in zip(entries, starts, counts):
             self.lengths[e.slot] = s + n
         return _rms_norm(self.decoder.norm, x)[0]
 
-    def _attention(self, layer, layer_index, x, rotary, slot_of_row, row_in_entry, cache_index, mask,
-                   used_slots, n_max, kv_len, dense) -> torch.Tensor:
+    def _attention(self, layer, layer_index, x, rotary, slot_of_row, cache_index,
+                   groups: list["AttentionGroup"]) -> torch.Tensor:
         attn = layer.self_attn
         total, d, heads = x.shape[1], self.head_dim, self.num_heads
         h = _rms_norm(layer.input_layernorm, x)
@@ -201,17 +267,23 @@ class BatchedLM:
         keys, values = self.keys[layer_index], self.values[layer_index]
         keys[slot_of_row, :, cache_index] = k
         values[slot_of_row, :, cache_index] = v
-        if dense:
-            padded_q = q.reshape(total, 1, heads, d)
-        else:
-            padded_q = q.new_zeros(used_slots, n_max, heads, d)
-            padded_q[slot_of_row, row_in_entry] = q
-        out = F.scaled_dot_product_attention(
-            padded_q.transpose(1, 2), keys[:used_slots, :, :kv_len], values[:used_slots, :, :kv_len],
-            attn_mask=mask, scale=attn.scaling, enable_gqa=heads != self.num_kv_heads,
-        )  # [slots, heads, n_max, d]
-        out = out.transpose(1, 2)
-        out = out.reshape(total, heads * d) if dense else out[slot_of_row, row_in_entry].reshape(total, heads * d)
+        out = None if len(groups) == 1 else q.new_empty(total, heads * d)
+        for g in groups:
+            group_q = q if g.rows is None else q[g.rows]
+            if g.padding is None:  # one query per slot, slots in row order
+                padded_q = group_q.reshape(-1, 1, heads, d)
+            else:
+                padded_q = q.new_zeros(g.slots.stop - g.slots.start, g.queries, heads, d)
+                padded_q[g.padding] = group_q
+            group_out = F.scaled_dot_product_attention(
+                padded_q.transpose(1, 2), keys[g.slots, :, : g.keys], values[g.slots, :, : g.keys],
+                attn_mask=g.mask, scale=attn.scaling, enable_gqa=heads != self.num_kv_heads,
+            ).transpose(1, 2)  # [slots, n, heads, d]
+            group_out = group_out.reshape(-1, heads * d) if g.padding is None else group_out[g.padding].reshape(-1, heads * d)
+            if out is None:
+                out = group_out
+            else:
+                out[g.rows] = group_out
         return attn.o_proj(out[None])
 
     @torch.inference_mode()

@@ -36,7 +36,9 @@ import torch
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
-from specpipe.runtime.cpu.adaptive import DraftCandidate, ForwardCostModel, choose_draft_lengths
+from specpipe.runtime.cpu.adaptive import (
+    DraftCandidate, ForwardCostModel, NodeAcceptance, choose_draft_lengths, shared_acceptance,
+)
 from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.engine import SpeculativeEngine
@@ -83,6 +85,8 @@ class BatchScheduler:
         self._next_id = 0
         self.steps = 0
         self.last_draft_lengths: list[int] = []
+        self.shared_acceptance = shared_acceptance()
+        self.draft_seconds_per_depth = 0.0  # the deployment's, for requests that have not drafted yet
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -171,6 +175,7 @@ class BatchScheduler:
                 request = self._waiting.popleft()
                 request.slot = self.lm.allocate()
                 request.drafter = fork_drafter(self.engine.drafter)
+                request.acceptance = NodeAcceptance(shared=self.shared_acceptance)
                 request.drafter.reset(list(request.prompt))
                 self.active.append(request)
 
@@ -207,9 +212,9 @@ class BatchScheduler:
         lengths = self._draft_lengths(decoding, sum(n for _, n in chunks),
                                       sum(1 for r, n in chunks if r.prefilled + n == len(r.prompt)))
         plans, entries = [], []
-        for request, k in zip(decoding, lengths):
+        for request, (nodes, depth) in zip(decoding, lengths):
             try:
-                plan = self._draft(request, k)
+                plan = self._draft(request, nodes, depth)
             except Exception as exc:  # noqa: BLE001 - one request's drafter failing must not stop the batch
                 self._finish(request, error=exc)
                 continue
@@ -255,64 +260,68 @@ class BatchScheduler:
             except Exception as exc:  # noqa: BLE001 - isolate one request's failure
                 self._finish(request, error=exc)
 
-    def _draft_lengths(self, decoding: list[BatchRequest], prefill_tokens: int, prefill_outputs: int) -> list[int]:
-        candidates = []
-        for request in decoding:
-            room = max(0, min(self.max_draft_len, request.stop.remaining - 1, self.max_context - len(request.context) - 1))
-            if self.tree:
-                room = min(room, self._tree_depth(request.drafter))
-                by_depth = request.tokens_by_depth or self._default_tree_counts(request.drafter)
-                by_depth = (by_depth + [by_depth[-1]] * room)[: room + 1]
-            else:
-                by_depth = list(range(room + 1))
-            candidates.append(DraftCandidate(by_depth, request.acceptance, request.draft_seconds_per_depth))
+    def _draft_lengths(self, decoding: list[BatchRequest], prefill_tokens: int,
+                       prefill_outputs: int) -> list[tuple[int, int]]:
+        """``(draft tokens, draft depth)`` per decoding request, by the adaptive rule (module doc)."""
+        depths = [self._node_depths(request) for request in decoding]
         if not self.adaptive:
-            return [len(c.tokens_by_depth) - 1 for c in candidates]
-        return choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs)
+            return [(len(d), d[-1] if d else 0) for d in depths]
+        candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth)
+                      for request, d in zip(decoding, depths)]
+        chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs)
+        return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
+
+    def _node_depths(self, request: BatchRequest) -> list[int]:
+        """Depth of each draft node the request may verify this step, in the drafter's node order (a
+        chain: 1, 2, ...; a tree: breadth-first), within ``max_draft_len`` nodes, the tokens the request
+        may still emit and the context."""
+        room = max(0, min(request.stop.remaining - 1, self.max_context - len(request.context) - 1))
+        if not self.tree:
+            return list(range(1, min(self.max_draft_len, room) + 1))
+        static = None if getattr(request.drafter, "dynamic", False) else getattr(request.drafter, "tree", None)
+        if static is not None:
+            depths = list(static.depths)
+        else:  # a dynamic tree: the latest tree's depths, then an even spread over the depth limit
+            limit = self._tree_depth(request.drafter)
+            width = max(1, self.max_draft_len // max(limit, 1))
+            spread = [min(limit, 1 + i // width) for i in range(self.max_draft_len)]
+            latest = request.node_depths or []
+            depths = latest + [max(latest[-1] if latest else 1, d) for d in spread[len(latest):]]
+        return [d for d in depths[: self.max_draft_len] if d <= room]
 
     def _tree_depth(self, drafter) -> int:
-        static = getattr(drafter, "tree", None)
-        if static is not None:
-            return static.depth
         return int(getattr(drafter, "depth_limit", None) or getattr(drafter, "max_depth", None) or self.max_draft_len)
 
-    def _default_tree_counts(self, drafter) -> list[int]:
-        static = getattr(drafter, "tree", None)
-        depth = self._tree_depth(drafter)
-        if static is not None:
-            return [min(self.max_draft_len, sum(1 for d in static.depths if d <= k)) for k in range(depth + 1)]
-        width = max(1, self.max_draft_len // max(depth, 1))
-        return [min(self.max_draft_len, k * width) for k in range(depth + 1)]
-
-    def _draft(self, request: BatchRequest, k: int):
-        """Propose request's drafts of length/depth ``k``; returns ``(request, entry, draft)``."""
-        drafted_last_step, request.draft_length = request.draft_length > 0, k
+    def _draft(self, request: BatchRequest, nodes: int, depth: int):
+        """Propose the request's first ``nodes`` draft tokens (``depth`` deep); returns ``(request, entry, draft)``."""
+        drafted_last_step, request.draft_length = request.draft_length > 0, nodes
         context, cached = request.context, len(request.context) - 1
         started = time.perf_counter()
-        if k > 0:
+        if nodes > 0:
             request.drafter.catch_up(context)
-            if not drafted_last_step:  # the prompt or tokens committed while not drafting: not a cost of depth k
+            if not drafted_last_step:  # the prompt or tokens committed while not drafting: not a cost of drafting
                 started = time.perf_counter()
         if self.tree:
             tree = DraftTree([], [])
-            if k > 0:
-                tree = request.drafter.propose(context, self.max_draft_len, k).prune(k, self.max_draft_len)
-                depths = tree.depths()
-                request.tokens_by_depth = [sum(1 for d in depths if d <= j) for j in range(max(depths, default=0) + 1)]
-            mask, depth = tree_attention(tree.parents, cached)
-            entry = BatchEntry(request.slot, [context[-1], *tree.tokens], positions=cached + depth, mask=mask[0, 0])
+            if nodes > 0:
+                tree = request.drafter.propose(context, nodes, depth).prune(depth, nodes)
+                request.node_depths = tree.depths()
+            mask, positions = tree_attention(tree.parents, cached)
+            entry = BatchEntry(request.slot, [context[-1], *tree.tokens], positions=cached + positions, mask=mask[0, 0])
             draft = tree
         else:
             drafts = []
-            if k > 0:
-                proposal = request.drafter.propose(context, k, DraftSampler(request.chooser, request.output_index))
-                drafts = list(proposal.tokens[:k])
+            if nodes > 0:
+                proposal = request.drafter.propose(context, nodes, DraftSampler(request.chooser, request.output_index))
+                drafts = list(proposal.tokens[:nodes])
             entry = BatchEntry(request.slot, [context[-1], *drafts])
             draft = drafts
-        if k > 0:
-            seconds = (time.perf_counter() - started) / k
+        if nodes > 0:
+            seconds = (time.perf_counter() - started) / depth
             previous = request.draft_seconds_per_depth
             request.draft_seconds_per_depth = seconds if previous == 0.0 else 0.8 * previous + 0.2 * seconds
+            shared = self.draft_seconds_per_depth
+            self.draft_seconds_per_depth = seconds if shared == 0.0 else 0.95 * shared + 0.05 * seconds
         return request, entry, draft
 
     def _complete(self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor,
@@ -348,8 +357,7 @@ class BatchScheduler:
             committed = [*(tree.tokens[i] for i in path), token]
             request.context.extend(committed)
             request.drafter.commit(request.context, hidden[[0, *(i + 1 for i in path)]])
-            drafted, accepted = (max(tree.depths(), default=0), len(path))
-            proposed = len(tree)
+            proposed, accepted, on_path = len(tree), len(path), path
         else:
             drafts: list[int] = draft
             chosen = request.chooser.choose(logits, request.output_index, drafts).tolist()
@@ -360,8 +368,10 @@ class BatchScheduler:
             self.lm.truncate(request.slot, cached + 1 + accepted)
             request.context.extend(committed)
             request.drafter.commit(request.context)
-            drafted, proposed = len(drafts), len(drafts)
-        request.acceptance.observe(drafted, accepted)
+            proposed, on_path = len(drafts), list(range(accepted))
+        request.acceptance.observe(proposed, on_path)
+        if proposed:
+            self.shared_acceptance.observe(proposed, on_path)
         stats = request.stats
         stats.target_forwards += 1
         stats.total_draft_tokens += proposed
