@@ -2,6 +2,7 @@
 gives the output it gives alone, whatever joins, leaves, fails or stops beside it; seeded sampling does
 not depend on the batch; the adaptive rule drafts only where it pays; the queue bound answers busy."""
 
+import random
 import time
 
 import pytest
@@ -72,6 +73,42 @@ def test_attention_groups_pad_little_and_match_the_one_sequence_cache():
                                 mask=None if entry.mask is None else entry.mask[None, None])
         assert (hidden[offset : offset + n] - expected).abs().max() < 1e-4, entry.slot
         offset += n
+
+
+def test_random_mixes_of_plain_steps_chains_and_trees_match_each_request_alone():
+    """Whatever the grouping of a forward's attention (shared, padded, one call per entry), every
+    request's hidden states are those of its own one-sequence cache."""
+    model, rng = tiny_llama(1), random.Random(7)
+    lm = BatchedLM(model, 8)
+    alone = {slot: CachedLM(model) for slot in range(8)}
+    for slot in range(8):
+        lm.allocate()
+        prompt = [rng.randrange(3, 60) for _ in range(rng.randint(1, 12))]
+        lm.hidden([BatchEntry(slot, prompt)])
+        alone[slot].hidden(prompt)
+    for _ in range(12):
+        entries = []
+        for slot in sorted(rng.sample(range(8), rng.randint(1, 8))):
+            n = rng.choice([1, 1, 1, 2, 4, 7])
+            tokens = [rng.randrange(3, 60) for _ in range(n)]
+            if n > 2 and rng.random() < 0.5:  # a token tree: random parents, each before its child
+                parents = [-1] + [rng.randrange(-1, i) for i in range(1, n - 1)]
+                mask, depth = tree_attention(parents, lm.lengths[slot])
+                entries.append(BatchEntry(slot, tokens, positions=lm.lengths[slot] + depth, mask=mask[0, 0]))
+            else:
+                entries.append(BatchEntry(slot, tokens))
+        hidden = lm.hidden(entries)
+        offset = 0
+        for entry in entries:
+            n = len(entry.token_ids)
+            mask = None if entry.mask is None else entry.mask[None, None]
+            expected = alone[entry.slot].hidden(entry.token_ids, positions=entry.positions, mask=mask)
+            assert (hidden[offset : offset + n] - expected).abs().max() < 1e-4
+            offset += n
+            if entry.mask is not None:  # keep the root only, in both caches, so that later steps agree
+                keep = lm.lengths[entry.slot] - n + 1
+                lm.truncate(entry.slot, keep)
+                alone[entry.slot].truncate(keep)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -164,6 +201,22 @@ def test_a_tree_is_cut_to_the_nodes_that_pay():
     weak = DraftCandidate(expected=[1.0, 1.12], draft_seconds=[0.0, 0.0])
     assert choose_draft_lengths(cost, [weak], fixed_tokens=1) == [0]
     assert choose_draft_lengths(cost, [weak], fixed_tokens=1, margin=0.0) == [1]
+
+
+def test_mixing_plain_and_drafting_requests_costs_its_measured_overhead():
+    # each verified token costs a tenth of a step; a forward mixing plain and drafting requests 0.2 more
+    cost = ForwardCostModel((1, 64), (1.0, 7.3), mixed_seconds=0.2)
+    good = DraftCandidate(expected=[1.0, 1.3], draft_seconds=[0.0, 0.0])
+    plain = DraftCandidate(expected=[1.0], draft_seconds=[0.0])  # may not draft (e.g. its last token)
+    assert choose_draft_lengths(cost, [good], fixed_tokens=1) == [1]  # alone: nothing to mix with
+    assert choose_draft_lengths(cost, [good, plain], fixed_tokens=2) == [0, 0]  # 2.3 / 1.4 s < 2 / 1.1 s
+    # both drafting mixes nothing and pays (2.6 / 1.3 s), though neither pays being the first alone:
+    # the search also starts from everybody drafting
+    assert choose_draft_lengths(cost, [good, good], fixed_tokens=2) == [1, 1]
+    # beside a prompt chunk (4 tokens), a plain request is what mixes: a weak draft then pays
+    weak = DraftCandidate(expected=[1.0, 1.05], draft_seconds=[0.0, 0.0])
+    assert choose_draft_lengths(cost, [weak], fixed_tokens=5, prefill=True) == [1]
+    assert choose_draft_lengths(cost, [weak], fixed_tokens=5) == [0]
 
 
 def test_cost_curve_is_non_decreasing_and_learns_the_machines_speed_from_served_forwards():

@@ -101,6 +101,13 @@ def test_parse_dense_rows_refuses_anything_else(text):
         parse_dense_rows(text)
 
 
+@pytest.mark.parametrize("text", ["4097", "99999999999999999999"])
+def test_parse_dense_rows_refuses_counts_no_forward_has(text):
+    assert parse_dense_rows("4096") == 4096
+    with pytest.raises(ValueError, match="more rows than a forward has .* give 'all'"):
+        parse_dense_rows(text)
+
+
 def test_loading_with_dense_copies_covers_the_decoder_but_not_lm_head(tmp_path):
     engine_dir = make_tiny_engine(tmp_path)
     plain, _ = load_engine(engine_dir)

@@ -103,6 +103,16 @@ def test_print_only_shows_environment_and_command(repo, capsys):
     assert "--grpc-port=18501 --http-port=18500 --metrics-port=18502" in lines[2]
 
 
+def test_a_restart_keeps_the_previous_log(repo, tmp_path, monkeypatch):
+    log = tmp_path / "triton.log"
+    log.write_text("the previous run\n")
+    server = LocalTritonServer(repo, free_port(), free_port(), free_port(), log_path=log)
+    monkeypatch.setattr(server, "command", lambda: ([sys.executable, "-c", "print('this run')"], {}))
+    server.start()
+    server.process.wait(timeout=60)
+    assert log.read_text() == "this run\n" and server.previous_log_path.read_text() == "the previous run\n"
+
+
 def test_load_failure_lines_are_recognised():
     log = 'I1 ok\nE1129 model_lifecycle.cc:654] "failed to load \'tensorrt_llm\' version 1: Internal: boom"\n'
     assert model_load_failures(log) == [log.splitlines()[1]]

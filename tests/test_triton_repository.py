@@ -165,6 +165,6 @@ def test_dense_rows_is_written_and_checked_on_the_command_line(engine, tmp_path)
     assert done.exit_code == 0, done.output
     config = read_config(repo_dir / engine.name / "tensorrt_llm" / "config.pbtxt")
     assert config.parameters["dense_rows"].string_value == "all"
-    for bad in ("many", "", " "):
+    for bad in ("many", "", " ", "99999999999999999999"):
         refused = CliRunner().invoke(main, [*args, "--dense-rows", bad])
         assert refused.exit_code == 2 and "expected 'auto', 'all' (dense weights only) or a row count" in refused.output

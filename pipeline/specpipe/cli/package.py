@@ -35,7 +35,7 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> No
 
 
 def _dense_rows(value: str) -> str:
-    from specpipe.runtime.cpu.dense_rows import parse_dense_rows
+    from specpipe.runtime.cpu.dense_rows import MAX_ROW_COUNT, parse_dense_rows
     from specpipe.runtime.cpu.prepack import ALL_ROWS
 
     try:
@@ -43,6 +43,6 @@ def _dense_rows(value: str) -> str:
             raise ValueError("empty")
         rows = parse_dense_rows(value)
     except ValueError:
-        raise click.BadParameter(f"expected 'auto', 'all' (dense weights only) or a row count >= 0 (0: packed kernels "
-                                 f"only), got {value!r}") from None
+        raise click.BadParameter(f"expected 'auto', 'all' (dense weights only) or a row count 0-{MAX_ROW_COUNT} (0: "
+                                 f"packed kernels only), got {value!r}") from None
     return "auto" if rows is None else "all" if rows >= ALL_ROWS else str(rows)

@@ -211,7 +211,8 @@ class LocalTritonServer:
     Args:
         repo_dir: the model repository (``triton_repo/NAME``).
         grpc_port, http_port, metrics_port: TCP ports to serve on.
-        log_path: file for Triton's own output (default ``<cache>/logs/triton-<repo name>-<grpc port>.log``).
+        log_path: file for Triton's own output (default ``<cache>/logs/triton-<repo name>-<grpc port>.log``);
+            a restart moves the previous run's to :attr:`previous_log_path` (``<log>.1``).
         ready_timeout_s: seconds the context manager waits for readiness.
     """
 
@@ -274,6 +275,8 @@ class LocalTritonServer:
         cmd, env_vars = self.command()
         env = {**os.environ, **env_vars}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.is_file() and self.log_path.stat().st_size:  # a restart keeps the last run's log
+            os.replace(self.log_path, self.previous_log_path)
         with open(self.log_path, "wb") as log:
             try:
                 self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -281,6 +284,11 @@ class LocalTritonServer:
                 self._started_at, self.ready_after_s = time.monotonic(), None
             except OSError as exc:
                 raise SpecpipeError(f"cannot start {cmd[0]} ({exc}): reinstall '{WHEEL}'") from exc
+
+    @property
+    def previous_log_path(self) -> Path:
+        """Where :meth:`start` keeps the previous run's log (one generation)."""
+        return self.log_path.with_name(self.log_path.name + ".1")
 
     def failure(self, what: str) -> SpecpipeError:
         tail = log_tail(self.log_path)

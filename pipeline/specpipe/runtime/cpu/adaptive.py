@@ -48,8 +48,12 @@ import torch
 
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
 
-#: Token counts of the load-time forward measurements.
-MEASURED_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+#: Token counts of the load-time forward measurements: every count up to 12, where GEMM row blocking
+#: makes the curve step (8 rows to 9 cost a tenth of a step on the 2-core Xeon, not the 1/60 that a
+#: line from 8 to 16 gives), then sparser.
+MEASURED_TOKENS = (*range(1, 13), 16, 24, 32, 64)
+#: Batch sizes at which the cost of mixing one-token and multi-token entries is measured.
+MIXED_SIZES = (3, 5)
 
 
 def non_decreasing(values: list[float]) -> list[float]:
@@ -79,74 +83,92 @@ class ForwardCostModel:
         tokens: increasing token counts (>= 1).
         seconds: seconds per forward at each count (same length), as measured.
         learning_rate: weight of one observed forward in :meth:`observe` (0: the model stays fixed).
-        speed: factor applied to ``seconds`` (1.0 as measured; > 1: the machine is slower now).
+        mixed_seconds: extra seconds of a forward that mixes one-token entries (plain decoding) with
+            multi-token ones (drafts, prompt chunks): their attention runs as two calls, with the rows
+            gathered and scattered (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`).
+        speed: factor applied to the measured seconds (1.0 as measured; > 1: the machine is slower now).
     """
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
     learning_rate: float = 0.0
+    mixed_seconds: float = 0.0
     speed: float = 1.0
 
-    def observe(self, n: int, seconds: float) -> None:
-        """Learn from one timed forward over ``n`` tokens with logits for all of them: move
-        :attr:`speed` towards its ratio to the measured curve (clipped to 0.5 - 2), by ``learning_rate``
-        (an exponentially weighted average)."""
+    def observe(self, n: int, seconds: float, mixed: bool = False) -> None:
+        """Learn from one timed forward over ``n`` tokens with logits for all of them (``mixed``: see
+        :meth:`cost`): move :attr:`speed` towards its ratio to the measured curve (clipped to 0.5 - 2),
+        by ``learning_rate`` (an exponentially weighted average)."""
         if self.learning_rate <= 0 or seconds <= 0:
             return
-        ratio = min(max(seconds / self._measured(n), 0.5), 2.0)
+        ratio = min(max(seconds / self._measured(n, mixed), 0.5), 2.0)
         self.speed += self.learning_rate * (ratio - self.speed)
 
-    def cost(self, n: int) -> float:
-        """Seconds for ``n`` tokens: linear between measurements, extrapolated from the last two, times
+    def cost(self, n: int, mixed: bool = False) -> float:
+        """Seconds for ``n`` tokens: linear between measurements, extrapolated from the last two, plus
+        :attr:`mixed_seconds` when ``mixed`` (one-token and multi-token entries together), times
         :attr:`speed`."""
-        return self.speed * self._measured(n)
+        return self.speed * self._measured(n, mixed)
 
-    def _measured(self, n: int) -> float:
+    def _measured(self, n: int, mixed: bool = False) -> float:
         ts, ss = self.tokens, self.seconds
+        extra = self.mixed_seconds if mixed else 0.0
         if n <= ts[0] or len(ts) == 1:
-            return ss[0]
+            return ss[0] + extra
         i = bisect_left(ts, n)
         if i == len(ts):
             i -= 1
         t0, t1, s0, s1 = ts[i - 1], ts[i], ss[i - 1], ss[i]
-        return s0 + (s1 - s0) * (n - t0) / (t1 - t0)
+        return s0 + (s1 - s0) * (n - t0) / (t1 - t0) + extra
 
     def describe(self) -> str:
-        """One line, e.g. ``1 tok 21.3 ms, 2 tok 22.0 ms, ...`` (as measured, times :attr:`speed`)."""
-        return ", ".join(f"{t} tok {self.cost(t) * 1e3:.1f} ms" for t in self.tokens)
+        """One line, e.g. ``1 tok 21.3 ms, 2 tok 22.0 ms, ...; mixed +1.2 ms`` (times :attr:`speed`)."""
+        curve = ", ".join(f"{t} tok {self.cost(t) * 1e3:.1f} ms" for t in self.tokens)
+        return f"{curve}; one-token and multi-token entries mixed +{self.speed * self.mixed_seconds * 1e3:.1f} ms"
 
     @classmethod
     @torch.inference_mode()
-    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 5,
+    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 4,
                 learning_rate: float = 0.05) -> "ForwardCostModel":
         """Time ``lm``'s batched forward (with logits for every row) at each total token count, spread
-        over ``min(count, free slots)`` requests holding ``context`` cached tokens each: one warm-up
-        round, then ``repeats`` rounds over all the counts (interleaved); per count the fastest (load
-        from other processes only ever adds time, and a median of a few runs still bent the curve
-        flat or steep between loads on a shared machine), then :func:`non_decreasing`. Uses free
-        slots and gives them back. The model learns from served forwards at ``learning_rate``.
+        over ``min(count, free slots)`` requests holding ``context`` cached tokens each, and at
+        :data:`MIXED_SIZES` with one of the requests holding two tokens: one warm-up round, then
+        ``repeats`` rounds over all the shapes (interleaved); per shape the fastest (load from other
+        processes only ever adds time, and a median of a few runs still bent the curve flat or steep
+        between loads on a shared machine), then :func:`non_decreasing`; :attr:`mixed_seconds` is the
+        mean excess of a mixed shape over the same count spread one token per request. Uses free
+        slots and gives them back. The model learns the machine's speed from served forwards at
+        ``learning_rate``.
         """
         width = min(lm.free_slots, max(token_counts))
         slots = [lm.allocate() for _ in range(width)]
-        runs: dict[int, list[float]] = {n: [] for n in token_counts}
+        shapes: dict[tuple[str, int], list[int]] = {}
+        for n in token_counts:
+            used = min(n, width)
+            shapes[("spread", n)] = [n // used + (1 if i < n % used else 0) for i in range(used)]
+        for n in MIXED_SIZES:
+            if n <= width:
+                shapes[("mixed", n)] = [1] * (n - 2) + [2]
+        runs: dict[tuple[str, int], list[float]] = {key: [] for key in shapes}
         try:
             lm.hidden([BatchEntry(s, [0] * context) for s in slots])
             for round_index in range(repeats + 1):
-                for n in token_counts:
-                    used = slots[: min(n, width)]
-                    split = [n // len(used) + (1 if i < n % len(used) else 0) for i in range(len(used))]
-                    entries = [BatchEntry(s, [1] * k) for s, k in zip(used, split)]
+                for key, split in shapes.items():
+                    entries = [BatchEntry(s, [1] * k) for s, k in zip(slots, split)]
                     start = time.perf_counter()
                     lm.project(lm.hidden(entries))
                     if round_index:
-                        runs[n].append(time.perf_counter() - start)
-                    for s in used:
+                        runs[key].append(time.perf_counter() - start)
+                    for s in slots[: len(split)]:
                         lm.truncate(s, context)
         finally:
             for s in slots:
                 lm.release(s)
-        fastest = [min(runs[n]) for n in token_counts]
-        return cls(tuple(token_counts), tuple(non_decreasing(fastest)), learning_rate)
+        fastest = {key: min(times) for key, times in runs.items()}
+        excess = [fastest[("mixed", n)] - fastest[("spread", n)] for n in MIXED_SIZES if ("mixed", n) in fastest]
+        mixed = max(0.0, sum(excess) / len(excess)) if excess else 0.0
+        curve = non_decreasing([fastest[("spread", n)] for n in token_counts])
+        return cls(tuple(token_counts), tuple(curve), learning_rate, mixed_seconds=mixed)
 
 
 @dataclass
@@ -238,8 +260,13 @@ DRAFT_MARGIN = 0.03
 
 
 def choose_draft_lengths(cost: ForwardCostModel, candidates: list[DraftCandidate], fixed_tokens: int,
-                         fixed_outputs: int = 0, sweeps: int = 3, margin: float = DRAFT_MARGIN) -> list[int]:
+                         fixed_outputs: int = 0, sweeps: int = 3, margin: float = DRAFT_MARGIN,
+                         prefill: bool = False) -> list[int]:
     """Draft tokens per candidate maximising the batch's expected tokens per second (module doc).
+
+    Coordinate ascent runs twice, from nobody drafting and from everybody drafting all it may (the
+    cost of mixing plain and drafting requests couples them: from nobody drafting, no single request
+    may find it worth being the first), and the better end point wins.
 
     Args:
         cost: the forward cost model.
@@ -247,34 +274,70 @@ def choose_draft_lengths(cost: ForwardCostModel, candidates: list[DraftCandidate
         fixed_tokens: tokens in the forward whatever the choice (prompt chunks + one per decoding request).
         fixed_outputs: tokens committed whatever the choice by requests outside ``candidates``.
         margin: a candidate drafts only where that beats its plain decoding by this share.
+        prefill: the forward holds prompt chunks (multi-token entries whatever the choice).
 
     Returns:
         one option per candidate: the number of draft tokens (nodes) to verify, 0 = plain decoding.
     """
-    choice = [0] * len(candidates)
-    tokens = fixed_tokens
-    outputs = fixed_outputs + float(len(candidates))
-    draft_seconds = 0.0
-    for _ in range(sweeps):
-        changed = False
-        for i, c in enumerate(candidates):
-            base_tokens = tokens - choice[i]
-            base_outputs = outputs - c.expected[choice[i]]
-            base_draft = draft_seconds - c.draft_seconds[choice[i]]
-            best_k, best_rate = 0, -1.0
-            for k in range(len(c.expected)):
-                seconds = cost.cost(base_tokens + k) + base_draft + c.draft_seconds[k]
-                rate = (base_outputs + c.expected[k]) / max(seconds, 1e-12)
-                if k == 0:
-                    best_rate = rate * (1 + margin)
-                elif rate > best_rate * (1 + 1e-9):
-                    best_k, best_rate = k, rate
-            if best_k != choice[i]:
-                changed = True
-            tokens = base_tokens + best_k
-            outputs = base_outputs + c.expected[best_k]
-            draft_seconds = base_draft + c.draft_seconds[best_k]
-            choice[i] = best_k
-        if not changed:
-            break
-    return choice
+    problem = _Batch(cost, candidates, fixed_tokens, fixed_outputs, margin, prefill)
+    best = problem.ascend([0] * len(candidates), sweeps)
+    if any(len(c.expected) > 1 for c in candidates):
+        full = problem.ascend([len(c.expected) - 1 for c in candidates], sweeps)
+        if problem.rate(full) > problem.rate(best) * (1 + 1e-9):
+            best = full
+    return best
+
+
+@dataclass
+class _Batch:
+    """One step's choice problem (:func:`choose_draft_lengths`)."""
+
+    cost: ForwardCostModel
+    candidates: list[DraftCandidate]
+    fixed_tokens: int
+    fixed_outputs: int
+    margin: float
+    prefill: bool
+
+    def rate(self, choice: list[int]) -> float:
+        """Expected tokens per second of the whole batch with ``choice``."""
+        drafting = sum(k > 0 for k in choice)
+        seconds = self.cost.cost(self.fixed_tokens + sum(choice), self._mixed(drafting, len(choice) - drafting))
+        seconds += sum(c.draft_seconds[k] for c, k in zip(self.candidates, choice))
+        outputs = self.fixed_outputs + sum(c.expected[k] for c, k in zip(self.candidates, choice))
+        return outputs / max(seconds, 1e-12)
+
+    def _mixed(self, drafting: int, plain: int) -> bool:
+        return (self.prefill or drafting > 0) and plain > 0
+
+    def ascend(self, choice: list[int], sweeps: int) -> list[int]:
+        """Coordinate ascent from ``choice``: each candidate in turn takes its best option with the others
+        fixed (plain decoding unless drafting beats it by the margin), until nothing changes."""
+        choice = list(choice)
+        tokens = self.fixed_tokens + sum(choice)
+        outputs = self.fixed_outputs + sum(c.expected[k] for c, k in zip(self.candidates, choice))
+        draft_seconds = sum(c.draft_seconds[k] for c, k in zip(self.candidates, choice))
+        drafting = sum(k > 0 for k in choice)
+        for _ in range(sweeps):
+            changed = False
+            for i, c in enumerate(self.candidates):
+                old = choice[i]
+                base_tokens, base_outputs = tokens - old, outputs - c.expected[old]
+                base_draft, others_drafting = draft_seconds - c.draft_seconds[old], drafting - (old > 0)
+                others_plain = len(choice) - 1 - others_drafting
+                best_k, best_rate = 0, -1.0
+                for k in range(len(c.expected)):
+                    mixed = self._mixed(others_drafting + (k > 0), others_plain + (k == 0))
+                    seconds = self.cost.cost(base_tokens + k, mixed) + base_draft + c.draft_seconds[k]
+                    rate = (base_outputs + c.expected[k]) / max(seconds, 1e-12)
+                    if k == 0:
+                        best_rate = rate * (1 + self.margin)
+                    elif rate > best_rate * (1 + 1e-9):
+                        best_k, best_rate = k, rate
+                changed |= best_k != old
+                choice[i] = best_k
+                tokens, outputs = base_tokens + best_k, base_outputs + c.expected[best_k]
+                draft_seconds, drafting = base_draft + c.draft_seconds[best_k], others_drafting + (best_k > 0)
+            if not changed:
+                break
+        return choice

@@ -139,12 +139,18 @@ def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, cont
     return DenseRowsChoice(rows, all_rows, dense_ms, packed_ms, _use_or_drop(models, rows))
 
 
+#: The largest row-count threshold accepted: beyond a prompt chunk plus a full batch's drafts, a count
+#: keeps both copies of the weights while only the dense one is ever used.
+MAX_ROW_COUNT = 4096
+
+
 def parse_dense_rows(setting: str | None) -> int | None:
     """The ``dense_rows`` setting: ``None`` for ``"auto"`` (or empty), :data:`~specpipe.runtime.cpu.prepack.ALL_ROWS`
     for ``"all"`` (dense weights only), else the row count.
 
     Raises:
-        ValueError: anything but ``auto``, ``all`` or a row count >= 0 in ASCII digits, naming the accepted values.
+        ValueError: anything but ``auto``, ``all`` or a row count 0 - :data:`MAX_ROW_COUNT` in ASCII
+            digits, naming the accepted values.
     """
     text = (setting or "auto").strip().lower()
     if text == "auto":
@@ -154,7 +160,11 @@ def parse_dense_rows(setting: str | None) -> int | None:
     if not (text.isascii() and text.isdigit()):
         raise ValueError(f"dense_rows must be 'auto', 'all' (dense weights only) or a row count >= 0 "
                          f"(0: packed kernels only), got {setting!r}")
-    return int(text)
+    rows = int(text)
+    if rows > MAX_ROW_COUNT:
+        raise ValueError(f"dense_rows {rows} is more rows than a forward has (at most {MAX_ROW_COUNT} is "
+                         f"meaningful): give 'all' for the dense weights only")
+    return rows
 
 
 def apply_dense_rows(engine, rows: int | None) -> str:

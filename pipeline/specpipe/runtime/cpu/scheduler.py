@@ -245,7 +245,8 @@ class BatchScheduler:
                 self._finish(request, error=exc)
             return
         if len(rows) == offset:  # every token had logits, as in the cost model's measurements
-            self.cost_model.observe(offset, time.perf_counter() - started)
+            sizes = {min(len(e.token_ids), 2) for e in entries}
+            self.cost_model.observe(offset, time.perf_counter() - started, mixed=len(sizes) == 2)
         self.steps += 1
         self.last_draft_lengths = [r.draft_length for r in decoding]
         first_row, offset = 0, 0
@@ -268,7 +269,8 @@ class BatchScheduler:
             return [(len(d), d[-1] if d else 0) for d in depths]
         candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth)
                       for request, d in zip(decoding, depths)]
-        chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs)
+        chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
+                                      prefill=prefill_tokens > 0)
         return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
 
     def _node_depths(self, request: BatchRequest) -> list[int]:
