@@ -252,6 +252,22 @@ def test_acceptance_follows_observations_and_drifts_back_to_the_deployments():
     assert newcomer.rates(3) == pytest.approx(shared.rates(3)) and shared.rates(3)[0] > 0.9 > 0.1 > shared.rates(3)[2]
 
 
+def test_a_deployment_whose_drafts_failed_at_first_probes_again():
+    # each verified token costs a tenth of a step: drafting pays once the first draft is accepted
+    # about 14 % of the time
+    scheduler = scheduler_for(make_engine("ngram"), cost_model=ForwardCostModel((1, 64), (1.0, 7.3)))
+    for _ in range(200):
+        scheduler.shared_acceptance.observe(4, [])  # a bad start: nothing accepted
+    assert scheduler.shared_acceptance.rates(1)[0] < 0.05
+    submit(scheduler, [3, 4, 5], SamplingParams(max_tokens=250))
+    lengths = []
+    while scheduler.has_work:
+        scheduler.step()
+        lengths += scheduler.last_draft_lengths
+    first = next(i for i, k in enumerate(lengths) if k > 0)
+    assert 60 < first < 200  # it forgets while nothing drafts: probes again after ~130 plain steps
+
+
 def test_adaptive_scheduler_does_not_draft_when_it_cannot_pay_and_reports_draft_lengths():
     engine = make_engine("ngram")
     outs = run_batch(engine, [(p, GREEDY) for p in prompts(4)], cost_model=LINEAR_COST)

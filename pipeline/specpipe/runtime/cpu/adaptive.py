@@ -218,6 +218,11 @@ class NodeAcceptance:
         for i in on_path:
             self.accepted[i] += 1.0
 
+    def forget(self, factor: float) -> None:
+        """Scale the counts by ``factor`` (towards the prior) without observing anything."""
+        self.accepted = [a * factor for a in self.accepted]
+        self.tested = [t * factor for t in self.tested]
+
     def expected_tokens(self, nodes: int) -> list[float]:
         """``[E(0) .. E(nodes)]`` with ``E(m) = 1 + p_0 + ... + p_{m-1}``: expected committed tokens."""
         out = [1.0]
@@ -226,10 +231,17 @@ class NodeAcceptance:
         return out
 
 
+#: Per step in which no request verified drafts, the deployment's estimate forgets this share of its
+#: counts: nothing drafts while the estimate says drafting does not pay, so without forgetting a bad
+#: start (a few prompts the drafter cannot predict) would stop a deployment from drafting for good.
+#: After about 100 such steps the prior's optimism brings back a probe of a few steps.
+IDLE_FORGETTING = 0.01
+
+
 def shared_acceptance() -> NodeAcceptance:
     """A deployment-wide estimate (the prior of every request's): it learns from every verified step of
-    every request and forgets slowly (it is not decayed by steps without drafts, so what it learnt
-    under load, where nothing drafts, still holds when the load drops)."""
+    every request (decay 0.98 per step with drafts) and drifts back to the base prior by
+    :data:`IDLE_FORGETTING` per step without (see :meth:`NodeAcceptance.forget`)."""
     return NodeAcceptance(prior_weight=4.0, decay=0.98)
 
 

@@ -37,7 +37,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.adaptive import (
-    DraftCandidate, ForwardCostModel, NodeAcceptance, choose_draft_lengths, shared_acceptance,
+    IDLE_FORGETTING, DraftCandidate, ForwardCostModel, NodeAcceptance, choose_draft_lengths, shared_acceptance,
 )
 from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
@@ -249,6 +249,8 @@ class BatchScheduler:
             self.cost_model.observe(offset, time.perf_counter() - started, mixed=len(sizes) == 2)
         self.steps += 1
         self.last_draft_lengths = [r.draft_length for r in decoding]
+        if not any(len(entry.token_ids) > 1 for request, entry, _ in plans if not request.prefilling):
+            self.shared_acceptance.forget(1.0 - IDLE_FORGETTING)
         first_row, offset = 0, 0
         for (request, entry, draft), want in zip(plans, wanted):
             n = len(entry.token_ids)
@@ -308,8 +310,11 @@ class BatchScheduler:
             if nodes > 0:
                 tree = request.drafter.propose(context, nodes, depth).prune(depth, nodes)
                 request.node_depths = tree.depths()
-            mask, positions = tree_attention(tree.parents, cached)
-            entry = BatchEntry(request.slot, [context[-1], *tree.tokens], positions=cached + positions, mask=mask[0, 0])
+            if len(tree):
+                mask, positions = tree_attention(tree.parents, cached)
+                entry = BatchEntry(request.slot, [context[-1], *tree.tokens], positions=cached + positions, mask=mask[0, 0])
+            else:  # plain decoding: the root alone, a plain causal entry
+                entry = BatchEntry(request.slot, [context[-1]])
             draft = tree
         else:
             drafts = []
@@ -349,7 +354,7 @@ class BatchScheduler:
             tree: DraftTree = draft
             depths = [0, *tree.depths()]
             positions = [request.output_index + d for d in depths]
-            paths = node_paths(tree)
+            paths = tree.row_paths()
             if request.chooser.greedy or self.acceptance_rule != "typical":
                 path, token = greedy_tree_accept(request.chooser.choose_at(logits, positions, paths), tree)
             else:
@@ -391,11 +396,3 @@ class BatchScheduler:
             self._finish(request)
         request.emit(StepOutput(tokens, reason is not None, reason, replace(request.stats)))
 
-
-def node_paths(tree: DraftTree) -> list[list[int]]:
-    """Per row of a tree verification (the root, then each node): the draft tokens between the
-    committed history and that row, i.e. the node's ancestors' tokens and its own."""
-    paths: list[list[int]] = [[]]
-    for token, parent in zip(tree.tokens, tree.parents):
-        paths.append([*paths[parent + 1], token])
-    return paths

@@ -58,6 +58,15 @@ class DraftTree:
             kids[p + 1].append(i)
         return kids
 
+    def row_paths(self) -> list[list[int]]:
+        """Per row of a tree verification (the root, then each node): the draft tokens between the
+        committed history and that row, ``[]`` for the root, then each node's ancestors' tokens and
+        its own (the history that penalties and ``min_tokens`` see at that row)."""
+        paths: list[list[int]] = [[]]
+        for token, parent in zip(self.tokens, self.parents):
+            paths.append([*paths[parent + 1], token])
+        return paths
+
     def prune(self, max_depth: int, max_nodes: int | None = None) -> "DraftTree":
         """Drop nodes deeper than ``max_depth`` and, breadth-first, those past ``max_nodes``."""
         depths = self.depths()

@@ -74,7 +74,7 @@ class TreeSpeculativeEngine(SpeculativeEngine):
         hidden = self.target.hidden([context[-1], *tree.tokens], positions=cached + depth, mask=mask)
         logits = self.target.project(hidden)
         sampler = request.sampler
-        paths = _node_paths(tree) if sampler.params.penalised or sampler.params.min_tokens > 0 else None
+        paths = tree.row_paths() if sampler.params.penalised or sampler.params.min_tokens > 0 else None
         if sampler.greedy:
             path, token = greedy_tree_accept(sampler.greedy_logits(logits, paths).argmax(-1), tree)
         elif self.acceptance == "typical":
@@ -91,11 +91,3 @@ class TreeSpeculativeEngine(SpeculativeEngine):
         stats.total_accepted_draft_tokens += len(path)
         return committed
 
-
-def _node_paths(tree: DraftTree) -> list[list[int]]:
-    """Tokens from the root to each scored row: ``[]`` for the root, then each node's path including
-    itself (the history that the penalties and ``min_tokens`` see at that row)."""
-    paths: list[list[int]] = [[]]
-    for token, parent in zip(tree.tokens, tree.parents):
-        paths.append(paths[parent + 1] + [token])
-    return paths
