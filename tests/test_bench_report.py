@@ -120,3 +120,16 @@ def test_the_run_records_its_command_line(monkeypatch):
     monkeypatch.setattr("sys.argv", ["/venv/bin/specpipe", "bench", "--url", "a b=h:1"])
     run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1,)))
     assert run.command == "specpipe bench --url 'a b=h:1'"
+
+
+def test_interleaved_table_gives_gain_and_drafting_share(tmp_path):
+    from specpipe.bench.markdown import interleaved_table
+
+    rows = [{"deployment": "none", "concurrency": 1, "output_tok_s": 30.0, "speedup": 1.0, "draft_lengths": {"0": 10}},
+            {"deployment": "ngram", "concurrency": 1, "output_tok_s": 33.0, "speedup": 1.1,
+             "draft_lengths": {"0": 6, "1": 3, "2": 1}}]
+    path = tmp_path / "interleaved.json"
+    path.write_text(json.dumps({"command": "python b.py", "date": "2026-12-01", "torch": "2.13.0", "levels": rows}))
+    table = interleaved_table(path)
+    assert table.startswith("`python b.py` (measured 2026-12-01, torch 2.13.0):")
+    assert "| ngram | 33.0 (1.10×, drafts in 40 %) |" in table and "| none | 30.0 (1.00×, drafts in 0 %) |" in table

@@ -92,3 +92,28 @@ def load_table(path: str | Path) -> str:
               f"specpipe {bench['specpipe_version']}):")
     return "\n\n".join([header, "Output tokens/s (gain against the baseline at the same concurrency):",
                         throughput_table(bench), "Time to first token and memory:", latency_table(bench)]) + "\n"
+
+
+def interleaved_table(path: str | Path) -> str:
+    """The table of ``benchmarks/adaptive_interleaved.py``'s JSON at ``path`` (output tok/s and gain per
+    deployment and concurrency, the share of decoding steps that drafted), with its command.
+
+    Raises:
+        FileNotFoundError: no such file; json.JSONDecodeError / KeyError: not that benchmark's output.
+    """
+    report = json.loads(Path(path).read_text(encoding="utf-8"))
+    levels = sorted({row["concurrency"] for row in report["levels"]})
+    names = list(dict.fromkeys(row["deployment"] for row in report["levels"]))
+    cell = {(row["deployment"], row["concurrency"]): row for row in report["levels"]}
+    lines = [f"`{report['command']}` (measured {report['date']}, torch {report['torch']}):", "",
+             "| deployment | " + " | ".join(f"concurrency {c}" for c in levels) + " |",
+             "|---|" + "---|" * len(levels)]
+    for name in names:
+        cells = []
+        for c in levels:
+            row = cell[(name, c)]
+            steps = sum(row["draft_lengths"].values())
+            drafted = steps - row["draft_lengths"].get("0", 0)
+            cells.append(f"{row['output_tok_s']:.1f} ({row['speedup']:.2f}×, drafts in {100 * drafted / steps:.0f} %)")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
