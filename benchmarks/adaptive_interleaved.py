@@ -31,7 +31,7 @@ from transformers import AutoTokenizer
 
 from specpipe.bench.prompts import load_prompts
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.dense_rows import apply_dense_rows
+from specpipe.runtime.cpu.dense_rows import apply_dense_rows, dense_copies_wanted
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler import BatchScheduler
 
@@ -78,7 +78,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lanes, cost_curves = [], {}
     for engine_dir in args.engines:
-        engine, manifest = load_engine(engine_dir, dense_copy=True)
+        engine, manifest = load_engine(engine_dir, dense_copy=dense_copies_wanted(None))
         apply_dense_rows(engine, None)
         scheduler = BatchScheduler(engine, max_batch_size=8)
         lanes.append(Lane(manifest.name, scheduler))

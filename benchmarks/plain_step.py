@@ -6,8 +6,8 @@ the median over ``--reps`` interleaved runs of (wall time of ``--tokens`` steps)
 
 * ``specpipe``: :class:`~specpipe.runtime.cpu.batched_lm.BatchedLM` (the scheduler's forward) plus
   ``lm_head`` and the argmax, one request, twice: with the decoder's dense weight copies used for one
-  row (what a deployment does where they pay, :mod:`specpipe.runtime.cpu.dense_rows`) and with the
-  prepacked oneDNN kernels only (``--dense-rows 0``);
+  row (``F.linear``, ``--dense-rows all``) and with the prepacked kernels only (MKL's packed GEMM where
+  PyTorch has MKL: what a deployment runs by default, :mod:`specpipe.runtime.cpu.dense_rows`);
 * ``llama.cpp``: llama-cpp-python's ``generate`` with ``top_k=1`` on an f32 GGUF of the same checkpoint
   (see ``benchmarks/llama_cpp_column.py`` for building llama-cpp-python and the GGUF).
 

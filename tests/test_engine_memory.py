@@ -48,6 +48,23 @@ def engine_tensors(obj, seen: set[int] | None = None) -> list[torch.Tensor]:
     return found
 
 
+def engine_modules(obj, seen: set[int] | None = None) -> list[torch.nn.Module]:
+    """Every module reachable from ``obj`` through attributes, lists and dicts (target, drafter, heads)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (torch.Tensor, type)):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.nn.Module):
+        return list(obj.modules())
+    if isinstance(obj, (list, tuple)):
+        children = list(obj)
+    elif isinstance(obj, dict):
+        children = list(obj.values())
+    else:
+        children = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+    return [module for child in children for module in engine_modules(child, seen)]
+
+
 def file_mappings(paths: list[Path]) -> list[tuple[int, int]]:
     """Address ranges of this process's memory maps of ``paths`` (``/proc/self/maps``)."""
     names = {str(p.resolve()) for p in paths}
@@ -89,7 +106,9 @@ def check_one_copy(engine_dir: Path, engine) -> None:
         allowed += lm.size * target.config.hidden_size * 4  # rows copied out of the lm_head
     if isinstance(drafter, ReducedVocabDraftModelDrafter):
         allowed += drafter._weight.numel() * 4  # the draft's lm_head rows over its draft vocabulary
-    held = tensor_bytes(tensors)
+    packed_sizes = {id(m.weight): m.in_features * m.out_features * m.weight.element_size()
+                    for m in engine_modules(engine) if isinstance(m, PrepackedLinear) and m.weight is not None}
+    held = tensor_bytes(tensors, packed_sizes)
     assert held <= allowed * 1.02, f"the engine holds {held / 2**20:.0f} MiB for {allowed / 2**20:.0f} MiB of weights"
 
 

@@ -1,4 +1,4 @@
-"""Prepacked (oneDNN) linear layers: same results as nn.Linear, applied by the engine loader after the
+"""Prepacked (MKL or oneDNN) linear layers: same results as nn.Linear, applied by the engine loader after the
 drafters took their dense copies, and greedy decoding unchanged."""
 
 from __future__ import annotations
@@ -19,25 +19,51 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["reordered-weight", "mkldnn-tensor"])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (1, 5, 64), (2, 3, 64)])
-def test_prepacked_linear_matches_nn_linear(shape, bias, fused, monkeypatch):
+KERNELS = {
+    "mkl": lambda prepack: prepack.mkl_packed_gemm_available(),
+    "onednn": lambda prepack: prepack._fused_linear_available(),
+    "mkldnn-tensor": lambda prepack: True,
+}
+
+
+def _force_kernel(monkeypatch, kernel: str) -> None:
     from specpipe.runtime.cpu import prepack
 
-    if fused and not prepack._fused_linear_available():
-        pytest.skip("this PyTorch build lacks mkldnn._linear_pointwise")
-    monkeypatch.setattr(prepack, "_fused_linear_available", lambda: fused)
+    if not KERNELS[kernel](prepack):
+        pytest.skip(f"this PyTorch build lacks the {kernel} kernel")
+    monkeypatch.setattr(prepack, "mkl_packed_gemm_available", lambda: kernel == "mkl")
+    monkeypatch.setattr(prepack, "_fused_linear_available", lambda: kernel == "onednn")
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (1, 5, 64), (2, 3, 64), (0, 64)])
+def test_prepacked_linear_matches_nn_linear(shape, bias, kernel, monkeypatch):
+    _force_kernel(monkeypatch, kernel)
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48, bias=bias)
     packed = PrepackedLinear(linear)
-    assert packed._packed is fused
+    assert packed.kernel == kernel
     x = torch.randn(*shape)
     with torch.inference_mode():
         expected, got = linear(x), packed(x)
     assert got.shape == (*shape[:-1], 48) and got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(got, torch.zeros_like(got))
+    assert not x.numel() or not torch.equal(got, torch.zeros_like(got))
+
+
+@pytest.mark.parametrize("in_features", [64, 576, 1536])
+def test_mkl_packed_rows_do_not_depend_on_the_other_rows(in_features, monkeypatch):
+    """One packing serves every row count, and a row's output is bitwise the same alone or among 1-130
+    others (what keeps a request's greedy tokens independent of its batch)."""
+    _force_kernel(monkeypatch, "mkl")
+    torch.manual_seed(1)
+    packed = PrepackedLinear(torch.nn.Linear(in_features, 200, bias=False))
+    x = torch.randn(131, in_features)
+    with torch.inference_mode():
+        alone = torch.cat([packed(row[None]) for row in x])
+        for rows in (2, 3, 8, 13, 131):
+            assert torch.equal(packed(x[:rows]), alone[:rows]), rows
 
 
 def test_prepack_replaces_every_fp32_linear_and_keeps_the_rest():

@@ -19,8 +19,8 @@ from specpipe.progress import result
 @click.option("--name", "plan_name", default=None, help="Repository name with --from-plan.")
 @click.option("--dense-rows", default="auto", show_default=True, callback=lambda ctx, param, value: _dense_rows(value),
               help="CPU runtime: inputs of at most this many rows use dense weight copies instead of the packed "
-                   "kernels ('auto': measured at load; 'all': dense weights only; 0: packed only; 'all' and 0 keep "
-                   "one copy of the weights).")
+                   "kernels ('auto': packed only with MKL's packed GEMM, else measured at load; 'all': dense weights "
+                   "only; 0: packed only; 'all' and 0 keep one copy of the weights).")
 def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> None:
     """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
     from specpipe.triton.repository import package_engine, package_plan

@@ -1,12 +1,18 @@
-"""Which kernel runs a linear layer: measured at load, like the forward cost model.
+"""Which kernel runs a linear layer: decided at load, like the forward cost model.
 
 A :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` built with a dense copy can compute inputs of
-at most ``dense_rows`` rows with ``F.linear`` on that copy (MKL) instead of oneDNN's packed kernel.
-Which is faster depends on the CPU and its libraries: on 2 cores of an Intel Xeon (AVX-512, AMX) the
-dense copy makes a one-token SmolLM2 forward about 25 % faster and is about as fast from 8 rows on
-(see :mod:`~specpipe.runtime.cpu.prepack`); on AMD Zen the packed kernel wins from 2 rows on.
-:func:`choose_dense_rows` times the target's batched forward both ways at 1, 2, 4, 8 and 12 rows (one
-token per request) and at 32 and 128 rows (a prompt chunk), then keeps one of three layouts:
+at most ``dense_rows`` rows with ``F.linear`` on that copy instead of its packed kernel.
+
+Where the packed kernel is MKL's packed GEMM (:func:`~specpipe.runtime.cpu.prepack.mkl_packed_gemm_available`),
+``auto`` loads no copies (:func:`dense_copies_wanted`): on 2 cores of an Intel Xeon (AVX-512, AMX) a
+SmolLM2 forward with it takes 1.03-1.10x the dense copy's time at 1-3 rows and 0.90-0.94x from 4 rows
+on (a verification, a batch, a prompt chunk), with one copy of the weights.
+
+Where it is oneDNN's, which is faster depends on the CPU: on the same Xeon the dense copy made a
+one-token forward about 25 % faster and was about as fast from 8 rows on; on AMD Zen the packed kernel
+won from 2 rows on. :func:`choose_dense_rows` then times the target's batched forward both ways at 1, 2,
+4, 8 and 12 rows (one token per request) and at 32 and 128 rows (a prompt chunk), and keeps one of
+three layouts:
 
 * **dense only** where the dense copy is not slower on average (geometric mean of the time ratios over
   the measured row counts at most 1.05, none above 1.25): the packed weights are dropped and every
@@ -25,7 +31,8 @@ from dataclasses import dataclass
 
 from specpipe.runtime.cpu.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.prepack import ALL_ROWS, drop_dense_copies, drop_packed_weights, set_dense_rows
+from specpipe.runtime.cpu.prepack import (ALL_ROWS, drop_dense_copies, drop_packed_weights, mkl_packed_gemm_available,
+                                          set_dense_rows)
 from specpipe.runtime.cpu.weights_memory import release_freed_memory
 
 #: Row counts timed by :func:`choose_dense_rows` as one token per request (12: an EAGLE tree verification).
@@ -68,7 +75,8 @@ class DenseRowsChoice:
     def describe(self) -> str:
         """One line for the server log."""
         if not self.measured_rows:
-            return "no dense copies loaded: packed kernels only"
+            kernel = "MKL's packed GEMM" if mkl_packed_gemm_available() else "oneDNN"
+            return f"no dense copies loaded: packed kernels only ({kernel}, one copy of the weights)"
         timings = ", ".join(f"{n} rows {d:.1f} vs {p:.1f} ms" for n, d, p in zip(self.measured_rows, self.dense_ms, self.packed_ms))
         if self.rows >= ALL_ROWS:
             verdict = f"dense weights only, packed copies dropped ({self.copy_bytes / 2**20:.0f} MiB freed)"
@@ -96,6 +104,15 @@ def rows_from_timings(measured_rows: Sequence[int], dense_ms: Sequence[float], p
             break
         rows = n
     return rows
+
+
+def dense_copies_wanted(rows: int | None) -> bool:
+    """Whether to load the engine with dense weight copies for the parsed ``dense_rows`` setting
+    ``rows`` (:func:`parse_dense_rows`): for a row count or ``all``, and for ``auto`` (``None``) only
+    where the packed kernel is oneDNN's (module doc)."""
+    if rows is None:
+        return not mkl_packed_gemm_available()
+    return rows != 0
 
 
 def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, context: int = 64,

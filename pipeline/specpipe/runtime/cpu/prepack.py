@@ -1,31 +1,40 @@
 """Prepacked fp32 linear layers: the CPU counterpart of building an engine.
 
-PyTorch's default CPU ``nn.Linear`` repacks the weight matrix on every call when the input has more
-than one row, so verifying several draft tokens at once costs far more than one decode step. oneDNN's
-linear operator with a weight reordered once, ahead of time (``torch.ops.mkldnn._reorder_linear_weight``
-and ``_linear_pointwise``, the pair TorchInductor's CPU freezing pass emits; ``aten.mkldnn_linear``
-on a ``Tensor.to_mkldnn`` weight where that pair is missing) avoids it. Measured on 2 Zen 4 cores with
-SmolLM2-135M (fp32, 200-token context), one target forward plus lm_head over n new tokens:
+PyTorch's default CPU ``nn.Linear`` (MKL's ``sgemm`` on the plain ``[out, in]`` weight) packs the weight
+again on every call with more than one row, so its time grows steeply with the rows: verifying a few
+draft tokens costs far more than one decoding step. Packing the weight once, at load, avoids that. Two
+packed kernels exist in PyTorch, each the one TorchInductor's CPU freezing pass emits:
 
-=========  =====================  ====================
- n         ``nn.Linear`` (ms)     prepacked (ms)
-=========  =====================  ====================
- 1          38                    22
- 12 (tree)  71                    28
-=========  =====================  ====================
+* **MKL's packed GEMM** (``torch.ops.mkl._mkl_reorder_linear_weight`` / ``_mkl_linear``, i.e.
+  ``cblas_sgemm_pack`` / ``cblas_sgemm_compute``), for fp32 where PyTorch has MKL. Measured on 2 cores
+  of an Intel Xeon (AVX-512, AMX), SmolLM2-135M's linear layers and lm_head (ms, fastest of 5):
+
+  =====  ===============  ==============
+  rows   ``F.linear``     MKL packed
+  =====  ===============  ==============
+  1       21.2             19.9
+  4       37.0             26.3
+  8       49.7             30.6
+  12      58.8             32.0
+  128    145.2            120.8
+  =====  ===============  ==============
+
+  One packing serves every row count, and each output row is computed the same way whatever the
+  other rows (bitwise; ``tests/test_engine_prepack.py``), so a request's logits do not depend on the
+  batch it shares.
+* **oneDNN's linear** with a reordered weight (``torch.ops.mkldnn._reorder_linear_weight`` /
+  ``_linear_pointwise``; ``aten.mkldnn_linear`` on a ``Tensor.to_mkldnn`` weight where that pair is
+  missing), for bf16 layers (drafts) and for fp32 without MKL. On 2 Zen 4 cores it took a SmolLM2
+  forward plus lm_head from 38 to 22 ms at one row and from 71 to 28 ms at 12 rows; on the Xeon above
+  it is slower than ``F.linear`` for few rows.
 
 Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
 many tokens a forward holds, which breaks the greedy identity of speculative decoding).
 
-For few rows the packed kernel can be the slower one: measured on 2 cores of an Intel Xeon (AVX-512,
-AMX), SmolLM2's decoder linear layers take about 20-24 ms packed against 14-17 ms with ``F.linear`` on
-the plain ``[out, in]`` weight (MKL) at 1-2 rows, about the same from 8 rows on, and the plain weight
-is faster again at 128 rows (a prompt chunk). A layer can therefore keep a *dense copy*
-(``dense_copy=True``) and use it for inputs of at most :attr:`PrepackedLinear.dense_rows` rows, or,
-where the copy is never much slower, keep only the copy (:func:`drop_packed_weights`: one copy of the
-weights, as loaded). :mod:`~specpipe.runtime.cpu.dense_rows` measures which at load. Both kernels round
-differently (about 1e-6 relative), as the packed kernel already does between row counts for some
-shapes (SmolLM2's ``down_proj``, K = 1536).
+A layer can also keep a *dense copy* (``dense_copy=True``) and use it for inputs of at most
+:attr:`PrepackedLinear.dense_rows` rows, or keep only the copy (:func:`drop_packed_weights`: one copy of
+the weights, as loaded); :mod:`~specpipe.runtime.cpu.dense_rows` decides at load. The kernels round
+differently (about 1e-6 relative).
 """
 
 from __future__ import annotations
@@ -37,6 +46,32 @@ import torch.nn.functional as F
 
 #: ``dense_rows`` of a layer that has only its dense copy left (:func:`drop_packed_weights`).
 ALL_ROWS = 1 << 62
+
+
+@functools.cache
+def mkl_packed_gemm_available() -> bool:
+    """Whether PyTorch has MKL's packed-weight GEMM (``cblas_sgemm_pack`` / ``cblas_sgemm_compute``
+    behind ``torch.ops.mkl._mkl_reorder_linear_weight`` and ``_mkl_linear``, the pair TorchInductor's
+    CPU freezing pass emits for fp32 linear layers where MKL is present)."""
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")):
+        return False
+    return _one_packing_serves_every_row_count()
+
+
+def _one_packing_serves_every_row_count() -> bool:
+    """MKL documents the packed buffer's size, not its layout, as a function of the row count it was
+    packed for; check once per process that a weight packed for :data:`MKL_PACK_ROWS` rows computes
+    1, 3 and 17 rows as ``F.linear`` does."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(37, 29, generator=generator)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
+    for rows in (1, 3, 17):
+        x = torch.randn(rows, 29, generator=generator)
+        got = torch.ops.mkl._mkl_linear(x, packed, _shape_only(37, 29), None, rows)
+        if not torch.allclose(got, F.linear(x, weight), rtol=1e-4, atol=1e-5):
+            return False
+    return True
 
 
 @functools.cache
@@ -64,14 +99,36 @@ def bf16_prepack_available() -> bool:
         return False
 
 
+#: The row count MKL's packing is tuned for (``cblas_sgemm_pack``'s ``m``; the packed weight serves
+#: any row count). Measured on 2 Xeon cores with SmolLM2's layers: a hint of 16 or 128 gives the same
+#: time at 1-16 rows, 128 is faster for a 32- or 128-token prompt chunk.
+MKL_PACK_ROWS = 128
+
+
+def _shape_only(rows: int, columns: int) -> torch.Tensor:
+    """A ``[rows, columns]`` fp32 tensor of zeros that holds one element: ``_mkl_linear`` takes the
+    unpacked weight only to fall back to when its ``batch_size`` is not the input's row count, which
+    :class:`PrepackedLinear` always passes."""
+    return torch.zeros((), dtype=torch.float32).expand(rows, columns)
+
+
 def _packable_dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if bf16_prepack_available() else (torch.float32,)
 
 
 class PrepackedLinear(torch.nn.Module):
     """An fp32 (or, where :func:`bf16_prepack_available`, bf16) linear layer whose weight
-    ``[out_features, in_features]`` is held in oneDNN's layout. Maps ``[..., in_features]`` to
-    ``[..., out_features]`` in the weight's dtype (inputs are cast to it); inference only.
+    ``[out_features, in_features]`` is held packed for its kernel, once, at load. Maps
+    ``[..., in_features]`` to ``[..., out_features]`` in the weight's dtype (inputs are cast to it);
+    inference only.
+
+    Kernels (:attr:`kernel`), in order of preference:
+
+    * ``"mkl"`` (fp32, :func:`mkl_packed_gemm_available`): MKL's packed-weight GEMM. The weight is
+      streamed once per call whatever the row count, and each output row is computed the same way
+      whatever the other rows are (bitwise), so a request's logits do not depend on its batch;
+    * ``"onednn"``: oneDNN's linear with a reordered weight (bf16 layers, or fp32 without MKL);
+    * ``"mkldnn-tensor"``: ``aten.mkldnn_linear`` on a ``Tensor.to_mkldnn`` weight (older builds).
 
     Args:
         linear: the layer to copy (its weight and bias, if any, are copied; it is left unchanged).
@@ -89,19 +146,29 @@ class PrepackedLinear(torch.nn.Module):
         self.dense = weight.clone() if dense_copy and self.dtype == torch.float32 else None
         self.dense_bias = None if self.dense is None or bias is None else bias.clone()
         self.dense_rows = 0
-        if _fused_linear_available():
-            self._packed = True
+        self.bias = bias
+        if self.dtype == torch.float32 and mkl_packed_gemm_available():
+            self.kernel = "mkl"
+            self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
+            self._shape_only = _shape_only(self.out_features, self.in_features)
+        elif _fused_linear_available():
+            self.kernel = "onednn"
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
-            self.bias = bias
         else:
-            self._packed = False
+            self.kernel = "mkldnn-tensor"
             self.weight = weight.to_mkldnn()
             self.bias = None if bias is None else bias.to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense_rows and x.numel() <= self.dense_rows * self.in_features and self.dense is not None:
             return F.linear(x.float(), self.dense, self.dense_bias)
-        if self._packed:
+        if self.kernel == "mkl":
+            rows = x.reshape(-1, self.in_features).float().contiguous()
+            if not len(rows):
+                return x.new_zeros(*x.shape[:-1], self.out_features, dtype=torch.float32)
+            out = torch.ops.mkl._mkl_linear(rows, self.weight, self._shape_only, self.bias, len(rows))
+            return out.reshape(*x.shape[:-1], self.out_features)
+        if self.kernel == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype).contiguous(), self.weight, self.bias, "none", [], "")
         rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
         out = torch.ops.aten.mkldnn_linear(rows, self.weight, self.bias).to_dense()

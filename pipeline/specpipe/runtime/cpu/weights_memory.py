@@ -85,14 +85,23 @@ def resident_bytes() -> dict[str, int]:
     return found
 
 
-def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+def tensor_bytes(tensors: Iterable[torch.Tensor], packed_sizes: dict[int, int] | None = None) -> int:
     """Bytes held by ``tensors``, each storage counted once (dense tensors: their storage's size, keyed
-    by its address; oneDNN-layout tensors, which own their buffer: elements x element size)."""
+    by its address; oneDNN-layout tensors, which own their buffer: elements x element size).
+
+    Args:
+        packed_sizes: bytes of the packed tensors (by ``id``) whose element count is not their size:
+            MKL's packed GEMM (:class:`~specpipe.runtime.cpu.prepack.PrepackedLinear`, kernel ``"mkl"``)
+            allocates a buffer of ``cblas_sgemm_pack_get_size`` floats, 2-4x the weight for SmolLM2's
+            layers, and writes, so makes resident, only the weight's size of it.
+    """
+    packed_sizes = packed_sizes or {}
     seen: set[int] = set()
     total = 0
     for tensor in tensors:
         if tensor.is_mkldnn:
-            key, size = id(tensor), tensor.numel() * tensor.element_size()
+            key = id(tensor)
+            size = packed_sizes.get(key, tensor.numel() * tensor.element_size())
         else:
             storage = tensor.untyped_storage()
             key, size = storage.data_ptr(), storage.nbytes()

@@ -29,9 +29,10 @@ but verified: one target forward over prompt + drafts commits the accepted draft
 
 Model parameters: ``gpt_model_path`` (absolute engine directory, TensorRT-LLM's name for it),
 ``exclude_input_in_output`` (default for requests that do not set it; default false), ``dense_rows``
-(``auto``, the default: measure at load whether dense weight copies beat the packed kernels for few
-rows, :mod:`specpipe.runtime.cpu.dense_rows`; a row count; ``0``: packed kernels only, one copy of the
-weights).
+(``auto``, the default: the packed kernels only where they are MKL's packed GEMM, else measure at
+load whether dense weight copies beat them for few rows, :mod:`specpipe.runtime.cpu.dense_rows`; a row
+count; ``all``: dense copies only; ``0``: packed kernels only; both of the last two keep one copy of
+the weights).
 """
 
 from __future__ import annotations
@@ -307,7 +308,7 @@ class TritonPythonModel:
     """Triton entry point (loaded through the repository's ``tensorrt_llm/1/model.py``)."""
 
     def initialize(self, args):
-        from specpipe.runtime.cpu.dense_rows import apply_dense_rows, parse_dense_rows
+        from specpipe.runtime.cpu.dense_rows import apply_dense_rows, dense_copies_wanted, parse_dense_rows
         from specpipe.runtime.cpu.loader import load_engine
 
         params = model_parameters(args)
@@ -320,7 +321,7 @@ class TritonPythonModel:
         dense_rows = parse_dense_rows(params.get("dense_rows"))  # a bad value fails before the weights load
 
         def load():
-            engine, self.manifest = load_engine(Path(engine_dir), dense_copy=dense_rows != 0)
+            engine, self.manifest = load_engine(Path(engine_dir), dense_copy=dense_copies_wanted(dense_rows))
             warm_up_engine(engine, logger.log_info)  # on the engine thread, before the model reports ready
             logger.log_info(f"specpipe: linear kernels for few rows: {apply_dense_rows(engine, dense_rows)}")
             limits = self.manifest.limits or {}
