@@ -1,0 +1,87 @@
+"""Tokens per decoding step of a speculative CPU engine on the benchmark's chat prompts against prompts of
+its draft's training distribution (not a test; the figures do not depend on the machine's speed).
+
+Each prompt is decoded greedily alone, with every step verifying the engine's full draft (fixed
+``max_draft_len``, the adaptive rule off), so the figure is the draft's quality, not the rule's
+choice: output tokens over decoding steps, the prefill's token left out. The two prompt sets:
+
+* ``bench-chat``: the first ``--prompts`` of ``specpipe bench --chat`` (written for the benchmark,
+  never trained on);
+* ``training-style``: ``--prompts`` questions and requests from
+  :func:`~specpipe.training.prompts.builtin_prompts` (:data:`CHAT_CATEGORIES`) with a seed other than
+  training's, i.e. the templates and topics the heads were trained on.
+
+Usage::
+
+    PYTHONPATH=pipeline python benchmarks/draft_acceptance.py engines/smollm2-135m-eagle \\
+        [--prompts 6] [--tokens 96] [--out benchmarks/results/draft_acceptance.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from specpipe.bench.prompts import load_prompts
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.loader import load_engine
+from specpipe.runtime.cpu.scheduler import BatchScheduler
+from specpipe.training.prompts import builtin_prompts
+
+
+#: The training prompts' categories that are, like the benchmark's chat set, questions and requests
+#: (not summaries or edits of standard-library text, which any drafter copies from the prompt).
+CHAT_CATEGORIES = ("chat", "advice", "list")
+
+
+def tokens_per_step(scheduler: BatchScheduler, tokenizer, prompts: list[str], max_tokens: int) -> tuple[float, int]:
+    """Mean output tokens per decoding step over ``prompts`` decoded one at a time, and the step count."""
+    sizes: list[int] = []
+    for prompt in prompts:
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+        chunks: list[int] = []
+        scheduler.submit(ids, SamplingParams(max_tokens=max_tokens), lambda out: chunks.append(len(out.token_ids)))
+        while scheduler.has_work:
+            scheduler.step()
+        sizes += chunks[1:]  # the first chunk is the prefill's token
+    return sum(sizes) / len(sizes), len(sizes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("engine", type=Path)
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--seed", type=int, default=1, help="builtin_prompts seed of the training-style set")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    engine, manifest = load_engine(args.engine)
+    tokenizer = AutoTokenizer.from_pretrained(args.engine / manifest.target.path)
+    sets = {
+        "bench-chat": [p.text for p in load_prompts("chat")[0][: args.prompts]],
+        "training-style": [p.text for p in builtin_prompts(seed=args.seed) if p.category in CHAT_CATEGORIES][: args.prompts],
+    }
+    results = []
+    for name, prompts in sets.items():
+        scheduler = BatchScheduler(engine, max_batch_size=1, adaptive=False)
+        mean, steps = tokens_per_step(scheduler, tokenizer, prompts, args.tokens)
+        results.append({"prompts": name, "tokens_per_step": round(mean, 3), "steps": steps, "first_prompt": prompts[0]})
+        print(json.dumps(results[-1]), flush=True)
+    report = {"command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
+              "engine": manifest.name, "max_draft_len": engine.max_draft_len, "results": results}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
