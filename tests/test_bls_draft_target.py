@@ -3,6 +3,7 @@ verification on the CPU engine, and the BLS model end to end with in-process sta
 models it calls (greedy output equals the target's own, streamed text equals non-streamed)."""
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -105,13 +106,15 @@ def engines(tmp_path_factory):
 def test_verifier_accepts_the_target_own_tokens_and_adds_one(engines):
     target, *_ = engines
     prompt = [5, 9, 17, 33]
-    greedy, _ = target.generate_all(prompt, SamplingParams(max_tokens=6, end_id=999))
-    step = next(DraftVerifier(target, greedy[:4]).generate(prompt, SamplingParams(max_tokens=10, end_id=999)))
+    free = SamplingParams(max_tokens=6, end_id=target.target.vocab_size - 1)  # an end id it does not generate here
+    greedy, _ = target.generate_all(prompt, free)
+    assert len(greedy) == 6
+    step = next(DraftVerifier(target, greedy[:4]).generate(prompt, replace(free, max_tokens=10)))
     assert step.token_ids == greedy[:5] and step.stats.total_accepted_draft_tokens == 4 and step.stats.total_draft_tokens == 4
     wrong = [(greedy[0] + 1) % 100] + greedy[1:3]
-    step = next(DraftVerifier(target, wrong).generate(prompt, SamplingParams(max_tokens=10, end_id=999)))
+    step = next(DraftVerifier(target, wrong).generate(prompt, replace(free, max_tokens=10)))
     assert step.token_ids == greedy[:1] and step.stats.total_accepted_draft_tokens == 0
-    step = next(DraftVerifier(target, greedy[:4]).generate(prompt, SamplingParams(max_tokens=2, end_id=999)))
+    step = next(DraftVerifier(target, greedy[:4]).generate(prompt, replace(free, max_tokens=2)))
     assert step.token_ids == greedy[:2] and step.stats.total_draft_tokens == 1  # K + 1 fits max_tokens
     with pytest.raises(ValueError, match="draft_input_ids contains ids outside the vocabulary"):
         DraftVerifier(target, [10**6]).generate(prompt, SamplingParams(max_tokens=4))

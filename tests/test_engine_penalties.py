@@ -121,3 +121,9 @@ def test_sampling_with_penalties_is_seeded_and_uses_the_penalised_distribution(t
 def test_bad_penalties_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         validate_request([1, 2], SamplingParams(4, **{field: value}), vocab_size=10, max_context=64)
+
+
+@pytest.mark.parametrize("end_id", [10, 10**6, -1, -7])
+def test_an_end_id_outside_the_vocabulary_is_refused_naming_the_range(end_id):
+    with pytest.raises(ValueError, match=r"end_id must be a token id in \[0, 10\)"):
+        validate_request([1, 2], SamplingParams(4, end_id=end_id, min_tokens=2), vocab_size=10, max_context=64)

@@ -239,6 +239,17 @@ def test_models_and_model_retrieve(client):
         client.models.retrieve("other-model")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_model_this_gateway_does_not_serve_is_not_found(client, fake, stream):
+    served = len(fake.requests)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.completions.create(model="other-model", prompt="hi", max_tokens=3, stream=stream)
+    assert caught.value.body["code"] == "model_not_found" and "other-model" in caught.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other-model", messages=FRUITS, max_tokens=3, stream=stream)
+    assert len(fake.requests) == served  # nothing reached the deployment
+
+
 @pytest.mark.parametrize("method, path, status", [("GET", "/nope", 404), ("GET", "/v1/chat/completions", 405),
                                                   ("DELETE", "/v1/models", 405), ("POST", "/v1/models/x", 405),
                                                   ("GET", "/v1/engines", 404)])

@@ -27,10 +27,17 @@ def test_penalties_and_min_tokens_are_parsed():
 
 @pytest.mark.parametrize("name, value", [("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", np.inf),
                                          ("presence_penalty", np.nan), ("frequency_penalty", -np.inf), ("min_tokens", -2),
-                                         ("request_output_len", 0), ("runtime_top_k", -1), ("runtime_top_p", 1.5)])
+                                         ("request_output_len", 0), ("runtime_top_k", -1), ("runtime_top_p", 1.5),
+                                         ("end_id", -2), ("end_id", -7)])
 def test_bad_values_name_the_input(name, value):
     with pytest.raises(ValueError, match=name.removeprefix("runtime_").replace("request_output_len", "max_tokens")):
         parse_request(_get(**{name: value}))
+
+
+def test_end_id_minus_one_is_the_tokenizers_and_others_pass_through():
+    assert parse_request(_get(end_id=-1)).params.end_id is None
+    assert parse_request(_get(end_id=0)).params.end_id == 0
+    assert parse_request(_get(end_id=10**6)).params.end_id == 10**6  # range-checked by the engine (validate_request)
 
 
 def test_segments_keep_user_special_tokens_as_text():

@@ -52,6 +52,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     min_tokens: int = 0
 
+    def end_ids(self, default: frozenset[int]) -> frozenset[int]:
+        """The token ids this request ends at: ``default`` (the tokenizer's) without an ``end_id``."""
+        return default if self.end_id is None else frozenset((self.end_id,))
+
     @property
     def penalised(self) -> bool:
         """Whether any of the repetition, presence or frequency penalties is on."""

@@ -158,9 +158,15 @@ class Gateway:
 
         wanted = request.match_info["model"]
         if wanted != self.name:
-            error = APIError(404, f"The model '{wanted}' does not exist: this gateway serves '{self.name}'", "model")
-            return web.json_response({"error": {**error.body()["error"], "code": "model_not_found"}}, status=404)
+            return self._model_not_found(wanted)
         return web.json_response(model_object(self.name))
+
+    def _model_not_found(self, wanted: str):
+        """OpenAI's (and vLLM's) answer to a model name the server does not serve: 404 ``model_not_found``."""
+        from aiohttp import web
+
+        error = APIError(404, f"The model '{wanted}' does not exist: this gateway serves '{self.name}'", "model")
+        return web.json_response({"error": {**error.body()["error"], "code": "model_not_found"}}, status=404)
 
     async def openapi(self, request):
         from aiohttp import web
@@ -196,6 +202,8 @@ class Gateway:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise APIError(400, f"the request body is not valid JSON ({exc})") from exc
             parsed = parse_request(body, chat)
+            if parsed.model != self.name:
+                return self._model_not_found(parsed.model)
             prompt = (await self.prompter()).prepare(parsed, segments_supported=await self._segments_supported())
             generation = Generation(self.client, await self.ensemble_request(parsed, prompt), parsed.stop, request)
         except APIError as exc:

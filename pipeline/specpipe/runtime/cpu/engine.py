@@ -121,7 +121,7 @@ class SpeculativeEngine:
             generator.manual_seed(params.seed)
         else:
             generator.seed()
-        end_ids = self.default_end_ids if params.end_id is None else frozenset((params.end_id,))
+        end_ids = params.end_ids(self.default_end_ids)
         request = ActiveRequest(
             context=input_ids,
             sampler=TokenSampler(params, generator, history=input_ids, end_ids=end_ids),

@@ -61,7 +61,7 @@ class DraftVerifier:
             generator.manual_seed(params.seed)
         else:
             generator.seed()
-        end_ids = self.engine.default_end_ids if params.end_id is None else frozenset((params.end_id,))
+        end_ids = params.end_ids(self.engine.default_end_ids)
         sampler = TokenSampler(params, generator, history=list(input_ids), end_ids=end_ids)
         target = self.engine.target
         with torch.inference_mode():

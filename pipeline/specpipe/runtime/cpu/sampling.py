@@ -115,7 +115,7 @@ class TokenSampler:
         self.history = history if history is not None else []
         self.prompt_len = len(self.history)
         if end_ids is None:
-            end_ids = frozenset() if params.end_id is None else frozenset((params.end_id,))
+            end_ids = params.end_ids(frozenset())
         self.end_ids = torch.tensor(sorted(end_ids), dtype=torch.long)
 
     def _history_rules(self, logits: torch.Tensor, paths: list[list[int]] | None) -> torch.Tensor:

@@ -100,11 +100,11 @@ class BatchScheduler:
         """
         input_ids = list(input_ids)
         validate_request(input_ids, params, vocab_size=self.lm.vocab_size, max_context=self.max_context)
-        end_ids = self.engine.default_end_ids if params.end_id is None else frozenset((params.end_id,))
+        end_ids = params.end_ids(self.engine.default_end_ids)
         with self._lock:
             if len(self.active) + len(self._waiting) >= self.max_batch_size + self.max_queue:
-                raise ServerBusy(f"server busy: {self.max_batch_size} requests are running and {len(self._waiting)} "
-                                 f"are waiting (max_queue {self.max_queue}); retry later")
+                raise ServerBusy(f"server busy: {len(self.active)} requests running and {len(self._waiting)} waiting, the "
+                                 f"most it holds ({self.max_batch_size} + max_queue {self.max_queue}); retry later")
             context = list(input_ids)  # extended in place as tokens commit: the penalties' history
             request = BatchRequest(
                 request_id=self._next_id, prompt=input_ids, params=params,

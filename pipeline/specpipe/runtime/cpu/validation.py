@@ -45,6 +45,8 @@ def validate_request(input_ids: list[int], params: SamplingParams, *, vocab_size
             raise ValueError(f"{name} must be a finite number (0 disables it), got {getattr(params, name)}")
     if params.min_tokens < 0:
         raise ValueError(f"min_tokens must be >= 0 (0 disables it), got {params.min_tokens}")
+    if params.end_id is not None and not 0 <= params.end_id < vocab_size:
+        raise ValueError(f"end_id must be a token id in [0, {vocab_size}) (or unset: the tokenizer's), got {params.end_id}")
     bad = [t for t in single_token_bad_words(params) if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"bad_words contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")

@@ -98,6 +98,8 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
     sampling = (top_k is not None and int(top_k) > 1) or top_p is not None
     greedy = not sampling or (top_k is not None and int(top_k) == 1) or (temperature is not None and float(temperature) == 0.0)
     end_id = scalar(get("end_id"), "end_id")
+    if end_id is not None and int(end_id) < -1:
+        raise ValueError(f"end_id must be a token id >= 0, or -1 for the tokenizer's end id, got {int(end_id)}")
     seed = scalar(get("seed"), "seed")
     params = SamplingParams(
         max_tokens=int(max_tokens),
@@ -106,7 +108,7 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
         top_k=0 if top_k is None else int(top_k),
         top_p=1.0 if top_p is None else float(top_p),
         seed=None if seed is None else int(seed),
-        end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
+        end_id=None if end_id is None or int(end_id) == -1 else int(end_id),
         stop_words=from_words_layout(get("stop_words_list")),
         bad_words=from_words_layout(get("bad_words_list")),
         **penalties,
