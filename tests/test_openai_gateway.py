@@ -102,7 +102,7 @@ def test_a_typical_client_snippet_runs_unchanged(deployment):
 
     client = OpenAI(base_url=deployment[0], api_key="EMPTY")
     stream = client.chat.completions.create(
-        model="any-name-works",
+        model=client.models.list().data[0].id,  # the served name; another is a 404, as with vLLM
         messages=[{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Say hello."}],
         max_tokens=6, stream=True,
     )
