@@ -21,20 +21,15 @@ from tiny_models import tiny_llama
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def engine_tensors(obj, seen: set[int] | None = None) -> list[torch.Tensor]:
-    """Every tensor reachable from ``obj`` through modules, attributes, lists and dicts."""
+def reachable_roots(obj, seen: set[int] | None = None) -> list[torch.nn.Module | torch.Tensor]:
+    """The modules and tensors reachable from ``obj`` through attributes, lists and dicts (target,
+    drafter, heads, caches), each once; a module is not looked into."""
     seen = set() if seen is None else seen
     if id(obj) in seen:
         return []
     seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
         return [obj]
-    found: list[torch.Tensor] = []
-    if isinstance(obj, torch.nn.Module):
-        found += list(obj.parameters()) + list(obj.buffers())
-        for module in obj.modules():
-            found += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
-        return found
     if isinstance(obj, (list, tuple)):
         children = list(obj)
     elif isinstance(obj, dict):
@@ -43,26 +38,22 @@ def engine_tensors(obj, seen: set[int] | None = None) -> list[torch.Tensor]:
         children = list(vars(obj).values())
     else:
         return []
-    for child in children:
-        found += engine_tensors(child, seen)
+    return [root for child in children for root in reachable_roots(child, seen)]
+
+
+def engine_modules(engine) -> list[torch.nn.Module]:
+    """Every module reachable from ``engine``, submodules included."""
+    return [module for root in reachable_roots(engine) if isinstance(root, torch.nn.Module) for module in root.modules()]
+
+
+def engine_tensors(engine) -> list[torch.Tensor]:
+    """Every tensor reachable from ``engine``: outside modules, and the parameters, buffers and tensor
+    attributes of every module."""
+    found = [root for root in reachable_roots(engine) if isinstance(root, torch.Tensor)]
+    for module in engine_modules(engine):
+        found += list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+        found += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
     return found
-
-
-def engine_modules(obj, seen: set[int] | None = None) -> list[torch.nn.Module]:
-    """Every module reachable from ``obj`` through attributes, lists and dicts (target, drafter, heads)."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen or isinstance(obj, (torch.Tensor, type)):
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, torch.nn.Module):
-        return list(obj.modules())
-    if isinstance(obj, (list, tuple)):
-        children = list(obj)
-    elif isinstance(obj, dict):
-        children = list(obj.values())
-    else:
-        children = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
-    return [module for child in children for module in engine_modules(child, seen)]
 
 
 def file_mappings(paths: list[Path]) -> list[tuple[int, int]]:

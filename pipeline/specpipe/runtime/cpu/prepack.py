@@ -48,6 +48,19 @@ import torch.nn.functional as F
 ALL_ROWS = 1 << 62
 
 
+#: The row count MKL's packing is tuned for (``cblas_sgemm_pack``'s ``m``; the packed weight serves
+#: any row count). Measured on 2 Xeon cores with SmolLM2's layers: a hint of 16 or 128 gives the same
+#: time at 1-16 rows, 128 is faster for a 32- or 128-token prompt chunk.
+MKL_PACK_ROWS = 128
+
+
+def _shape_only(rows: int, columns: int) -> torch.Tensor:
+    """A ``[rows, columns]`` fp32 tensor of zeros that holds one element: ``_mkl_linear`` takes the
+    unpacked weight only to fall back to when its ``batch_size`` is not the input's row count, which
+    :class:`PrepackedLinear` always passes."""
+    return torch.zeros((), dtype=torch.float32).expand(rows, columns)
+
+
 @functools.cache
 def mkl_packed_gemm_available() -> bool:
     """Whether PyTorch has MKL's packed-weight GEMM (``cblas_sgemm_pack`` / ``cblas_sgemm_compute``
@@ -97,19 +110,6 @@ def bf16_prepack_available() -> bool:
         return bool(prepack_available() and _fused_linear_available() and check is not None and check())
     except RuntimeError:
         return False
-
-
-#: The row count MKL's packing is tuned for (``cblas_sgemm_pack``'s ``m``; the packed weight serves
-#: any row count). Measured on 2 Xeon cores with SmolLM2's layers: a hint of 16 or 128 gives the same
-#: time at 1-16 rows, 128 is faster for a 32- or 128-token prompt chunk.
-MKL_PACK_ROWS = 128
-
-
-def _shape_only(rows: int, columns: int) -> torch.Tensor:
-    """A ``[rows, columns]`` fp32 tensor of zeros that holds one element: ``_mkl_linear`` takes the
-    unpacked weight only to fall back to when its ``batch_size`` is not the input's row count, which
-    :class:`PrepackedLinear` always passes."""
-    return torch.zeros((), dtype=torch.float32).expand(rows, columns)
 
 
 def _packable_dtypes() -> tuple[torch.dtype, ...]:
