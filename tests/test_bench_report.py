@@ -133,3 +133,18 @@ def test_interleaved_table_gives_gain_and_drafting_share(tmp_path):
     table = interleaved_table(path)
     assert table.startswith("`python b.py` (measured 2026-12-01, torch 2.13.0):")
     assert "| ngram | 33.0 (1.10×, drafts in 40 %) |" in table and "| none | 30.0 (1.00×, drafts in 0 %) |" in table
+
+
+def test_ngram_ceiling_table_puts_drafters_in_rows_and_prompt_sets_in_columns(tmp_path):
+    from specpipe.bench.markdown import ngram_ceiling_table
+
+    results = [{"prompts": p, "drafter": d, "tokens_per_forward": t, "predicted_speedup": s, "steps_drafted": 0.5}
+               for p, d, t, s in [("chat", "ngram k=2", 1.221, 1.115), ("code", "ngram k=2", 1.239, 1.126),
+                                  ("chat", "oracle", 1.954, 1.827), ("code", "oracle", 2.013, 1.869)]]
+    path = tmp_path / "ceiling.json"
+    path.write_text(json.dumps({"command": "python c.py", "date": "2026-12-01", "answer_tokens": 128,
+                                "prompts_per_set": {"chat": 24, "code": 22}, "results": results}))
+    table = ngram_ceiling_table(path).splitlines()
+    assert table[0].startswith("`python c.py` (measured 2026-12-01; 128 greedy tokens per answer;")
+    assert table[2] == "| drafter | chat (24 prompts) | code (22 prompts) |"
+    assert table[4:] == ["| ngram k=2 | 1.22 (1.11×) | 1.24 (1.13×) |", "| oracle | 1.95 (1.83×) | 2.01 (1.87×) |"]

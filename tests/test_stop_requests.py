@@ -299,3 +299,88 @@ def test_sigterm_cancels_a_client_run_like_ctrl_c_and_exits_143():
         run_sync(work())
     assert exit_info.value.code == 143 and cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# --- the client: a server that dies mid-stream ---------------------------------------------------------
+
+class _TextResponse:
+    """A streamed response carrying ``text`` (not the final one)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def as_numpy(self, name):
+        import numpy as np
+
+        return np.array([self.text.encode()], dtype=object) if name == "text_output" else None
+
+    def get_response(self):
+        class _Parameters(dict):
+            pass
+
+        class _Response:
+            parameters = _Parameters()
+
+        return _Response()
+
+
+class _DyingStream(_FakeStream):
+    """Two text chunks, then the connection breaks as when tritonserver is killed."""
+
+    async def _responses(self):
+        import grpc
+
+        async for request in self.iterator:
+            self.sent.append(request)
+        for text in ("Once", " upon"):
+            yield _TextResponse(text), None
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   details="Stream removed (Socket closed)")
+
+
+class _DyingTriton(_FakeTriton):
+    def stream_infer(self, iterator, stream_timeout=None):
+        return _DyingStream(self.sent, iterator)
+
+
+def test_a_server_dying_mid_stream_is_a_lost_connection_not_a_rejection_and_no_stop_is_sent():
+    import asyncio
+
+    from specpipe.client.llm import GenerationRequest, LLMClient
+
+    async def go():
+        client = LLMClient("unused:1")
+        client._client = fake = _DyingTriton()
+        client._batched = True
+        result = await client.generate(GenerationRequest(prompt="Hi", max_tokens=64, stream=True))
+        await asyncio.sleep(0.1)  # a stop request, had one been sent, would have gone out by now
+        return result, fake
+
+    result, fake = asyncio.run(go())
+    assert result.connection_lost and result.error == "UNAVAILABLE: Stream removed (Socket closed)"
+    assert result.chunks == ["Once", " upon"]
+    assert [r["model_name"] for r in fake.sent] == ["ensemble"]  # the request itself; no stop to a dead server
+
+
+def test_generate_names_a_lost_connection_and_what_to_check(monkeypatch):
+    from specpipe.client import generate as generate_module
+    from specpipe.client.llm import GenerationRequest, GenerationResult
+    from specpipe.errors import SpecpipeError
+
+    lost = GenerationResult(chunks=["Once"], error="UNAVAILABLE: Socket closed", connection_lost=True)
+
+    async def fake_generate(job, on_text):
+        return lost
+
+    monkeypatch.setattr(generate_module, "_generate", fake_generate)
+    job = generate_module.GenerateJob(url="localhost:8201", request=GenerationRequest(prompt="Hi"))
+    with pytest.raises(SpecpipeError, match=r"lost the connection to localhost:8201 after 1 chunk of text \(UNAVAILABLE"):
+        generate_module.generate(job)
+    rejected = GenerationResult(error="top_p must be in (0, 1]")
+    monkeypatch.setattr(generate_module, "_generate", lambda job, on_text: _done(rejected))
+    with pytest.raises(SpecpipeError, match=r"the server rejected the request: top_p"):
+        generate_module.generate(job)
+
+
+async def _done(value):
+    return value

@@ -117,3 +117,26 @@ def interleaved_table(path: str | Path) -> str:
             cells.append(f"{row['output_tok_s']:.1f} ({row['speedup']:.2f}×, drafts in {100 * drafted / steps:.0f} %)")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def ngram_ceiling_table(path: str | Path) -> str:
+    """The table of ``benchmarks/ngram_ceiling.py``'s JSON at ``path``: per drafter (rows) and prompt set
+    (columns), tokens per target forward and, in brackets, the speed-up predicted with the forward cost
+    measured in that run; with its command.
+
+    Raises:
+        FileNotFoundError: no such file; json.JSONDecodeError / KeyError: not that benchmark's output.
+    """
+    report = json.loads(Path(path).read_text(encoding="utf-8"))
+    sets = list(dict.fromkeys(row["prompts"] for row in report["results"]))
+    drafters = list(dict.fromkeys(row["drafter"] for row in report["results"]))
+    cell = {(row["drafter"], row["prompts"]): row for row in report["results"]}
+    lines = [f"`{report['command']}` (measured {report['date']}; {report['answer_tokens']} greedy tokens per answer; "
+             "tokens per target forward, in brackets the predicted speed-up):", "",
+             "| drafter | " + " | ".join(f"{name} ({report['prompts_per_set'][name]} prompts)" for name in sets) + " |",
+             "|---|" + "---|" * len(sets)]
+    for drafter in drafters:
+        cells = [f"{cell[(drafter, s)]['tokens_per_forward']:.2f} ({cell[(drafter, s)]['predicted_speedup']:.2f}×)"
+                 for s in sets]
+        lines.append(f"| {drafter} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

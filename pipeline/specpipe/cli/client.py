@@ -40,6 +40,9 @@ def generate(prompt, url, model, max_tokens, stream, temperature, top_k, top_p, 
     if not stream:
         sys.stdout.write(result.text)
     sys.stdout.write("\n")
+    if not result.text.strip():
+        hint = "" if chat else "; an instruction-tuned model usually needs --chat"
+        click.echo(f"(no text: the model ended its answer at once{hint})", err=True)
     if stats:
         perf = result.perf
         click.echo(

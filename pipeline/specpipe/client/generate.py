@@ -46,11 +46,17 @@ def generate(job: GenerateJob, on_text: Callable[[str], None] | None = None) -> 
     """Send ``job``'s prompt; with ``request.stream`` each piece of text goes to ``on_text`` as it arrives.
 
     Raises:
-        SpecpipeError: an empty prompt, an unreachable server, or the server's error for the request.
+        SpecpipeError: an empty prompt, an unreachable server, a connection lost mid-request, or the
+            server's error for the request.
     """
     if not job.request.prompt:
         raise SpecpipeError("the prompt is empty: give some text to continue")
     result = run_sync(_generate(job, on_text))
+    if result.connection_lost:
+        count = len(result.chunks)
+        received = f" after {count} chunk{'s' if count != 1 else ''} of text" if count else ""
+        raise SpecpipeError(f"lost the connection to {job.url}{received} ({result.error}): the server stopped or "
+                            f"cannot be reached; check that it is running (`specpipe serve` prints its log's path)")
     if result.error:
         raise SpecpipeError(f"the server rejected the request: {result.error}")
     return result

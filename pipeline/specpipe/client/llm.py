@@ -79,6 +79,8 @@ class GenerationResult:
         perf: perf outputs of the last response that had them (``acceptance_rate`` float in [0, 1],
             token counts as ints); empty when the server returned none.
         error: the server's error message, or ``None``.
+        connection_lost: the gRPC connection failed or broke (the server is down, was killed, or is
+            unreachable) rather than the server answering with an error; ``error`` then says which.
     """
 
     text: str = ""
@@ -88,6 +90,7 @@ class GenerationResult:
     latency_s: float = 0.0
     perf: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    connection_lost: bool = False
 
     def add_chunk(self, text: str, at_s: float) -> None:
         """Record a non-empty text chunk that arrived ``at_s`` seconds after the request was sent."""
@@ -95,6 +98,16 @@ class GenerationResult:
         self.chunk_times_s.append(at_s)
         if self.ttft_s is None:
             self.ttft_s = at_s
+
+
+def _transport_error(exc: Exception) -> tuple[str, bool]:
+    """A one-line description of an exception raised by a gRPC stream, and whether the connection is
+    lost (gRPC status ``UNAVAILABLE``: refused, reset or closed, e.g. by a server that died)."""
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):  # grpc.aio.AioRpcError
+        status = getattr(code(), "name", str(code()))
+        return f"{status}: {details()}", status == "UNAVAILABLE"
+    return f"{type(exc).__name__}: {exc}", False
 
 
 def _input(name: str, value: np.ndarray, batched: bool):
@@ -270,8 +283,9 @@ class LLMClient:
                 if ended:
                     break
         except Exception as exc:  # grpc transport errors surface here
-            result.error = f"{type(exc).__name__}: {exc}"
-            ended = not received  # nothing reached the engine (e.g. the server is down): nothing to stop
+            result.error, result.connection_lost = _transport_error(exc)
+            # nothing reached the engine, or the server cannot be reached to take a stop request
+            ended = not received or result.connection_lost
         finally:
             stream.cancel()
             if not ended:

@@ -214,7 +214,7 @@ class Gateway:
                 result = generation.result()
                 if result.error is not None:
                     self.metrics.record(self.name, {}, error=True)
-                    error = _api_error(result.error)
+                    error = _api_error(result.error, result.connection_lost)
                     return web.json_response(error.body(), status=error.status)
             if parsed.stream:
                 return await self._stream(request, parsed, prompt, generation, first)
@@ -231,7 +231,7 @@ class Gateway:
         result = generation.result()
         if result.error is not None:
             self.metrics.record(self.name, {}, error=True)
-            error = _api_error(result.error)
+            error = _api_error(result.error, result.connection_lost)
             return web.json_response(error.body(), status=error.status)
         self.metrics.record(self.name, result.perf)
         build = chat_object if parsed.chat else completion_object
@@ -258,7 +258,7 @@ class Gateway:
         result = generation.result()
         if result.error is not None:
             self.metrics.record(self.name, {}, error=True)
-            await send(_api_error(result.error).body())
+            await send(_api_error(result.error, result.connection_lost).body())
         else:
             self.metrics.record(self.name, result.perf)
             if not opened and parsed.chat:  # no text at all: still open the assistant's turn
@@ -279,8 +279,8 @@ class Gateway:
         return inputs is None or "text_segments" in inputs
 
 
-def _api_error(message: str) -> APIError:
-    if any(marker in message for marker in _UNREACHABLE):
+def _api_error(message: str, connection_lost: bool = False) -> APIError:
+    if connection_lost or any(marker in message for marker in _UNREACHABLE):
         return APIError(503, f"the Triton server is unreachable: {message}", kind="server_error")
     return APIError(400, message)
 
