@@ -26,14 +26,19 @@ from specpipe.cli.options import MINUTES, POSITIVE, TRAINABLE
               help="Built-in self-distillation prompts to use (default 1200 of about 2000; 0 for none).")
 @click.option("--stdlib-tokens", type=click.IntRange(min=0), default=None,
               help="Tokens of standard-library text (default 60000, 0 for none).")
+@click.option("--self-instruct", type=click.IntRange(min=0), default=None,
+              help="Requests for a user message sent to the target; its usable replies (about 40 %) become "
+                   "prompts it then answers (default 0).")
 @click.option("--trtllm-layout/--no-trtllm-layout", default=True, show_default=True,
               help="Also write the full TensorRT-LLM converter layout (OUT/trtllm; includes copies of the target's embedding/lm_head).")
-def train_draft(target, method, data, budget, max_steps, schedule_steps, out, seed, num_prompts, stdlib_tokens, trtllm_layout) -> None:
+def train_draft(target, method, data, budget, max_steps, schedule_steps, out, seed, num_prompts, stdlib_tokens, self_instruct,
+                trtllm_layout) -> None:
     """Train EAGLE/Medusa heads or distil the draft model against the frozen target, on CPU."""
     from specpipe.training.command import TrainRequest, train_draft as run_training
 
     run_training(TrainRequest(
         target=target, method=method, data=data, budget_minutes=budget, out_dir=out, seed=seed, max_steps=max_steps,
-        schedule_steps=schedule_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, export_trtllm=trtllm_layout,
+        schedule_steps=schedule_steps, num_prompts=num_prompts, stdlib_tokens=stdlib_tokens, self_instruct=self_instruct,
+        export_trtllm=trtllm_layout,
         command="specpipe " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("specpipe") else "",
     ))

@@ -37,6 +37,8 @@ class TrainRequest:
         max_steps, schedule_steps: exact optimizer steps and learning-rate schedule steps (``None``: fitted
             to the budget).
         num_prompts, stdlib_tokens: built-in prompts and standard-library tokens (``None``: the defaults).
+        self_instruct: requests for a user message sent to the target, whose usable replies become prompts
+            (:mod:`specpipe.training.self_instruct`; ``None``: the default, 0).
         export_trtllm: also write the TensorRT-LLM converter layout.
         command: the command line recorded in ``recipe.json`` (``""``: rebuilt from the fields).
     """
@@ -51,6 +53,7 @@ class TrainRequest:
     schedule_steps: int | None = None
     num_prompts: int | None = None
     stdlib_tokens: int | None = None
+    self_instruct: int | None = None
     export_trtllm: bool = True
     command: str = ""
 
@@ -82,6 +85,8 @@ def train_draft(request: TrainRequest) -> Path:
         spec = CorpusSpec(**{**spec.__dict__, "num_prompts": num_prompts})
     if stdlib_tokens is not None:
         spec = CorpusSpec(**{**spec.__dict__, "stdlib_tokens": stdlib_tokens})
+    if request.self_instruct is not None:
+        spec = CorpusSpec(**{**spec.__dict__, "self_instruct": request.self_instruct})
 
     torch.set_num_threads(min(torch.get_num_threads(), 2) or 1)
     model_dir = ensure_target_checkpoint(preset)
@@ -134,7 +139,10 @@ def train_draft(request: TrainRequest) -> Path:
                 f"{spec.stdlib_tokens} tokens in {spec.chunk_len}-token chunks",
                 f"{spec.num_prompts} built-in prompts (specpipe.training.data) in the target's chat template, "
                 f"answered by the target (greedy, up to {spec.max_new_tokens} tokens)",
-            ] + ([f"user data {spec.user_data}"] if spec.user_data else []),
+            ] + ([f"{spec.self_instruct} requests for a user message answered by the target (sampled, seed "
+                  f"{spec.seed}; specpipe.training.self_instruct), its usable replies as prompts, answered like the "
+                  "built-in ones"] if spec.self_instruct else [])
+              + ([f"user data {spec.user_data}"] if spec.user_data else []),
         },
         "heldout_metrics": result.metrics,
         "loss_history": result.history,

@@ -34,6 +34,7 @@ import torch
 from specpipe.errors import SpecpipeError
 from specpipe.runtime.cpu.prepack import prepack_linear_layers
 from specpipe.training.prompts import Prompt, builtin_prompts, read_user_data, stdlib_files
+from specpipe.training.self_instruct import self_instruct_prompts
 
 
 def chunk_texts(tokenizer, texts: Iterable[str], chunk_len: int, max_tokens: int, seed: int) -> list[list[int]]:
@@ -261,6 +262,8 @@ class CorpusSpec:
         stdlib_tokens: tokens of standard-library text (``0``: none).
         chunk_len: tokens per text chunk.
         user_data: ``--data`` path, or ``None``.
+        self_instruct: requests for a user message sent to the target (:mod:`~specpipe.training.self_instruct`;
+            ``0``: none); its usable replies are answered like the built-in prompts.
     """
 
     seed: int = 0
@@ -269,6 +272,7 @@ class CorpusSpec:
     stdlib_tokens: int = 60_000
     chunk_len: int = 256
     user_data: str | None = None
+    self_instruct: int = 0
 
 
 def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Path, progress_factory=None) -> Features:
@@ -292,7 +296,7 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
     chunks = stdlib_chunks(tokenizer, spec.chunk_len, spec.stdlib_tokens, spec.seed) if spec.stdlib_tokens > 0 else []
     if texts:
         chunks += chunk_texts(tokenizer, texts, spec.chunk_len, 10**9, spec.seed)
-    if not prompts and not chunks:
+    if not prompts and not chunks and not spec.self_instruct:
         raise SpecpipeError("the training corpus is empty: give --data, or keep the built-in prompts/text")
     key = hashlib.sha256(json.dumps(spec.__dict__, sort_keys=True).encode()).hexdigest()[:12]
     key = f"{key}-{prompts_key(prompts, spec.max_new_tokens, model_dir)[:8]}"
@@ -302,6 +306,13 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
     if features_file.is_file():
         return Features.load(features_file)
     model = _prepacked_copy(model)
+    if spec.self_instruct > 0:
+        bar = progress_factory("Target writing prompts (self-instruct)", spec.self_instruct) if progress_factory else None
+        written = cache / f"self-instruct-{answers_key}-{spec.self_instruct}-{spec.seed}.jsonl"
+        prompts += self_instruct_prompts(model, tokenizer, spec.self_instruct, spec.seed, written, progress=bar)
+        if not prompts and not chunks:
+            raise SpecpipeError(f"the target wrote no usable prompt in {spec.self_instruct} tries and the corpus has "
+                                "nothing else: raise --self-instruct, or keep the built-in prompts/text")
     sequences: list[tuple[list[int], int]] = []
     if prompts:
         bar = progress_factory("Self-distilling chat answers (target, greedy)", len(prompts)) if progress_factory else None

@@ -122,7 +122,8 @@ _CODE_EDIT_TEMPLATES = [
 
 @dataclass(frozen=True)
 class Prompt:
-    """One chat request. ``category``: chat, advice, list, code, summary or code_edit."""
+    """One chat request. ``category``: chat, advice, list, code, summary or code_edit (built in), user
+    (``--data``) or self-instruct (written by the target, :mod:`specpipe.training.self_instruct`)."""
 
     category: str
     text: str
