@@ -187,6 +187,8 @@ def test_cli_refuses_bad_input_before_writing(tmp_path):
         (["--data", str(tmp_path / "empty.jsonl")], 1, "is empty"),
         (["--data", str(tmp_path / "missing.jsonl")], 1, "does not exist"),
         (["--max-steps", "0"], 2, "must be a positive integer"),
+        (["--num-prompts", "0", "--stdlib-tokens", "0"], 1, "the training corpus would be empty"),
+        (["--self-instruct", "-1"], 2, "'--self-instruct': -1 is not in the range"),
     ]
     for args, code, message in cases:
         result = CliRunner().invoke(main, ["train-draft", "--target", "smollm2-135m", "--method", "medusa", "--out", str(out), *args])

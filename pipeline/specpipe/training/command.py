@@ -76,10 +76,6 @@ def train_draft(request: TrainRequest) -> Path:
     out_dir = Path(request.out_dir) if request.out_dir else Path("heads") / preset.name / ("draft" if method == "draft-model" else method)
     if data:
         read_user_data(Path(data))  # fail on missing, empty or malformed data before writing anything
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecpipeError(f"cannot create output folder {out_dir} ({exc.strerror}): choose another with --out") from exc
     spec = CorpusSpec(seed=seed, user_data=str(Path(data).resolve()) if data else None)
     if num_prompts is not None:
         spec = CorpusSpec(**{**spec.__dict__, "num_prompts": num_prompts})
@@ -87,6 +83,13 @@ def train_draft(request: TrainRequest) -> Path:
         spec = CorpusSpec(**{**spec.__dict__, "stdlib_tokens": stdlib_tokens})
     if request.self_instruct is not None:
         spec = CorpusSpec(**{**spec.__dict__, "self_instruct": request.self_instruct})
+    if not (spec.num_prompts or spec.stdlib_tokens or spec.self_instruct or data):
+        raise SpecpipeError("the training corpus would be empty (--num-prompts 0, --stdlib-tokens 0, no --self-instruct, "
+                            "no --data): keep the built-in prompts or text, or add --self-instruct N or --data")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecpipeError(f"cannot create output folder {out_dir} ({exc.strerror}): choose another with --out") from exc
 
     torch.set_num_threads(min(torch.get_num_threads(), 2) or 1)
     model_dir = ensure_target_checkpoint(preset)

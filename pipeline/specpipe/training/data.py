@@ -297,7 +297,7 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
     if texts:
         chunks += chunk_texts(tokenizer, texts, spec.chunk_len, 10**9, spec.seed)
     if not prompts and not chunks and not spec.self_instruct:
-        raise SpecpipeError("the training corpus is empty: give --data, or keep the built-in prompts/text")
+        raise SpecpipeError("the training corpus is empty: give --data or --self-instruct N, or keep the built-in prompts/text")
     key = hashlib.sha256(json.dumps(spec.__dict__, sort_keys=True).encode()).hexdigest()[:12]
     key = f"{key}-{prompts_key(prompts, spec.max_new_tokens, model_dir)[:8]}"
     answers_key = prompts_key([], spec.max_new_tokens, model_dir)[:12]
