@@ -33,7 +33,7 @@ from specpipe.bench.prompts import load_prompts
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler import BatchScheduler
-from specpipe.training.prompts import builtin_prompts
+from specpipe.training.prompts import Prompt, builtin_prompts, chat_input_ids
 
 
 #: The training prompts' categories that are, like the benchmark's chat set, questions and requests
@@ -45,8 +45,7 @@ def tokens_per_step(scheduler: BatchScheduler, tokenizer, prompts: list[str], ma
     """Mean output tokens per decoding step over ``prompts`` decoded one at a time, and the step count."""
     sizes: list[int] = []
     for prompt in prompts:
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+        ids = chat_input_ids(tokenizer, Prompt("chat", prompt))
         chunks: list[int] = []
         scheduler.submit(ids, SamplingParams(max_tokens=max_tokens), lambda out: chunks.append(len(out.token_ids)))
         while scheduler.has_work:

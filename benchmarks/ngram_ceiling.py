@@ -49,6 +49,7 @@ from specpipe.runtime.cpu.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.drafters import NgramDrafter
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler import BatchScheduler
+from specpipe.training.prompts import Prompt, chat_input_ids
 
 COST_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 TRIE_MATCH, TRIE_DEPTH = 4, 4
@@ -59,8 +60,7 @@ def greedy_answers(engine, tokenizer, prompts: list[str], max_tokens: int) -> li
     scheduler = BatchScheduler(engine, max_batch_size=8)
     records: list[tuple[list[int], list[int]]] = []
     for prompt in prompts:
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+        ids = chat_input_ids(tokenizer, Prompt("chat", prompt))
         answer: list[int] = []
         records.append((ids, answer))
         scheduler.submit(ids, SamplingParams(max_tokens=max_tokens), lambda out, answer=answer: answer.extend(out.token_ids))

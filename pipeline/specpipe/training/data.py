@@ -33,7 +33,7 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.runtime.cpu.prepack import prepack_linear_layers
-from specpipe.training.prompts import Prompt, builtin_prompts, read_user_data, stdlib_files
+from specpipe.training.prompts import Prompt, builtin_prompts, chat_input_ids, read_user_data, stdlib_files
 from specpipe.training.self_instruct import self_instruct_prompts
 
 
@@ -62,18 +62,6 @@ def stdlib_chunks(tokenizer, chunk_len: int = 256, max_tokens: int = 100_000, se
     random.Random(seed).shuffle(files)
     texts = (f.read_text(errors="replace") for f in files[:400])
     return chunk_texts(tokenizer, texts, chunk_len, max_tokens, seed)
-
-
-def chat_input_ids(tokenizer, prompt: Prompt) -> list[int]:
-    """The prompt wrapped in the target's chat template with the assistant turn opened."""
-    if prompt.category == "user" and prompt.text.startswith("["):
-        messages = json.loads(prompt.text)
-    else:
-        messages = [{"role": "user", "content": prompt.text}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 def prompts_key(prompts: list[Prompt], max_new_tokens: int, model_dir: Path) -> str:

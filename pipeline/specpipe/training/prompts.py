@@ -129,6 +129,18 @@ class Prompt:
     text: str
 
 
+def chat_input_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """The prompt wrapped in the target's chat template with the assistant turn opened."""
+    if prompt.category == "user" and prompt.text.startswith("["):
+        messages = json.loads(prompt.text)
+    else:
+        messages = [{"role": "user", "content": prompt.text}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def stdlib_dir() -> Path:
     """The running interpreter's standard library folder (PSF licence)."""
     return Path(sysconfig.get_paths()["stdlib"])

@@ -25,7 +25,7 @@ from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters import NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.scheduler import BatchScheduler
-from specpipe.training.prompts import Prompt
+from specpipe.training.prompts import Prompt, chat_input_ids
 
 TOPICS = (
     "cooking", "baking", "travel", "personal finance", "fitness", "running", "yoga", "gardening", "pets", "dogs",
@@ -102,8 +102,7 @@ def self_instruct_prompts(model, tokenizer, count: int, seed: int, cache_file: P
                                max_batch_size=BATCH, max_queue=max(count, 1), adaptive=False)
     replies: list[list[int]] = []
     for text, sampling_seed in meta_requests(count, seed):
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+        ids = chat_input_ids(tokenizer, Prompt("self-instruct", text))
         reply: list[int] = []
         replies.append(reply)
         params = SamplingParams(max_tokens=REQUEST_TOKENS, temperature=1.0, top_p=0.95, seed=sampling_seed)
