@@ -11,6 +11,9 @@ the median over ``--reps`` interleaved runs of (wall time of ``--tokens`` steps)
 * ``llama.cpp``: llama-cpp-python's ``generate`` with ``top_k=1`` on an f32 GGUF of the same checkpoint
   (see ``benchmarks/llama_cpp_column.py`` for building llama-cpp-python and the GGUF).
 
+``ratio`` divides the medians; ``paired_ratio`` is the median of each repetition's own ratio (the three
+runs of a repetition follow each other, so a slow stretch of the shared machine slows all three).
+
 Usage::
 
     PYTHONPATH=pipeline python benchmarks/plain_step.py --engine engines/smollm2-135m-none \\
@@ -111,6 +114,8 @@ def main() -> None:
         "llama_cpp_median_ms": round(statistics.median(theirs) * 1e3, 2),
         "ratio": round(statistics.median(ours) / statistics.median(theirs), 3),
         "packed_ratio": round(statistics.median(packed) / statistics.median(theirs), 3),
+        "paired_ratio": round(statistics.median(a / b for a, b in zip(ours, theirs)), 3),
+        "paired_packed_ratio": round(statistics.median(a / b for a, b in zip(packed, theirs)), 3),
     }
     text = json.dumps(result, indent=1)
     print(text)

@@ -45,6 +45,29 @@ def test_batched_forward_matches_the_one_sequence_cache():
         offset += len(step)
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_batched_forward_of_a_prepacked_model_matches_the_model_itself(act):
+    """The batched forward calls each layer's kernels directly (``LayerOps``): the gated SiLU MLP as its
+    three GEMMs, any other MLP as its module; either way the hidden states are the model's own."""
+    from specpipe.runtime.cpu.prepack import prepack_available, prepack_linear_layers
+
+    model = tiny_llama(3)
+    if act != "silu":
+        for layer in model.model.layers:
+            layer.mlp.act_fn = torch.nn.GELU()
+    if prepack_available():
+        prepack_linear_layers(model)
+    tokens = [3, 9, 4, 40, 17, 2, 8]
+    lm = BatchedLM(model, 2)
+    slot = lm.allocate()
+    hidden = torch.cat([lm.hidden([BatchEntry(slot, tokens[:5])]), lm.hidden([BatchEntry(slot, tokens[5:])])])
+    with torch.inference_mode():
+        expected = model.model(torch.tensor([tokens])).last_hidden_state[0]
+    torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-4)
+    uses_gemms = act == "silu"
+    assert all((ops.mlp is not layer.mlp) == uses_gemms for ops, layer in zip(lm._layers, model.model.layers))
+
+
 def test_attention_groups_pad_little_and_match_the_one_sequence_cache():
     model = tiny_llama(0)
     lm = BatchedLM(model, 8)

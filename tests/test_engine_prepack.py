@@ -52,6 +52,28 @@ def test_prepacked_linear_matches_nn_linear(shape, bias, kernel, monkeypatch):
     assert not x.numel() or not torch.equal(got, torch.zeros_like(got))
 
 
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("dense_rows", [0, 4, 1 << 62])
+def test_rows_fast_path_gives_forwards_values_bitwise(kernel, dense_rows, monkeypatch):
+    """``rows`` (2-D input, no reshapes) is what the batched forward calls; it must compute what
+    ``forward`` computes, with the packed kernel, the dense copy up to ``dense_rows`` rows, or both."""
+    from specpipe.runtime.cpu.prepack import drop_packed_weights, set_dense_rows
+
+    _force_kernel(monkeypatch, kernel)
+    torch.manual_seed(2)
+    packed = PrepackedLinear(torch.nn.Linear(64, 48, bias=True), dense_copy=True)
+    if dense_rows >= 1 << 62:
+        drop_packed_weights(packed)
+    else:
+        set_dense_rows(packed, dense_rows)
+    with torch.inference_mode():
+        for rows in (1, 3, 4, 9):
+            x = torch.randn(rows, 64)
+            assert torch.equal(packed.rows(x), packed(x)), rows
+            torch.testing.assert_close(packed.rows(x), torch.nn.functional.linear(x, packed.dense, packed.dense_bias),
+                                       rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("in_features", [64, 576, 1536])
 def test_mkl_packed_rows_do_not_depend_on_the_other_rows(in_features, monkeypatch):
     """One packing serves every row count, and a row's output is bitwise the same alone or among 1-130

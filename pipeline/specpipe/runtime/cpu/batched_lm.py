@@ -5,8 +5,11 @@ Why not transformers' own continuous batching: ``transformers.generation.continu
 has no way to drop cache entries once written, whereas token-tree verification needs an arbitrary
 mask per request and both chain and tree speculation need rollback (chain: truncate; tree: compact the
 accepted path). So this module keeps a slot-based static cache and runs the decoder layers itself,
-calling the model's own modules (``embed_tokens``, norms, ``q/k/v/o_proj``, ``mlp``, ``lm_head``:
-the prepacked oneDNN layers of :mod:`~specpipe.runtime.cpu.prepack` when the loader prepacked them).
+with the model's own weights (``embed_tokens``, norms, ``q/k/v/o_proj``, ``mlp``, ``lm_head``: the
+prepacked layers of :mod:`~specpipe.runtime.cpu.prepack` when the loader prepacked them). Each layer's
+kernels are looked up once (:class:`LayerOps`) and called on 2-D rows: at batch 1 the linear layers
+stream 540 MB in about 20 ms and everything else is per-call overhead, which module calls, reshapes and
+index tensors had made 10 % of a step.
 
 Layout:
 
@@ -30,20 +33,76 @@ identical in every test (see ``tests/test_batched_scheduler.py``).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
+from transformers.activations import SiLUActivation
+
+from specpipe.runtime.cpu.prepack import PrepackedLinear
+
+Op = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A Llama RMSNorm module applied as ``torch.rms_norm`` (one op instead of six; bitwise the same
+def _norm_op(norm: torch.nn.Module) -> Op:
+    """A Llama RMSNorm module as one ``torch.rms_norm`` call (instead of six ops; bitwise the same
     float32 result as transformers' ``LlamaRMSNorm``); other norm modules are called as they are."""
     eps = getattr(norm, "variance_epsilon", None)
-    if eps is None or x.dtype != torch.float32:
-        return norm(x)
-    return torch.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    if eps is None or norm.weight.dtype != torch.float32:
+        return norm
+    return functools.partial(torch.rms_norm, normalized_shape=(norm.weight.shape[0],), weight=norm.weight, eps=eps)
+
+
+def _linear_op(linear: torch.nn.Module) -> Op:
+    """A linear layer's kernel for 2-D float32 rows: :meth:`PrepackedLinear.rows` (no reshapes, no module
+    call) for a prepacked layer, the module itself otherwise."""
+    return linear.rows if isinstance(linear, PrepackedLinear) else linear
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """One decoder layer's operations, looked up once: a one-token step makes about 20 calls per layer,
+    and at batch 1 the per-call overhead (module calls, attribute lookups, reshapes) is a sixth of it.
+
+    Attributes:
+        input_norm / post_norm: ``[T, H]`` -> ``[T, H]``.
+        q, k, v, o: the attention projections, 2-D rows in and out.
+        mlp: ``[T, H]`` -> ``[T, H]``: ``down(act(gate(x)) * up(x))`` from the layer's projections where
+            its MLP is the gated Llama one with SiLU, else the MLP module itself.
+        scaling: the attention's softmax scale.
+    """
+
+    input_norm: Op
+    q: Op
+    k: Op
+    v: Op
+    o: Op
+    post_norm: Op
+    mlp: Op
+    scaling: float
+
+    @classmethod
+    def of(cls, layer: torch.nn.Module) -> "LayerOps":
+        attn, mlp = layer.self_attn, layer.mlp
+        return cls(_norm_op(layer.input_layernorm), _linear_op(attn.q_proj), _linear_op(attn.k_proj),
+                   _linear_op(attn.v_proj), _linear_op(attn.o_proj), _norm_op(layer.post_attention_layernorm),
+                   _mlp_op(mlp), float(attn.scaling))
+
+
+def _mlp_op(mlp: torch.nn.Module) -> Op:
+    projections = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    act = getattr(mlp, "act_fn", None)
+    if any(p is None for p in projections) or not isinstance(act, (torch.nn.SiLU, SiLUActivation)):
+        return mlp
+    gate, up, down = (_linear_op(p) for p in projections)
+
+    def gated_silu(x: torch.Tensor) -> torch.Tensor:
+        return down(F.silu(gate(x)) * up(x))
+
+    return gated_silu
 
 
 @dataclass
@@ -167,6 +226,8 @@ class BatchedLM:
         self.num_kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.num_layers = len(self.decoder.layers)
+        self._layers = [LayerOps.of(layer) for layer in self.decoder.layers]
+        self._final_norm = _norm_op(self.decoder.norm)
         self.lengths = [0] * max_batch_size
         self._free = list(range(max_batch_size))
         self._capacity = 0
@@ -235,38 +296,45 @@ class BatchedLM:
         self._grow(max(s + n for s, n in zip(starts, counts)))
 
         token_ids = torch.tensor([t for e in entries for t in e.token_ids], dtype=torch.long)
-        slot_of_row = torch.repeat_interleave(torch.tensor([e.slot for e in entries]), torch.tensor(counts))
-        cache_index = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)])
+        if len(entries) == 1:  # one request: its cache rows are one slice
+            cache_rows = (entries[0].slot, slice(starts[0], starts[0] + counts[0]))
+        else:
+            cache_rows = (torch.repeat_interleave(torch.tensor([e.slot for e in entries]), torch.tensor(counts)),
+                          torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)]))
         positions = torch.cat([e.positions if e.positions is not None else torch.arange(s, s + n)
                                for e, s, n in zip(entries, starts, counts)])
         groups = attention_groups(entries, starts)
 
-        x = self.decoder.embed_tokens(token_ids)[None]  # [1, T, H]
+        x = self.decoder.embed_tokens(token_ids)  # [T, H]
         cos, sin = self.decoder.rotary_emb(x, positions[None])
         rotary = (cos[0, :, None, :], (sin * self._rotate_sign)[0, :, None, :])  # [T, 1, d] each
-        for layer_index, layer in enumerate(self.decoder.layers):
-            x = x + self._attention(layer, layer_index, x, rotary, slot_of_row, cache_index, groups)
-            x = x + layer.mlp(_rms_norm(layer.post_attention_layernorm, x))
+        for layer_index, ops in enumerate(self._layers):
+            x = x + self._attention(ops, layer_index, x, rotary, cache_rows, groups)
+            x = x + ops.mlp(ops.post_norm(x))
         for e, s, n in zip(entries, starts, counts):
             self.lengths[e.slot] = s + n
-        return _rms_norm(self.decoder.norm, x)[0]
+        return self._final_norm(x)
 
-    def _attention(self, layer, layer_index, x, rotary, slot_of_row, cache_index,
+    def _attention(self, ops: LayerOps, layer_index: int, x: torch.Tensor, rotary, cache_rows,
                    groups: list["AttentionGroup"]) -> torch.Tensor:
-        attn = layer.self_attn
-        total, d, heads = x.shape[1], self.head_dim, self.num_heads
-        h = _rms_norm(layer.input_layernorm, x)
+        total, d, heads = x.shape[0], self.head_dim, self.num_heads
+        h = ops.input_norm(x)
         # queries and keys rotated together: x * cos + rotate_half(x) * sin, with rotate_half(x) =
         # roll(x, d/2) * [-1.., +1..] (the sign folded into sin once per forward; the same float32 values
         # as transformers' apply_rotary_pos_emb, in 4 ops instead of 12)
-        qk = torch.cat([attn.q_proj(h).view(total, heads, d), attn.k_proj(h).view(total, self.num_kv_heads, d)], dim=1)
+        qk = torch.cat([ops.q(h).view(total, heads, d), ops.k(h).view(total, self.num_kv_heads, d)], dim=1)
         cos, signed_sin = rotary
         qk = qk * cos + qk.roll(d // 2, dims=-1) * signed_sin
         q, k = qk[:, :heads], qk[:, heads:]
-        v = attn.v_proj(h).view(total, self.num_kv_heads, d)
+        v = ops.v(h).view(total, self.num_kv_heads, d)
         keys, values = self.keys[layer_index], self.values[layer_index]
-        keys[slot_of_row, :, cache_index] = k
-        values[slot_of_row, :, cache_index] = v
+        slot, rows = cache_rows
+        if isinstance(slot, int):
+            keys[slot, :, rows] = k.transpose(0, 1)
+            values[slot, :, rows] = v.transpose(0, 1)
+        else:
+            keys[slot, :, rows] = k
+            values[slot, :, rows] = v
         out = None if len(groups) == 1 else q.new_empty(total, heads * d)
         for g in groups:
             group_q = q if g.rows is None else q[g.rows]
@@ -277,14 +345,14 @@ class BatchedLM:
                 padded_q[g.padding] = group_q
             group_out = F.scaled_dot_product_attention(
                 padded_q.transpose(1, 2), keys[g.slots, :, : g.keys], values[g.slots, :, : g.keys],
-                attn_mask=g.mask, scale=attn.scaling, enable_gqa=heads != self.num_kv_heads,
+                attn_mask=g.mask, scale=ops.scaling, enable_gqa=heads != self.num_kv_heads,
             ).transpose(1, 2)  # [slots, n, heads, d]
             group_out = group_out.reshape(-1, heads * d) if g.padding is None else group_out[g.padding].reshape(-1, heads * d)
             if out is None:
                 out = group_out
             else:
                 out[g.rows] = group_out
-        return attn.o_proj(out[None])
+        return ops.o(out)
 
     @torch.inference_mode()
     def project(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -159,6 +159,15 @@ class PrepackedLinear(torch.nn.Module):
             self.weight = weight.to_mkldnn()
             self.bias = None if bias is None else bias.to_mkldnn()
 
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` for a 2-D float32 contiguous input ``[T, in_features]`` (a batched forward's
+        packed rows; ``T`` >= 1), without the reshapes and casts: ``[T, out_features]``, the same values."""
+        if self.dense_rows and len(x) <= self.dense_rows and self.dense is not None:
+            return F.linear(x, self.dense, self.dense_bias)
+        if self.kernel == "mkl":
+            return torch.ops.mkl._mkl_linear(x, self.weight, self._shape_only, self.bias, len(x))
+        return self.forward(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense_rows and x.numel() <= self.dense_rows * self.in_features and self.dense is not None:
             return F.linear(x.float(), self.dense, self.dense_bias)
