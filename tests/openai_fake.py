@@ -8,7 +8,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from specpipe.client.llm import GenerationRequest, GenerationResult
+from specpipe.client.request import GenerationRequest
+from specpipe.client.llm import GenerationResult
 from specpipe.errors import SpecpipeError
 from specpipe.triton.interface import ENSEMBLE
 from specpipe.triton.models.postprocessing import Detokenizer
@@ -40,6 +41,7 @@ class FakeLLM:
         self.requests: list[GenerationRequest] = []
         self.prompt_ids: list[list[int]] = []
         self.cancelled = self.stopped_early = self.running = 0
+        self.busy = False
 
     @property
     def raw(self):
@@ -64,6 +66,10 @@ class FakeLLM:
         result = GenerationResult()
         if len(ids) >= CONTEXT:
             result.error = f"the prompt has {len(ids)} tokens but the context limit is {CONTEXT} tokens"
+            return result
+        if self.busy:  # what the CPU engine answers past its queue bound, as it reaches the client
+            result.error = ("in ensemble 'ensemble', server busy: it holds 40 requests already, the most it takes "
+                            "(8 decoding together + max_queue 32 waiting); retry later")
             return result
         budget = min(request.max_tokens, CONTEXT - len(ids))
         tokens = (self.script if self.end else self.script * 10)[:budget]

@@ -153,10 +153,42 @@ def test_a_zero_memory_gauge_counts_as_not_yet_measured():
 
 
 def test_optional_flags_are_sent_only_when_asked():
-    from specpipe.client.llm import GenerationRequest, build_inputs
+    from specpipe.client.request import GenerationRequest, build_inputs
 
     names = lambda request: [t.name() for t in build_inputs(request, batched=True)]  # noqa: E731
     assert "return_perf_metrics" in names(GenerationRequest("x")) and "return_num_output_tokens" not in names(GenerationRequest("x"))
     assert "return_perf_metrics" not in names(GenerationRequest("x", return_perf_metrics=None))
     both = names(GenerationRequest("x", return_num_tokens=True))
     assert "return_num_input_tokens" in both and "return_num_output_tokens" in both
+
+
+@pytest.mark.parametrize("asked, sent", [
+    ((None, None, None, None), (None, None, None, None)),            # nothing set: greedy
+    ((0.0, 5, 0.9, 1), (None, None, None, None)),                    # temperature 0: greedy, the rest dropped
+    ((0.9, None, None, 42), (0.9, None, 1.0, 42)),                   # a temperature alone samples (top_p 1.0 sent)
+    ((None, 0, None, 3), (None, 0, 1.0, 3)),                         # top_k 0 (all) samples at the server's temperature
+    ((0.7, 4, 0.5, None), (0.7, 4, 0.5, None)),
+])
+def test_sampling_fields_follow_tensorrt_llms_rule(asked, sent):
+    from specpipe.client.request import sampling_fields
+
+    fields = sampling_fields(*asked)
+    assert (fields["temperature"], fields["top_k"], fields["top_p"], fields["seed"]) == sent
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_tokens", 2**31, "max_tokens must be 1-2147483647"),
+    ("max_tokens", 0, "max_tokens must be 1-2147483647"),
+    ("seed", -1, "seed must be 0-18446744073709551615"),
+    ("seed", 2**64, "seed must be 0-18446744073709551615"),
+    ("top_k", 2**31, "top_k must be 0-2147483647"),
+    ("end_id", -3, "end_id must be 0-2147483647"),
+])
+def test_values_a_tensor_cannot_hold_are_refused_not_wrapped(field, value, message):
+    from specpipe.client.request import GenerationRequest, build_inputs
+
+    with pytest.raises(SpecpipeError, match=message):
+        build_inputs(GenerationRequest("x", **{field: value}), batched=True)
+    edge = {"max_tokens": 2**31 - 1, "seed": 2**64 - 1, "top_k": 2**31 - 1, "end_id": 0}[field]
+    tensors = {t.name(): t for t in build_inputs(GenerationRequest("x", **{field: edge}), batched=True)}
+    assert field in tensors

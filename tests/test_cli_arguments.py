@@ -12,7 +12,8 @@ from specpipe.bench.tune import TuneRequest, TuneResult
 from specpipe.build_request import BuildRequest
 from specpipe.cli import main
 from specpipe.client.generate import GenerateJob
-from specpipe.client.llm import GenerationRequest, GenerationResult
+from specpipe.client.request import GenerationRequest
+from specpipe.client.llm import GenerationResult
 from specpipe.serve import ServeRequest
 
 
@@ -78,6 +79,26 @@ def test_generate_receives_every_flag_and_prints_the_text():
     job = generate.call_args.args[0]
     assert job == GenerateJob(url="h:1", model="m", chat=True, request=GenerationRequest(
         prompt="2+2=", max_tokens=5, stream=False, temperature=0.5, top_k=3, top_p=0.9, seed=7))
+
+
+def test_generate_samples_with_a_temperature_alone_and_says_when_a_seed_does_nothing():
+    done = GenerationResult(text="x")
+    with patch("specpipe.client.generate.generate", return_value=done) as generate:
+        assert invoke("generate", "p", "--temperature", "0.9", "--seed", "4").exit_code == 0
+        assert generate.call_args.args[0].request == GenerationRequest(prompt="p", max_tokens=128, temperature=0.9, top_p=1.0, seed=4)
+        result = invoke("generate", "p", "--seed", "4")
+        assert generate.call_args.args[0].request == GenerationRequest(prompt="p", max_tokens=128)
+        assert "--seed has no effect" in result.stderr
+
+
+def test_generate_refuses_counts_and_seeds_its_tensors_cannot_hold():
+    with patch("specpipe.client.generate.generate") as generate:
+        result = invoke("generate", "p", "--max-tokens", "4294967301")
+        assert result.exit_code == 2 and "must be at most 2147483647 (a 32-bit count), got 4294967301" in result.output
+        result = invoke("generate", "p", "--seed", "99999999999999999999999")
+        assert result.exit_code == 2 and "--seed" in result.output and "0<=x<=18446744073709551615" in result.output
+        assert invoke("generate", "p", "--seed", "-1").exit_code == 2
+    assert generate.call_count == 0
 
 
 def test_bench_receives_every_flag():

@@ -35,7 +35,7 @@ def server(fake, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def reset(fake):
-    fake.tokens_per_step, fake.step_delay_s, fake.end = 3, 0.0, True
+    fake.tokens_per_step, fake.step_delay_s, fake.end, fake.busy = 3, 0.0, True, False
     yield
 
 
@@ -190,6 +190,17 @@ def test_absent_max_tokens_is_the_rest_of_the_context_and_a_full_context_is_leng
 def test_end_of_sequence_is_stop(client):
     text, reason = chat(client, max_tokens=200)
     assert (text, reason) == (SCRIPT[: len(text)], "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_deployment_is_a_503_that_clients_retry(server, client, fake, stream):
+    """Past the engine's queue bound the request is not at fault: 503 (which OpenAI clients retry with
+    backoff), not a 400 (which they give up on)."""
+    fake.busy = True
+    status, body = post(server, "/v1/chat/completions", {"model": NAME, "messages": FRUITS, "max_tokens": 4, "stream": stream})
+    assert status == 503 and body["error"]["type"] == "server_error" and "server busy" in body["error"]["message"]
+    with pytest.raises(openai.InternalServerError, match="retry later"):
+        client.completions.create(model=NAME, prompt="x", max_tokens=4)
 
 
 # -- 5. abandoned requests -------------------------------------------------------------------------

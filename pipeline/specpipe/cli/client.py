@@ -7,30 +7,33 @@ import sys
 
 import click
 
-from specpipe.cli.options import POSITIVE
+from specpipe.cli.options import POSITIVE, SEED, TOKEN_COUNT
 
 
 @click.command()
 @click.argument("prompt")
 @click.option("--url", default="localhost:8001", show_default=True, help="Triton gRPC endpoint HOST:PORT.")
 @click.option("--model", default="ensemble", show_default=True, help="Triton model to call (the deployment's ensemble).")
-@click.option("--max-tokens", type=POSITIVE, default=128, show_default=True, help="New tokens to generate at most.")
+@click.option("--max-tokens", type=TOKEN_COUNT, default=128, show_default=True, help="New tokens to generate at most.")
 @click.option("--stream/--no-stream", default=False, show_default=True, help="Print the text as it arrives.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None,
-              help="Sampling temperature (default: the server's, greedy unless set).")
-@click.option("--top-k", type=click.IntRange(min=0), default=None, help="Sample from the k most likely tokens (0: all).")
+              help="Sample at this temperature (0 or unset: greedy, unless --top-k/--top-p is given).")
+@click.option("--top-k", type=click.IntRange(0, 2**31 - 1), default=None, help="Sample from the k most likely tokens (0: all).")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Sample from the smallest set of tokens whose probabilities add up to p.")
-@click.option("--seed", type=int, default=None, help="Random seed of the sampling (same seed, same text).")
+@click.option("--seed", type=SEED, default=None, help="Random seed of the sampling (same seed, same text).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--stats", is_flag=True, help="Print acceptance figures after the text (stderr).")
 def generate(prompt, url, model, max_tokens, stream, temperature, top_k, top_p, seed, chat, stats) -> None:
     """Send one prompt to a deployed ensemble over gRPC and print the text."""
     from specpipe.client.generate import GenerateJob, generate as run_generate
-    from specpipe.client.llm import GenerationRequest
+    from specpipe.client.request import GenerationRequest, sampling_fields
 
+    sampling = sampling_fields(temperature, top_k, top_p, seed)
+    if seed is not None and sampling["seed"] is None:
+        click.echo("(--seed has no effect: the request decodes greedily; give --temperature above 0 to sample)", err=True)
     job = GenerateJob(url=url, model=model, chat=chat, request=GenerationRequest(
-        prompt=prompt, max_tokens=max_tokens, stream=stream, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+        prompt=prompt, max_tokens=max_tokens, stream=stream, **sampling))
 
     def echo(text: str) -> None:
         sys.stdout.write(text)

@@ -11,20 +11,28 @@ from specpipe.paths import default_engines_dir, default_repo_dir
 from specpipe.speculative import ALL_QUANTIZATIONS, METHODS
 
 class PositiveInt(click.IntRange):
-    """An integer of at least 1 (requests, tokens, steps ...); refused as "must be a positive integer, got N"."""
+    """An integer of at least 1 (requests, tokens, steps ...); refused as "must be a positive integer, got N",
+    or above ``max_value`` as "must be at most M (why), got N"."""
 
-    def __init__(self) -> None:
-        super().__init__(min=1)
+    def __init__(self, max_value: int | None = None, why: str = "") -> None:
+        super().__init__(min=1, max=max_value)
+        self.why = why
 
     def convert(self, value, param, ctx) -> int:
         number = click.INT.convert(value, param, ctx)
         if number < 1:
             self.fail(f"must be a positive integer, got {number}", param, ctx)
+        if self.max is not None and number > self.max:
+            self.fail(f"must be at most {self.max}{f' ({self.why})' if self.why else ''}, got {number}", param, ctx)
         return number
 
 
 #: A count of at least one (requests, tokens, steps ...).
 POSITIVE = PositiveInt()
+#: A token count sent in an INT32 tensor (``max_tokens``).
+TOKEN_COUNT = PositiveInt(2**31 - 1, "a 32-bit count")
+#: A sampling seed (the ensemble's UINT64 ``seed``).
+SEED = click.IntRange(0, 2**64 - 1)
 class PositiveFloat(click.FloatRange):
     """A number above zero in ``unit`` (seconds, minutes); refused as "must be a positive number of UNIT"."""
 

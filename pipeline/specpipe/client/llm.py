@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from specpipe.client.request import GenerationRequest, build_inputs, tensor_input
 from specpipe.errors import SpecpipeError
 
 logger = logging.getLogger(__name__)
@@ -30,40 +31,6 @@ STOP_TIMEOUT_S = 10.0
 #: Per-request counters read from a response when present (``draft_length``: CPU runtime only).
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
                 "num_output_tokens", "draft_length")
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One text-generation request.
-
-    ``temperature``/``top_k``/``top_p``/``seed`` left as ``None`` are not sent, which makes the
-    request greedy (as in TensorRT-LLM). ``stop_words`` are strings; the server stops before them.
-    ``return_perf_metrics=None`` leaves the flag out (for ensembles that do not declare it);
-    ``return_num_tokens=True`` also sends ``return_num_input_tokens``/``return_num_output_tokens``
-    (upstream ensembles return the token counts only when asked). ``repetition_penalty``,
-    ``presence_penalty``, ``frequency_penalty`` and ``min_tokens`` (TensorRT-LLM's definitions) are
-    sent only when set. ``text_segments`` (specpipe ensembles only): the prompt in pieces whose odd
-    pieces are tokenized as plain text (see :mod:`specpipe.triton.models.preprocessing`).
-    """
-
-    prompt: str
-    max_tokens: int = 128
-    stream: bool = False
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop_words: tuple[str, ...] = ()
-    bad_words: tuple[str, ...] = ()
-    end_id: int | None = None
-    exclude_input_in_output: bool = True
-    return_perf_metrics: bool | None = True
-    return_num_tokens: bool | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    min_tokens: int | None = None
-    text_segments: tuple[str, ...] = ()
 
 
 @dataclass
@@ -108,54 +75,6 @@ def _transport_error(exc: Exception) -> tuple[str, bool]:
         status = getattr(code(), "name", str(code()))
         return f"{status}: {details()}", status == "UNAVAILABLE"
     return f"{type(exc).__name__}: {exc}", False
-
-
-def _input(name: str, value: np.ndarray, batched: bool):
-    from tritonclient.grpc import InferInput
-    from tritonclient.utils import np_to_triton_dtype
-
-    array = value[np.newaxis, ...] if batched else value
-    tensor = InferInput(name, list(array.shape), "BYTES" if array.dtype == object else np_to_triton_dtype(array.dtype))
-    tensor.set_data_from_numpy(array)
-    return tensor
-
-
-def build_inputs(request: GenerationRequest, batched: bool) -> list:
-    """Triton input tensors for ``request``; ``batched`` adds the leading batch dimension of 1."""
-    if request.max_tokens <= 0:
-        raise SpecpipeError(f"max_tokens must be positive, got {request.max_tokens}")
-    tensors = [
-        _input("text_input", np.array([request.prompt.encode()], dtype=object), batched),
-        _input("max_tokens", np.array([request.max_tokens], dtype=np.int32), batched),
-        _input("stream", np.array([request.stream], dtype=bool), batched),
-        _input("exclude_input_in_output", np.array([request.exclude_input_in_output], dtype=bool), batched),
-    ]
-    if request.return_perf_metrics is not None:
-        tensors.append(_input("return_perf_metrics", np.array([request.return_perf_metrics], dtype=bool), batched))
-    if request.return_num_tokens is not None:
-        for name in ("return_num_input_tokens", "return_num_output_tokens"):
-            tensors.append(_input(name, np.array([request.return_num_tokens], dtype=bool), batched))
-    optional = {
-        "temperature": (request.temperature, np.float32),
-        "top_k": (request.top_k, np.int32),
-        "top_p": (request.top_p, np.float32),
-        "seed": (request.seed, np.uint64),
-        "end_id": (request.end_id, np.int32),
-        "repetition_penalty": (request.repetition_penalty, np.float32),
-        "presence_penalty": (request.presence_penalty, np.float32),
-        "frequency_penalty": (request.frequency_penalty, np.float32),
-        "min_tokens": (request.min_tokens, np.int32),
-    }
-    for name, (value, dtype) in optional.items():
-        if value is not None:
-            tensors.append(_input(name, np.array([value], dtype=dtype), batched))
-    for name, words in (("stop_words", request.stop_words), ("bad_words", request.bad_words),
-                        ("text_segments", request.text_segments)):
-        if words:
-            tensors.append(_input(name, np.array([w.encode() for w in words], dtype=object), batched))
-    if request.text_segments and "".join(request.text_segments) != request.prompt:
-        raise SpecpipeError("text_segments must join to exactly the prompt")
-    return tensors
 
 
 def _text_of(result) -> str:
@@ -322,7 +241,7 @@ class LLMClient:
             model, batched = target
             values = {"input_ids": np.array([0], np.int32), "input_lengths": np.array([0], np.int32),
                       "request_output_len": np.array([0], np.int32), "stop": np.array([True])}
-            inputs = [_input(name, value, batched) for name, value in values.items()]
+            inputs = [tensor_input(name, value, batched) for name, value in values.items()]
 
             async def one():
                 yield {"model_name": model, "inputs": inputs, "request_id": request_id}

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from specpipe.client.llm import GenerationRequest
+from specpipe.client.request import GenerationRequest, sampling_fields
 from specpipe.openai.schema import UNSUPPORTED_OFF, ChatCompletionRequest, CompletionRequest, UnsupportedOption
 
 #: The gateway's fallback ``max_tokens`` when the context size is unknown (no tokenizer config).
@@ -77,17 +77,13 @@ class ParsedRequest:
         ``max_tokens``: the resolved budget (default: the request's, else the fallback);
         ``segments``: ``text_segments`` to send (empty: none).
         """
-        sampling = self.temperature > 0
         budget = max_tokens if max_tokens is not None else (self.max_tokens or CHAT_DEFAULT_MAX_TOKENS)
         return GenerationRequest(
             prompt=prompt,
             max_tokens=budget,
             stream=self.stream,
-            temperature=self.temperature if sampling else None,
-            top_p=(self.top_p if self.top_p is not None else 1.0) if sampling else None,
-            top_k=self.top_k if sampling else None,
-            seed=self.seed if sampling else None,
             text_segments=tuple(segments),
+            **sampling_fields(self.temperature, self.top_k, self.top_p, self.seed),
             **self.options,
         )
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from specpipe.client.llm import GenerationRequest, GenerationResult
+from specpipe.client.request import GenerationRequest
+from specpipe.client.llm import GenerationResult
 from specpipe.errors import SpecpipeError
 from specpipe.openai.stops import StopStrings
 

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from specpipe.client.llm import GenerationRequest
+from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 from specpipe.openai.metrics import GatewayMetrics
 from specpipe.openai.prompting import PreparedPrompt, Prompter
@@ -47,6 +47,8 @@ from specpipe.openai.schema import openapi_document
 from specpipe.openai.relay import Generation
 
 _UNREACHABLE = ("UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
+#: How the CPU engine's queue bound (and its gRPC error) begins: the deployment is full, not broken.
+SERVER_BUSY = "server busy"
 
 
 class Gateway:
@@ -280,6 +282,10 @@ class Gateway:
 
 
 def _api_error(message: str, connection_lost: bool = False) -> APIError:
+    """The gateway's answer to a failed request: 503 when Triton is unreachable or its engine's queue is
+    full ("server busy", which OpenAI clients retry with backoff), 400 otherwise (the request itself)."""
+    if SERVER_BUSY in message and not connection_lost:
+        return APIError(503, message, kind="server_error")
     if connection_lost or any(marker in message for marker in _UNREACHABLE):
         return APIError(503, f"the Triton server is unreachable: {message}", kind="server_error")
     return APIError(400, message)

@@ -103,8 +103,9 @@ class BatchScheduler:
         end_ids = params.end_ids(self.engine.default_end_ids)
         with self._lock:
             if len(self.active) + len(self._waiting) >= self.max_batch_size + self.max_queue:
-                raise ServerBusy(f"server busy: {len(self.active)} requests running and {len(self._waiting)} waiting, the "
-                                 f"most it holds ({self.max_batch_size} + max_queue {self.max_queue}); retry later")
+                raise ServerBusy(f"server busy: it holds {len(self.active) + len(self._waiting)} requests already, the "
+                                 f"most it takes ({self.max_batch_size} decoding together + max_queue {self.max_queue} "
+                                 f"waiting); retry later")
             context = list(input_ids)  # extended in place as tokens commit: the penalties' history
             request = BatchRequest(
                 request_id=self._next_id, prompt=input_ids, params=params,
