@@ -143,3 +143,36 @@ def test_a_server_dying_in_rounds_leaves_its_level_incomplete_and_no_speed_up():
     same = [lv for lv in run.levels if lv.deployment == "same"]
     assert [lv.concurrency for lv in same] == [1, 2] and all(len(lv.records) == 8 for lv in same)
     assert all(row["speedup"] is None for row in rows(run))  # no baseline to compare with
+
+
+def _level(name, records):
+    from specpipe.bench.records import LevelResult
+
+    return LevelResult(deployment=name, concurrency=1, records=records)
+
+
+def _record(tokens=None, error=None):
+    from specpipe.bench.records import RequestRecord
+
+    return RequestRecord(deployment="d", concurrency=1, index=0, prompt_id="p", start_s=0.0, latency_s=0.1,
+                         output_tokens=tokens, error=error)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_levels_that_measured_nothing_make_the_run_incomplete(chat):
+    """A table of zeros is not a measurement: no request sent, every request failed, or every answer
+    empty each mark their level and the run incomplete (so ``specpipe bench`` exits 1), naming why."""
+    from specpipe.bench.job import mark_unmeasured
+    from specpipe.bench.runner import BenchRun, BenchSettings
+
+    run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1,), chat=chat))
+    run.levels = [_level("good", [_record(12), _record(0)]), _level("none", []),
+                  _level("failed", [_record(error="DEADLINE_EXCEEDED: timed out\nmore"), _record(error="x")]),
+                  _level("empty", [_record(0), _record(0)])]
+    mark_unmeasured(run)
+    assert [level.incomplete for level in run.levels] == [False, True, True, True]
+    assert run.incomplete and len(run.reasons) == 3
+    assert "none @ concurrency 1: no request was sent" in run.reasons[0]
+    assert "failed @ concurrency 1: all 2 requests failed; first error: DEADLINE_EXCEEDED: timed out" == run.reasons[1]
+    assert run.reasons[2].startswith("empty @ concurrency 1: every answer was empty (0 output tokens)")
+    assert ("needs --chat" in run.reasons[2]) is (not chat)

@@ -60,6 +60,15 @@ def test_package_receives_engine_and_repository_paths():
         package_plan.assert_called_once_with(Path(__file__), "p", Path("r"))
 
 
+def test_package_refuses_a_path_as_the_name():
+    with patch("specpipe.triton.repository.package_engine") as package_engine, \
+            patch("specpipe.triton.repository.package_plan") as package_plan:
+        for args in (("../eng/x",), ("a/b",), ("--from-plan", __file__, "--name", "../up")):
+            result = invoke("package", *args, "--repo-dir", "r")
+            assert result.exit_code == 2 and "is not an engine name" in result.output and "--engines-dir" in result.output
+    assert package_engine.call_count == package_plan.call_count == 0
+
+
 def test_serve_receives_every_flag():
     with patch("specpipe.serve.serve") as serve:
         result = invoke("serve", "x", "--repo-dir", "r", "--grpc-port", "9001", "--http-port", "9000", "--metrics-port", "9002",

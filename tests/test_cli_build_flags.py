@@ -92,3 +92,17 @@ def test_cpu_build_honours_max_batch_size(run):
     assert doc["limits"] == {"max_batch_size": 4} and written == []
     default = json.loads(run("--draft", "ngram", "--dry-run", "--json")[0].stdout)
     assert default["limits"] == {"max_batch_size": 8} and default["inputs_hash"] != doc["inputs_hash"]
+
+
+def test_cpu_build_refuses_a_batch_whose_kv_cache_cannot_fit(run, monkeypatch):
+    """The CPU runtime's cache holds every slot at the longest request's length: 360 MiB a request for
+    SmolLM2 at its 8,192-token context, so 100,000 requests would fail only when the server allocates."""
+    from specpipe import build_common
+
+    monkeypatch.setattr(build_common, "physical_memory_bytes", lambda: 8 * 2**30)
+    result, written = run("--draft", "ngram", "--max-batch-size", "100000", "--dry-run")
+    assert result.exit_code == 2 and written == []
+    assert "360 MiB per request" in result.output and "use --max-batch-size 22 or less" in result.output
+    assert run("--draft", "ngram", "--max-batch-size", "22", "--dry-run")[0].exit_code == 0
+    monkeypatch.setattr(build_common, "physical_memory_bytes", lambda: 2**28)  # a request alone is always allowed
+    assert run("--draft", "ngram", "--max-batch-size", "1", "--dry-run")[0].exit_code == 0

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from specpipe import __version__
-from specpipe.build_common import check_writable, is_engine_name, up_to_date
+from specpipe.build_common import check_cpu_batch_memory, check_writable, is_engine_name, up_to_date
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, FlagError, PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
@@ -261,6 +261,7 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
         inputs["draft"]["weights_sha256"] = sha256_file(shipped)  # retrained weights trigger a rebuild
     if request.max_batch_size < 1:
         raise FlagError(f"--max-batch-size must be >= 1, got {request.max_batch_size}")
+    check_cpu_batch_memory(target.architecture, request.max_batch_size)
     if request.max_batch_size != _DEFAULTS["max_batch_size"]:  # the default keeps earlier engines' hashes
         inputs = {**inputs, "max_batch_size": request.max_batch_size}
     inputs_hash = canonical_hash(inputs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,8 @@ def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> Path:
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
+    remove_abandoned(out_dir)
+    tag = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
     old = out_dir.parent / f".{out_dir.name}.old-{tag}"
     try:
@@ -49,6 +51,36 @@ def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> Path:
         raise
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+def remove_abandoned(out_dir: Path) -> list[Path]:
+    """Remove the temporary siblings of ``out_dir`` that a killed writer left (``SIGKILL``, power loss):
+    those whose writer ran on this host and is no longer running (hostname and PID are in their names).
+    A writer on another host sharing the folder, or still running, keeps its own. (A ``.old-`` sibling,
+    left only by a kill between the two renames, may hold the only complete copy and is kept.)
+
+    Returns:
+        the directories removed.
+    """
+    removed = []
+    host = socket.gethostname()
+    for path in Path(out_dir).parent.glob(f".{Path(out_dir).name}.tmp-*"):
+        writer_host, _, pid = path.name.rsplit(".tmp-", 1)[1].rpartition("-")[0].rpartition("-")
+        if writer_host != host or not pid.isdigit() or _running(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _umask() -> int:

@@ -93,7 +93,32 @@ def run_benchmark(request: BenchRequest, show_progress: bool = True) -> BenchOut
                              rounds=request.rounds)
     out_dir = Path(request.out) if request.out else default_out_dir()
     run = execute(endpoints, prompt_list, settings, show_progress)
+    mark_unmeasured(run)
     return BenchOutcome(run=run, out_dir=out_dir, paths=write_results(run, out_dir))
+
+
+def mark_unmeasured(run: BenchRun) -> None:
+    """Mark ``run`` incomplete for every level that measured nothing: no request sent (a ``--duration``
+    shorter than one request), none completed (every one failed: the first error is named), or every
+    answer empty (0 output tokens: an instruction-tuned model given raw prompts ends at once without
+    ``--chat``). A table of zeros is not a measurement, so ``specpipe bench`` then exits 1."""
+    for level in run.levels:
+        if level.incomplete:
+            continue
+        where = f"{level.deployment} @ concurrency {level.concurrency}"
+        completed = [r for r in level.records if r.ok]
+        if not level.records:
+            reason = f"{where}: no request was sent (give a longer --duration, or --num-requests)"
+        elif not completed:
+            reason = (f"{where}: all {len(level.records)} requests failed; first error: "
+                      f"{level.records[0].error.splitlines()[0][:200]}")
+        elif not any(r.output_tokens for r in completed):
+            hint = "" if run.settings.chat else ": an instruction-tuned model usually needs --chat"
+            reason = f"{where}: every answer was empty (0 output tokens){hint}"
+        else:
+            continue
+        level.incomplete, level.reason = True, reason
+        run.mark_incomplete(reason)
 
 
 def execute(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, show_progress: bool = True) -> BenchRun:

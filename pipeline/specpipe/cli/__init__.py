@@ -8,6 +8,7 @@ method does not take (:class:`~specpipe.errors.FlagError`), like click's own usa
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -21,11 +22,18 @@ class _Group(click.Group):
     """Turns :class:`SpecpipeError` into a one-line message and exit status 1 (2 for a :class:`FlagError`)."""
 
     def invoke(self, ctx: click.Context):
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
         try:
             return super().invoke(ctx)
         except SpecpipeError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2 if isinstance(exc, FlagError) else 1)
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    """``kill``, ``docker stop`` and ``timeout`` end a command as Ctrl-C does: the exception unwinds the
+    command, so half-written outputs are removed (:func:`specpipe.fsutil.write_dir_atomically`)."""
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
 
 
 @click.group(cls=_Group)

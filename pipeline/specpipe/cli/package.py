@@ -23,8 +23,15 @@ from specpipe.progress import result
                    "only; 0: packed only; 'all' and 0 keep one copy of the weights).")
 def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> None:
     """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
+    from specpipe.build_common import is_engine_name
     from specpipe.triton.repository import package_engine, package_plan
 
+    for given in (name, plan_name):
+        if given is not None and not is_engine_name(given):
+            raise click.BadParameter(
+                f"{given!r} is not an engine name (letters, digits, '.', '_' or '-', no paths): the engine is read "
+                f"from --engines-dir and the repository written to --repo-dir; give those for other folders",
+                param_hint="NAME")
     if from_plan is not None:
         out = package_plan(from_plan, plan_name or name, repo_dir)
     else:

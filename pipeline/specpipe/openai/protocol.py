@@ -43,6 +43,22 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
 
 
+#: Markers of a gRPC error that means Triton cannot be reached (rather than a refused request).
+UNREACHABLE = ("UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
+#: How the CPU engine's queue bound (and its gRPC error) begins: the deployment is full, not broken.
+SERVER_BUSY = "server busy"
+
+
+def api_error_for(message: str, connection_lost: bool = False) -> APIError:
+    """The gateway's answer to a failed request: 503 when Triton is unreachable or its engine's queue is
+    full ("server busy", which OpenAI clients retry with backoff), 400 otherwise (the request itself)."""
+    if SERVER_BUSY in message and not connection_lost:
+        return APIError(503, message, kind="server_error")
+    if connection_lost or any(marker in message for marker in UNREACHABLE):
+        return APIError(503, f"the Triton server is unreachable: {message}", kind="server_error")
+    return APIError(400, message)
+
+
 @dataclass
 class ParsedRequest:
     """One OpenAI request, checked.

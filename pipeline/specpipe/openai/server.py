@@ -31,6 +31,7 @@ from specpipe.openai.metrics import GatewayMetrics
 from specpipe.openai.prompting import PreparedPrompt, Prompter
 from specpipe.openai.protocol import (
     APIError,
+    api_error_for,
     ParsedRequest,
     chat_object,
     chunk_object,
@@ -46,9 +47,6 @@ from specpipe.openai.protocol import (
 from specpipe.openai.schema import openapi_document
 from specpipe.openai.relay import Generation
 
-_UNREACHABLE = ("UNAVAILABLE", "failed to connect", "Connection refused", "Socket closed")
-#: How the CPU engine's queue bound (and its gRPC error) begins: the deployment is full, not broken.
-SERVER_BUSY = "server busy"
 
 
 class Gateway:
@@ -216,7 +214,7 @@ class Gateway:
                 result = generation.result()
                 if result.error is not None:
                     self.metrics.record(self.name, {}, error=True)
-                    error = _api_error(result.error, result.connection_lost)
+                    error = api_error_for(result.error, result.connection_lost)
                     return web.json_response(error.body(), status=error.status)
             if parsed.stream:
                 return await self._stream(request, parsed, prompt, generation, first)
@@ -233,7 +231,7 @@ class Gateway:
         result = generation.result()
         if result.error is not None:
             self.metrics.record(self.name, {}, error=True)
-            error = _api_error(result.error, result.connection_lost)
+            error = api_error_for(result.error, result.connection_lost)
             return web.json_response(error.body(), status=error.status)
         self.metrics.record(self.name, result.perf)
         build = chat_object if parsed.chat else completion_object
@@ -260,7 +258,7 @@ class Gateway:
         result = generation.result()
         if result.error is not None:
             self.metrics.record(self.name, {}, error=True)
-            await send(_api_error(result.error, result.connection_lost).body())
+            await send(api_error_for(result.error, result.connection_lost).body())
         else:
             self.metrics.record(self.name, result.perf)
             if not opened and parsed.chat:  # no text at all: still open the assistant's turn
@@ -279,16 +277,6 @@ class Gateway:
     async def _segments_supported(self) -> bool:
         inputs = await self.ensemble_inputs()
         return inputs is None or "text_segments" in inputs
-
-
-def _api_error(message: str, connection_lost: bool = False) -> APIError:
-    """The gateway's answer to a failed request: 503 when Triton is unreachable or its engine's queue is
-    full ("server busy", which OpenAI clients retry with backoff), 400 otherwise (the request itself)."""
-    if SERVER_BUSY in message and not connection_lost:
-        return APIError(503, message, kind="server_error")
-    if connection_lost or any(marker in message for marker in _UNREACHABLE):
-        return APIError(503, f"the Triton server is unreachable: {message}", kind="server_error")
-    return APIError(400, message)
 
 
 def _json_errors():
