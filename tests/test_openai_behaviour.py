@@ -158,6 +158,13 @@ def test_messages_are_checked(server):
         assert status == 400 and reply["error"]["param"] == "messages" and where in reply["error"]["message"]
 
 
+def test_a_user_message_without_content_is_a_400(server):
+    status, body = post(server, "/v1/chat/completions", {"model": NAME, "messages": [{"role": "user"}], "max_tokens": 4})
+    assert status == 400 and "a user message needs content" in body["error"]["message"]
+    assistant_turn = [{"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "again"}]
+    assert post(server, "/v1/chat/completions", {"model": NAME, "messages": assistant_turn, "max_tokens": 4})[0] == 200
+
+
 # -- 4. errors before the stream, budget -----------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True])
 def test_prompt_over_the_context_is_a_400_before_the_stream(client, stream):

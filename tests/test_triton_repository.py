@@ -168,3 +168,22 @@ def test_dense_rows_is_written_and_checked_on_the_command_line(engine, tmp_path)
     for bad in ("many", "", " ", "99999999999999999999"):
         refused = CliRunner().invoke(main, [*args, "--dense-rows", bad])
         assert refused.exit_code == 2 and "expected 'auto', 'all' (dense weights only) or a row count" in refused.output
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_engine_whose_files_changed_since_the_build_is_refused(engine, tmp_path, damage):
+    """The manifest holds each file's sha256: a copy cut short or a deleted file is named at package
+    time, not found by the server after it starts loading."""
+    import shutil
+
+    copy = tmp_path / "eng"
+    shutil.copytree(engine, copy)
+    target = copy / json.loads((copy / "manifest.json").read_text())["target"]["path"]
+    victim = max((p for p in target.iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
+    if damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    else:
+        victim.unlink()
+    with pytest.raises(SpecpipeError, match=f"is damaged: {victim} is missing or changed since the build; rebuild"):
+        package_engine(copy, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()

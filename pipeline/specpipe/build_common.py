@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from specpipe.errors import FlagError, ManifestError, SpecpipeError
-from specpipe.manifest import read_manifest, sha256_file
+from specpipe.manifest import changed_files, read_manifest
 from specpipe.progress import warn
 
 ENGINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -55,14 +55,9 @@ def up_to_date(dest: Path, inputs_hash: str, *, verify_files: bool = False) -> b
         return False
     if not verify_files:
         return True
-    for part in (manifest.target, manifest.draft):
-        if part is None or part.path is None:
-            continue
-        for rel, digest in part.files.items():
-            path = Path(dest) / part.path / rel
-            if not path.is_file() or sha256_file(path) != digest:
-                warn(f"{path} is missing or changed since the build: rebuilding")
-                return False
+    for path in changed_files(dest, manifest)[:1]:
+        warn(f"{path} is missing or changed since the build: rebuilding")
+        return False
     return True
 
 

@@ -183,3 +183,17 @@ def write_manifest(engine_dir: Path, manifest: "Manifest | dict[str, Any]") -> P
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
     return path
+
+
+def changed_files(engine_dir: Path, manifest: Manifest) -> list[Path]:
+    """The files the manifest lists (``target``/``draft`` ``files``, CPU engines) that are missing or
+    whose sha256 differs from the build's: a copy cut short, a file edited or deleted since."""
+    changed = []
+    for part in (manifest.target, manifest.draft):
+        if part is None or part.path is None:
+            continue
+        for rel, digest in part.files.items():
+            path = Path(engine_dir) / part.path / rel
+            if not path.is_file() or sha256_file(path) != digest:
+                changed.append(path)
+    return changed

@@ -159,6 +159,12 @@ class Message(BaseModel):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _content_required(self):
+        if self.content is None and self.role != "assistant":  # OpenAI: only an assistant turn may omit it
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
     def text(self) -> str:
         """The message's text (parts joined; ``None`` is empty)."""
         if self.content is None:

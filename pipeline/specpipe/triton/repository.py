@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specpipe.errors import SpecpipeError
-from specpipe.manifest import read_manifest
+from specpipe.manifest import changed_files, read_manifest
 from specpipe.speculative import Runtime
 from specpipe.triton.config import read_config
 from specpipe.triton.cpu_repository import RUNTIME_PARAMETER, cpu_repository
@@ -36,11 +36,18 @@ def package_engine(engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto")
 
     Raises:
         SpecpipeError: the engine directory is missing, has no manifest, was built by another
-            specpipe version or TensorRT-LLM release, or the written repository fails its checks.
+            specpipe version or TensorRT-LLM release, a CPU engine's files are missing or changed since
+            the build (sha256 of each file the manifest lists), or the written repository fails its checks.
     """
     manifest = read_manifest(engine_dir)
     if manifest.runtime is Runtime.CPU:
-        return write_repository(out_dir, cpu_repository(manifest, engine_dir, dense_rows=dense_rows))
+        repository = cpu_repository(manifest, engine_dir, dense_rows=dense_rows)
+        changed = changed_files(engine_dir, manifest)
+        if changed:
+            raise SpecpipeError(f"engine {engine_dir} is damaged: {', '.join(str(p) for p in changed)} "
+                                f"{'is' if len(changed) == 1 else 'are'} missing or changed since the build; "
+                                f"rebuild it with 'specpipe build ... --force'")
+        return write_repository(out_dir, repository)
     if dense_rows != "auto":
         raise SpecpipeError(f"dense_rows is a setting of the CPU runtime, and engine {engine_dir} is for "
                             f"'{manifest.runtime.value}': leave --dense-rows out")
