@@ -258,6 +258,23 @@ def test_cost_curve_is_non_decreasing_and_learns_the_machines_speed_from_served_
     assert fixed.cost(64) == 64.0
 
 
+def test_forwards_that_verify_drafts_learn_their_own_excess_cost_and_the_rule_follows_it():
+    """The curve is measured one token per request; forwards holding chains or trees can cost more than
+    their token count says (served: n-gram at concurrency 8, 7 % more). Learnt from served forwards, that
+    excess keeps the rule from drafting where the curve says it gains and the machine says it loses."""
+    model = ForwardCostModel((1, 8, 64), (1.0, 2.0, 9.0), learning_rate=0.1)
+    for _ in range(200):  # plain forwards as measured, drafting ones (12 tokens) 20 % over the curve
+        model.observe(8, 2.0)
+        model.observe(12, 1.2 * model._measured(12), drafting=True)
+    assert model.draft_factor == pytest.approx(1.2, rel=0.03) and model.speed == pytest.approx(1.0, rel=0.03)
+    assert model.cost(12, drafting=True) / model.cost(12) == pytest.approx(model.draft_factor)
+    candidates = [DraftCandidate(expected=[1.0, 1.8], draft_seconds=[0.0, 0.0]) for _ in range(8)]
+    unlearnt = ForwardCostModel((1, 8, 64), (1.0, 2.0, 9.0))
+    assert sum(choose_draft_lengths(unlearnt, candidates, fixed_tokens=8)) >= 2  # 14.4 / 3.0 s > 8 / 2.0 s
+    assert choose_draft_lengths(model, candidates, fixed_tokens=8) == [0] * 8  # 14.4 / (3.0 x 1.2) s: no gain
+    assert "forwards verifying drafts x1.2" in model.describe()
+
+
 def test_acceptance_follows_observations_and_drifts_back_to_the_deployments():
     estimate = NodeAcceptance()
     for _ in range(20):

@@ -245,12 +245,13 @@ class BatchScheduler:
             for request, _, _ in plans:
                 self._finish(request, error=exc)
             return
+        drafting = any(len(entry.token_ids) > 1 for request, entry, _ in plans if not request.prefilling)
         if len(rows) == offset:  # every token had logits, as in the cost model's measurements
             sizes = {min(len(e.token_ids), 2) for e in entries}
-            self.cost_model.observe(offset, time.perf_counter() - started, mixed=len(sizes) == 2)
+            self.cost_model.observe(offset, time.perf_counter() - started, mixed=len(sizes) == 2, drafting=drafting)
         self.steps += 1
         self.last_draft_lengths = [r.draft_length for r in decoding]
-        if not any(len(entry.token_ids) > 1 for request, entry, _ in plans if not request.prefilling):
+        if not drafting:
             self.shared_acceptance.forget(1.0 - IDLE_FORGETTING)
         first_row, offset = 0, 0
         for (request, entry, draft), want in zip(plans, wanted):
