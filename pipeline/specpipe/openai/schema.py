@@ -102,7 +102,7 @@ class _Common(BaseModel):
     @classmethod
     def _stop(cls, value):
         if isinstance(value, list) and len(value) > 4:
-            raise ValueError(f"at most 4 stop strings, got {len(value)}")
+            raise ValueError(f"at most 4 stop strings ({len(value)} sent)")
         return value
 
     @model_validator(mode="after")
