@@ -260,7 +260,7 @@ def test_cost_curve_is_non_decreasing_and_learns_the_machines_speed_from_served_
 
 def test_forwards_that_verify_drafts_learn_their_own_excess_cost_and_the_rule_follows_it():
     """The curve is measured one token per request; forwards holding chains or trees can cost more than
-    their token count says (served: n-gram at concurrency 8, 7 % more). Learnt from served forwards, that
+    their token count says (served: n-gram at concurrency 8, 7 % longer than plain forwards). Learnt from served forwards, that
     excess keeps the rule from drafting where the curve says it gains and the machine says it loses."""
     model = ForwardCostModel((1, 8, 64), (1.0, 2.0, 9.0), learning_rate=0.1)
     for _ in range(200):  # plain forwards as measured, drafting ones (12 tokens) 20 % over the curve
