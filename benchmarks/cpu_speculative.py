@@ -285,8 +285,8 @@ def start_triton() -> dict:
 
 
 def run_triton(triton: dict, tok, text: str, max_tokens: int, index: int, category: str) -> dict:
-    from specpipe.client.request import GenerationRequest
     from specpipe.client.llm import LLMClient, run_sync
+    from specpipe.client.request import GenerationRequest
 
     prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
 

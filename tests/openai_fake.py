@@ -8,8 +8,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import GenerationResult
+from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 from specpipe.triton.interface import ENSEMBLE
 from specpipe.triton.models.postprocessing import Detokenizer

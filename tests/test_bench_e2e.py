@@ -15,8 +15,8 @@ from specpipe.bench.prompts import load_prompts
 from specpipe.bench.report import write_results
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
 from specpipe.cli import main
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import LLMClient, run_sync
+from specpipe.client.request import GenerationRequest
 from specpipe.serve.local import LocalTritonServer
 from specpipe.triton.repository import package_engine
 from tiny_engine import make_tiny_engine

@@ -173,6 +173,6 @@ def test_levels_that_measured_nothing_make_the_run_incomplete(chat):
     assert [level.incomplete for level in run.levels] == [False, True, True, True]
     assert run.incomplete and len(run.reasons) == 3
     assert "none @ concurrency 1: no request was sent" in run.reasons[0]
-    assert "failed @ concurrency 1: all 2 requests failed; first error: DEADLINE_EXCEEDED: timed out" == run.reasons[1]
+    assert "failed @ concurrency 1: all 2 requests failed; first error: DEADLINE_EXCEEDED: timed out more" == run.reasons[1]
     assert run.reasons[2].startswith("empty @ concurrency 1: every answer was empty (0 output tokens)")
     assert ("needs --chat" in run.reasons[2]) is (not chat)

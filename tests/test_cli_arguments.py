@@ -12,8 +12,8 @@ from specpipe.bench.tune import TuneRequest, TuneResult
 from specpipe.build_request import BuildRequest
 from specpipe.cli import main
 from specpipe.client.generate import GenerateJob
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import GenerationResult
+from specpipe.client.request import GenerationRequest
 from specpipe.serve import ServeRequest
 
 

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from conftest import free_port
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import LLMClient, run_sync
+from specpipe.client.request import GenerationRequest
 from specpipe.openai.server import Gateway, GatewayServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import free_port
 from specpipe.bench.metrics import parse_samples
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import LLMClient, run_sync
+from specpipe.client.request import GenerationRequest
 from specpipe.triton.repository import package_engine
 from tiny_engine import make_tiny_engine, tiny_tokenizer
 

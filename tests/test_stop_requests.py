@@ -346,8 +346,8 @@ class _DyingTriton(_FakeTriton):
 def test_a_server_dying_mid_stream_is_a_lost_connection_not_a_rejection_and_no_stop_is_sent():
     import asyncio
 
-    from specpipe.client.request import GenerationRequest
     from specpipe.client.llm import LLMClient
+    from specpipe.client.request import GenerationRequest
 
     async def go():
         client = LLMClient("unused:1")
@@ -365,8 +365,8 @@ def test_a_server_dying_mid_stream_is_a_lost_connection_not_a_rejection_and_no_s
 
 def test_generate_names_a_lost_connection_and_what_to_check(monkeypatch):
     from specpipe.client import generate as generate_module
-    from specpipe.client.request import GenerationRequest
     from specpipe.client.llm import GenerationResult
+    from specpipe.client.request import GenerationRequest
     from specpipe.errors import SpecpipeError
 
     lost = GenerationResult(chunks=["Once"], error="UNAVAILABLE: Socket closed", connection_lost=True)

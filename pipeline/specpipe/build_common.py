@@ -55,11 +55,10 @@ def up_to_date(dest: Path, inputs_hash: str, *, verify_files: bool = False) -> b
         return False
     if not verify_files:
         return True
-    for path in changed_files(dest, manifest)[:1]:
-        warn(f"{path} is missing or changed since the build: rebuilding")
-        return False
-    return True
-
+    changed = changed_files(dest, manifest)
+    if changed:
+        warn(f"{changed[0]} is missing or changed since the build: rebuilding")
+    return not changed
 
 
 def physical_memory_bytes() -> int:

@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from specpipe.bench.endpoints import Endpoint
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import GenerationResult
+from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 
 #: Ensemble tensors the load generator needs (TensorRT-LLM ``inflight_batcher_llm`` names).

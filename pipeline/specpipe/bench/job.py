@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specpipe.bench.endpoints import Endpoint, parse_endpoints
+from specpipe.bench.load import one_line
 from specpipe.bench.prompts import Prompt, load_prompts
 from specpipe.bench.report import write_results
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
@@ -110,8 +111,7 @@ def mark_unmeasured(run: BenchRun) -> None:
         if not level.records:
             reason = f"{where}: no request was sent (give a longer --duration, or --num-requests)"
         elif not completed:
-            reason = (f"{where}: all {len(level.records)} requests failed; first error: "
-                      f"{level.records[0].error.splitlines()[0][:200]}")
+            reason = f"{where}: all {len(level.records)} requests failed; first error: {one_line(level.records[0].error, 200)}"
         elif not any(r.output_tokens for r in completed):
             hint = "" if run.settings.chat else ": an instruction-tuned model usually needs --chat"
             reason = f"{where}: every answer was empty (0 output tokens){hint}"

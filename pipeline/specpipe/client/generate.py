@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specpipe.client.chat import apply_chat_template, is_local_dir, tokenizer_dir_from_config
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import GenerationResult, LLMClient, run_sync
+from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 
 

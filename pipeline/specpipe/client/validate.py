@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import GenerationResult, LLMClient, run_sync
+from specpipe.client.request import GenerationRequest
 
 DEFAULT_PROMPTS = (
     "The three most important inventions of the nineteenth century were",

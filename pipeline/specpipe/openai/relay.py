@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from specpipe.client.request import GenerationRequest
 from specpipe.client.llm import GenerationResult
+from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 from specpipe.openai.stops import StopStrings
 

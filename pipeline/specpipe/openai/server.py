@@ -31,8 +31,8 @@ from specpipe.openai.metrics import GatewayMetrics
 from specpipe.openai.prompting import PreparedPrompt, Prompter
 from specpipe.openai.protocol import (
     APIError,
-    api_error_for,
     ParsedRequest,
+    api_error_for,
     chat_object,
     chunk_object,
     completion_object,
