@@ -141,6 +141,9 @@ def test_bench_refuses_bad_deployments_clearly(servers, prompts_file, tmp_path):
         (["--url", f"pre={servers['ngram'].grpc_url}", "--model", "preprocessing"],
          "model 'preprocessing' of deployment 'pre' is not a TensorRT-LLM-style ensemble (no text_input, max_tokens, stream, text_output)"),
         (["--url", f"x={servers['ngram'].grpc_url}", "--model", "nope"], "has no ready model 'nope' (models: ensemble, postprocessing"),
+        (["--url", f"grpc=openai://{servers['ngram'].grpc_url}/v1"],
+         f"deployment 'grpc' (--url grpc=openai://...): {servers['ngram'].grpc_url} answers HTTP/2 as gRPC servers do"),
+        (["--url", f"metrics={servers['ngram'].metrics_url.split('/')[2]}"], "answers plain HTTP, not gRPC (it is Triton's HTTP or metrics port"),
     ]
     for args, message in cases:
         result = runner.invoke(main, base + args)

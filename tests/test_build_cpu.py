@@ -120,3 +120,19 @@ def test_corrupt_cached_checkpoint_is_named(tmp_path, monkeypatch):
     (final / "model.safetensors").write_bytes(b"truncat")
     with pytest.raises(SpecpipeError, match="model.safetensors is corrupt .* delete"):
         fetch.verify_cached_checkpoint(final)
+
+
+def test_draft_length_beyond_what_the_cpu_runtime_verifies_is_refused(build, presets, tmp_path):
+    from specpipe.build_cpu import CPU_MAX_DRAFT_LEN
+    from specpipe.runtime.cpu.adaptive import MEASURED_TOKENS
+
+    assert CPU_MAX_DRAFT_LEN == max(MEASURED_TOKENS)  # the forward cost is measured up to this many tokens
+    (presets / "drafts" / "long-draft.toml").write_text(
+        'kind = "draft-model"\nfor_targets = ["tiny"]\n[source]\nkind = "truncate-target"\nnum_layers = 1\n'
+        f"[speculative]\nmax_draft_len = {CPU_MAX_DRAFT_LEN + 1}\n"
+    )
+    with pytest.raises(PresetError, match=f"the draft preset's max_draft_len {CPU_MAX_DRAFT_LEN + 1} is more than"):
+        build("long-draft")
+    engine = build("ngram", max_draft_len=CPU_MAX_DRAFT_LEN)
+    assert json.loads((engine / "manifest.json").read_text())["speculative"]["max_draft_len"] == CPU_MAX_DRAFT_LEN
+    assert not (tmp_path / "engines" / "tiny-long-draft").exists()

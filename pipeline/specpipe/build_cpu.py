@@ -83,6 +83,20 @@ def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
         )
 
 
+#: The most draft tokens the CPU runtime verifies in one step: its forward cost model is measured up to this
+#: many tokens (``specpipe.runtime.cpu.adaptive.MEASURED_TOKENS``), and on a CPU a draft of more than a
+#: handful of tokens never pays.
+CPU_MAX_DRAFT_LEN = 64
+
+
+def _check_cpu_draft_len(value: int, from_flag: bool) -> None:
+    if value > CPU_MAX_DRAFT_LEN:
+        where = "--max-draft-len" if from_flag else "the draft preset's max_draft_len"
+        error = FlagError if from_flag else PresetError
+        raise error(f"{where} {value} is more than the CPU runtime verifies in a step ({CPU_MAX_DRAFT_LEN} draft "
+                    f"tokens): give at most {CPU_MAX_DRAFT_LEN}")
+
+
 def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: str | Tree | None) -> SpeculativeSettings:
     """The engine's speculative settings: the preset's with ``--max-draft-len`` / ``--choices`` applied.
 
@@ -94,7 +108,7 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: 
 
     Raises:
         PresetError: ``--max-draft-len`` with ``none``, a non-positive draft length, an unknown preset key.
-        FlagError: ``--choices`` with a chain method.
+        FlagError: ``--choices`` with a chain method, ``--max-draft-len`` above :data:`CPU_MAX_DRAFT_LEN`.
         TreeError: malformed choices, or more nodes than ``max_draft_len``.
     """
     method = Method(draft.kind)
@@ -110,6 +124,7 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: 
             value = max_draft_len if max_draft_len is not None else values.get("max_draft_len", METHODS[method].max_draft_len)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise PresetError(f"max_draft_len must be a positive integer, got {value!r}")
+            _check_cpu_draft_len(value, max_draft_len is not None)
             values["max_draft_len"] = value
         known = {f.name for f in dataclasses.fields(SpeculativeSettings)} - {"method", "tree"}
         unknown = sorted(set(values) - known)
@@ -119,6 +134,8 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: 
     cpu = _cpu_table(draft)
     dynamic = bool(cpu.get("dynamic_tree", False)) and choices is None
     limit = max_draft_len or cpu.get("max_draft_len")
+    if limit:
+        _check_cpu_draft_len(int(limit), max_draft_len is not None)
     what = METHODS[method].choices_key
     tree = Tree.parse(choices if choices is not None else cpu["choices"], what=what).breadth_first()
     tree.check(max_nodes=limit, what=what)

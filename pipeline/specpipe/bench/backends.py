@@ -13,12 +13,14 @@ Both send greedy requests (Triton: no sampling inputs; OpenAI: ``temperature`` 0
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
 from specpipe.bench.endpoints import Endpoint
 from specpipe.client.llm import GenerationResult
+from specpipe.client.probe import not_grpc_hint, not_http_hint
 from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 
@@ -94,6 +96,9 @@ class TritonBackend:
         try:
             live = await raw.is_server_live(client_timeout=10)
         except Exception as exc:
+            hint = await asyncio.to_thread(not_grpc_hint, e.address)
+            if hint:
+                raise SpecpipeError(f"deployment {e.name!r}: {hint} in --url {e.name}=HOST:GRPC_PORT") from exc
             raise SpecpipeError(f"cannot reach deployment {e.name!r} at {e.address} ({_short(exc)}): start it "
                                 f"(specpipe serve NAME) or fix --url {e.name}=HOST:GRPC_PORT") from exc
         if not live:
@@ -221,6 +226,9 @@ class OpenAIBackend:
         try:
             models = await self._models(10)
         except Exception as exc:
+            hint = await asyncio.to_thread(not_http_hint, e.address)
+            if hint:
+                raise SpecpipeError(f"deployment {e.name!r} (--url {e.name}=openai://...): {hint}") from exc
             raise SpecpipeError(f"cannot reach deployment {e.name!r} at {e.address} ({_short(exc)}): start the server "
                                 f"or fix --url {e.name}=openai://HOST:PORT/v1") from exc
         if self.model is None:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from specpipe.client.probe import not_grpc_hint
 from specpipe.client.request import GenerationRequest, build_inputs, tensor_input
 from specpipe.errors import SpecpipeError
 
@@ -150,7 +151,8 @@ class LLMClient:
         try:
             response = await self._client.get_model_config(model or self.model, as_json=True)
         except InferenceServerException as exc:
-            raise SpecpipeError(f"cannot read the config of model '{model or self.model}' at {self.url}: {exc.message()}") from exc
+            hint = await asyncio.to_thread(not_grpc_hint, self.url) if "UNAVAILABLE" in str(exc.status()) else ""
+            raise SpecpipeError(f"cannot read the config of model '{model or self.model}' at {self.url}: {hint or exc.message()}") from exc
         return response["config"]
 
     async def _is_batched(self) -> bool:

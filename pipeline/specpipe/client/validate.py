@@ -16,10 +16,12 @@ Checks, each reported pass/fail:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import asdict, dataclass, field
 
 from specpipe.client.llm import GenerationResult, LLMClient, run_sync
+from specpipe.client.probe import not_grpc_hint
 from specpipe.client.request import GenerationRequest
 
 DEFAULT_PROMPTS = (
@@ -118,7 +120,7 @@ async def _run(url: str, baseline_url: str | None, model: str, max_tokens: int, 
         try:
             live = await raw.is_server_live()
         except Exception as exc:
-            report.add("server live", False, f"cannot reach {url}: {exc}")
+            report.add("server live", False, await asyncio.to_thread(not_grpc_hint, url) or f"cannot reach {url}: {exc}")
             return report
         report.add("server live", live)
         report.add("server ready", await raw.is_server_ready())
