@@ -10,9 +10,12 @@ is what resolves the few percent that decide "never slower than the baseline". N
 an otherwise idle machine::
 
     PYTHONPATH=pipeline python benchmarks/adaptive_interleaved.py engines/smollm2-135m-{none,ngram,eagle} \\
-        [--concurrency 1,2,4,8] [--prompts 8] [--tokens 128] [--out benchmarks/results/adaptive_interleaved.json]
+        [--concurrency 1,2,4,8] [--prompts 8] [--tokens 128] [--prompt-set chat|training-style]
+        [--out benchmarks/results/adaptive_interleaved.json]
 
 The first engine is the baseline of the ratios; greedy texts are compared with the baseline's.
+``--prompt-set training-style`` takes the prompts of ``draft_acceptance.py``'s training-style set instead
+of the chat set: what the drafts do on the distribution they were trained on.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.dense_rows import apply_dense_rows, dense_copies_wanted
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler import BatchScheduler
+from specpipe.training.prompts import builtin_prompts
+
+from draft_acceptance import CHAT_CATEGORIES, TRAINING_STYLE_SEED
 
 
 class Lane:
@@ -73,6 +79,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per level (at least 2 x concurrency)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-set", choices=("chat", "training-style"), default="chat",
+                        help="chat: specpipe bench --chat's prompts (never trained on); training-style: questions and "
+                             "requests of the heads' training templates, with another seed (draft_acceptance.py)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -84,8 +93,12 @@ def main() -> None:
         lanes.append(Lane(manifest.name, scheduler))
         cost_curves[manifest.name] = scheduler.cost_model.describe()
         tokenizer = AutoTokenizer.from_pretrained(engine_dir / manifest.target.path)
-    chats = [tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True)
-             for p in load_prompts("chat")[0]]
+    if args.prompt_set == "chat":
+        texts = [p.text for p in load_prompts("chat")[0]]
+    else:
+        texts = [p.text for p in builtin_prompts(seed=TRAINING_STYLE_SEED) if p.category in CHAT_CATEGORIES]
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+             for text in texts]
     prompt_ids = [list(c["input_ids"] if hasattr(c, "keys") else c) for c in chats]
     params = SamplingParams(max_tokens=args.tokens)
     levels = []
@@ -114,7 +127,7 @@ def main() -> None:
     report = {
         "command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "torch": torch.__version__, "cost_curves": cost_curves, "levels": levels,
+        "torch": torch.__version__, "prompt_set": args.prompt_set, "cost_curves": cost_curves, "levels": levels,
     }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,8 @@ from specpipe.training.prompts import Prompt, builtin_prompts, chat_input_ids
 #: The training prompts' categories that are, like the benchmark's chat set, questions and requests
 #: (not summaries or edits of standard-library text, which any drafter copies from the prompt).
 CHAT_CATEGORIES = ("chat", "advice", "list")
+#: ``builtin_prompts`` seed of the training-style set (training uses seed 0).
+TRAINING_STYLE_SEED = 1
 
 
 def tokens_per_step(scheduler: BatchScheduler, tokenizer, prompts: list[str], max_tokens: int) -> tuple[float, int]:
@@ -59,7 +61,7 @@ def main() -> None:
     parser.add_argument("engine", type=Path)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--seed", type=int, default=1, help="builtin_prompts seed of the training-style set")
+    parser.add_argument("--seed", type=int, default=TRAINING_STYLE_SEED, help="builtin_prompts seed of the training-style set")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.adaptive import ForwardCostModel
+from specpipe.runtime.cpu.forward_cost import ForwardCostModel
 from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.eagle import EagleTreeDrafter

@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu import scheduler as scheduler_module
 from specpipe.runtime.cpu.adaptive import (
-    DraftCandidate, ForwardCostModel, NodeAcceptance, choose_draft_lengths, non_decreasing, shared_acceptance,
+    DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, shared_acceptance,
 )
 from specpipe.runtime.cpu.batch_request import fork_drafter
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM, attention_groups
 from specpipe.runtime.cpu.cached_lm import CachedLM
+from specpipe.runtime.cpu.forward_cost import ForwardCostModel, non_decreasing
 from specpipe.runtime.cpu.sampling import TokenSampler
 from specpipe.runtime.cpu.scheduler import Cancelled, ServerBusy
 from specpipe.runtime.cpu.tree_accept import tree_attention
@@ -224,6 +226,55 @@ def test_a_tree_is_cut_to_the_nodes_that_pay():
     weak = DraftCandidate(expected=[1.0, 1.12], draft_seconds=[0.0, 0.0])
     assert choose_draft_lengths(cost, [weak], fixed_tokens=1) == [0]
     assert choose_draft_lengths(cost, [weak], fixed_tokens=1, margin=0.0) == [1]
+
+
+def test_resuming_drafts_is_charged_over_the_runs_of_drafting_steps_it_starts():
+    # each verified token costs a tenth of a step; the first node is accepted half the time
+    cost = ForwardCostModel((1, 64), (1.0, 7.3))
+    acceptance = NodeAcceptance(base=0.5)
+    resume = ResumeCost()
+    resume.resumed(0.5)  # catching up after a pause took half a step; no run has ended yet
+    assert resume.charge() == 0.5
+    resuming = DraftCandidate.of(acceptance, [1, 2], 0.1, resume.charge())
+    assert resuming.draft_seconds == pytest.approx([0.0, 0.6, 0.7])
+    assert choose_draft_lengths(cost, [DraftCandidate.of(acceptance, [1], 0.0)], fixed_tokens=1) == [1]
+    assert choose_draft_lengths(cost, [DraftCandidate.of(acceptance, [1], 0.0, resume.charge())], fixed_tokens=1) == [0]
+    for _ in range(200):  # runs of drafting steps last 10 steps: a tenth of the catch-up per step, and it pays
+        resume.run_ended(10)
+    assert resume.charge() == pytest.approx(0.05, rel=1e-3)
+    assert choose_draft_lengths(cost, [DraftCandidate.of(acceptance, [1], 0.0, resume.charge())], fixed_tokens=1) == [1]
+
+
+def test_the_scheduler_times_resumes_and_measures_the_runs_of_drafting_steps(monkeypatch):
+    choices = iter([1, 1, 0, 1, 0, 0, 1] + [1] * 100)
+    asked = []  # per decision: (the request had paused, the start cost charged, the charge then)
+    chosen = []
+
+    def scripted(cost, candidates, fixed_tokens, *args, **kwargs):
+        for request, c in zip([r for r in scheduler.active if not r.prefilling], candidates):
+            if len(c.draft_seconds) > 1:
+                per_depth = request.draft_seconds_per_depth or scheduler.draft_seconds_per_depth
+                asked.append((request.paused, c.draft_seconds[1] - per_depth, scheduler.resume_cost.charge()))
+        chosen.extend(min(next(choices), len(c.expected) - 1) for c in candidates)
+        return chosen[len(chosen) - len(candidates):]
+
+    monkeypatch.setattr(scheduler_module, "choose_draft_lengths", scripted)
+    scheduler = scheduler_for(make_engine("eagle"))
+    request, out = submit(scheduler, prompts(1)[0], SamplingParams(max_tokens=24))
+    scheduler.run_until_idle()
+    assert out.error is None and len(out.tokens) == 24 and len(asked) >= 8
+    # drafted, drafted, plain (a run of 2 ended), resumed, plain (a run of 1 ended), plain, resumed, drafting
+    assert [paused for paused, _, _ in asked[:8]] == [False, False, False, True, False, True, True, False]
+    for paused, start, charge in asked:
+        assert start == pytest.approx(charge if paused else 0.0, abs=1e-12)
+    assert asked[6][2] > 0  # the first resume was timed before the second was charged
+    run_steps, streak = 1.0, 0
+    for k in chosen:  # the runs end where a plain step follows a drafting one (also for lack of room at the end)
+        if k:
+            streak += 1
+        elif streak:
+            run_steps, streak = run_steps + 0.05 * (streak - run_steps), 0
+    assert scheduler.resume_cost.run_steps == pytest.approx(run_steps) and request.draft_streak == streak
 
 
 def test_mixing_plain_and_drafting_requests_costs_its_measured_overhead():

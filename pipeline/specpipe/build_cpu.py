@@ -83,16 +83,14 @@ def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
         )
 
 
-#: The most draft tokens the CPU runtime verifies in one step: its forward cost model is measured up to this
-#: many tokens (``specpipe.runtime.cpu.adaptive.MEASURED_TOKENS``), and on a CPU a draft of more than a
-#: handful of tokens never pays.
+#: The most draft tokens the CPU runtime verifies in a step: its forward cost is measured up to this many
+#: (``specpipe.runtime.cpu.forward_cost.MEASURED_TOKENS``); on a CPU more than a handful never pays.
 CPU_MAX_DRAFT_LEN = 64
 
 
 def _check_cpu_draft_len(value: int, from_flag: bool) -> None:
+    where, error = ("--max-draft-len", FlagError) if from_flag else ("the draft preset's max_draft_len", PresetError)
     if value > CPU_MAX_DRAFT_LEN:
-        where = "--max-draft-len" if from_flag else "the draft preset's max_draft_len"
-        error = FlagError if from_flag else PresetError
         raise error(f"{where} {value} is more than the CPU runtime verifies in a step ({CPU_MAX_DRAFT_LEN} draft "
                     f"tokens): give at most {CPU_MAX_DRAFT_LEN}")
 

@@ -6,14 +6,14 @@ done for the step; the step commits, per request, one target token plus the draf
 picks, per request, the number ``m_i`` of draft tokens to verify (0 = plain decoding; for a token tree,
 its first ``m_i`` nodes breadth-first) that maximises the batch's expected tokens per second::
 
-    rate(m) = (P + sum_i E_i(m_i)) / (C(N_0 + sum_i m_i) + sum_i depth_i(m_i) * c)
+    rate(m) = (P + sum_i E_i(m_i)) / (C(N_0 + sum_i m_i) + sum_i [m_i > 0] (depth_i(m_i) * c + r_i))
 
-* ``C(N)``: seconds of one batched target forward over N packed tokens, with logits for them all,
-  measured at load time (:meth:`ForwardCostModel.measure`, a few N from 1 to 64, spread over up to
-  ``max_batch_size`` requests, sizes interleaved over rounds, the fastest of each made non-decreasing),
-  interpolated linearly, and scaled while serving by the machine's speed learnt from the scheduler's
-  own timed forwards (:meth:`ForwardCostModel.observe`). Attention is grouped so that one request's chain or tree does not
-  pad the others' queries (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`): a forward's
+* ``C(N)``: seconds of one batched target forward over N packed tokens, with logits for them all
+  (:class:`~specpipe.runtime.cpu.forward_cost.ForwardCostModel`), measured at load time (a few N from
+  1 to 64, spread over up to ``max_batch_size`` requests, sizes interleaved over rounds, the fastest of
+  each made non-decreasing), interpolated linearly, and scaled while serving by the machine's speed
+  learnt from the scheduler's own timed forwards. Attention is grouped so that one request's chain or
+  tree does not pad the others' queries (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`): a forward's
   cost then depends on its total tokens far more than on how they are spread over requests. ``N_0``
   counts the step's fixed tokens (prompt chunks and each decoding request's newest token), ``P`` the
   prompts that finish prefill this step;
@@ -26,7 +26,14 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
 * ``depth_i(m)``: the depth of the request's first m nodes (m for a chain), ``c`` its measured
   drafting seconds per depth (EWMA of its proposals' time, with the drafter's catching up on the
   previous step's tokens; after steps without drafts that catching up, over the prompt or all the
-  tokens committed meanwhile, is left out: it is the cost of having paused, not of drafting).
+  tokens committed meanwhile, is timed apart);
+* ``r_i``: for a request that drafted before but not in the previous step, the cost of resuming: the
+  drafter must first catch up on the tokens committed during the pause (EAGLE: a head pass over them,
+  measured at about 4 ms, twice a continuing step's). It is paid once per run of drafting steps, so
+  the rule charges the deployment's mean resume seconds over its mean run length (both EWMAs, see
+  :class:`ResumeCost`). Uncharged, requests at concurrency 8 paused and resumed step after step and
+  the drafting steps took 5 ms longer than the rule expected. The first catch-up, over the prompt, is
+  not charged: every request that ever drafts pays it once.
 
 The maximum is found by coordinate ascent (each request in turn takes its best m with the others
 fixed, until nothing changes; a few sweeps); a request drafts only where that beats its plain decoding
@@ -40,152 +47,9 @@ batch size), the decision uses the measured cost curve and each request's own ac
 
 from __future__ import annotations
 
-import time
-from bisect import bisect_left
 from dataclasses import dataclass, field
 
-import torch
-
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
-
-#: Token counts of the load-time forward measurements: every count up to 12, where GEMM row blocking
-#: makes the curve step (8 rows to 9 cost a tenth of a step on the 2-core Xeon, not the 1/60 that a
-#: line from 8 to 16 gives), then sparser.
-MEASURED_TOKENS = (*range(1, 13), 16, 24, 32, 64)
-#: Batch sizes at which the cost of mixing one-token and multi-token entries is measured.
-MIXED_SIZES = (3, 5)
-
-
-def non_decreasing(values: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of ``values`` (pool adjacent violators; Barlow et al. 1972):
-    a forward over more tokens never costs less, so a noisy low or high median is averaged with its
-    neighbours instead of bending the curve."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for value in values:
-        blocks.append([value, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m1, c1), (m2, c2) = blocks.pop(-2), blocks.pop()
-            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
-    return [mean for mean, count in blocks for _ in range(int(count))]
-
-
-@dataclass
-class ForwardCostModel:
-    """Seconds of one batched target forward against the total tokens it processes.
-
-    The curve's shape comes from the load-time measurement; while serving, only the machine's speed
-    is learnt (:meth:`observe`), as one factor over the whole curve. Served forwards cluster at a few
-    token counts (one per request when nothing drafts), so refining the points they hit one by one
-    would let a busy stretch of a shared machine raise those points alone and make every other count,
-    and so drafting, look cheap.
-
-    Attributes:
-        tokens: increasing token counts (>= 1).
-        seconds: seconds per forward at each count (same length), as measured.
-        learning_rate: weight of one observed forward in :meth:`observe` (0: the model stays fixed).
-        mixed_seconds: extra seconds of a forward that mixes one-token entries (plain decoding) with
-            multi-token ones (drafts, prompt chunks): their attention runs as two calls, with the rows
-            gathered and scattered (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`).
-        speed: factor applied to the measured seconds (1.0 as measured; > 1: the machine is slower now).
-        draft_factor: further factor for forwards in which requests verify draft tokens, learnt from
-            served ones: the curve is measured one token per request, and a batch of chains and trees
-            (per-request masks, padded attention calls) can cost more than its token count says. At
-            concurrency 8, n-gram's forwards took 7 % longer than plain ones for 3.5 % fewer steps;
-            unlearnt, the rule drafted where it lost.
-    """
-
-    tokens: tuple[int, ...]
-    seconds: tuple[float, ...]
-    learning_rate: float = 0.0
-    mixed_seconds: float = 0.0
-    speed: float = 1.0
-    draft_factor: float = 1.0
-
-    def observe(self, n: int, seconds: float, mixed: bool = False, drafting: bool = False) -> None:
-        """Learn from one timed forward over ``n`` tokens with logits for all of them (``mixed``: see
-        :meth:`cost`), by ``learning_rate`` (exponentially weighted averages, each ratio clipped to
-        0.5 - 2): a plain forward moves :attr:`speed` towards its ratio to the measured curve; a forward
-        that verifies drafts (``drafting``) moves :attr:`speed` towards its ratio over
-        :attr:`draft_factor`, and :attr:`draft_factor` towards its ratio over :attr:`speed`. (Plain
-        forwards as measured and drafting ones 20 % above: ``speed`` 1, ``draft_factor`` 1.2.)"""
-        if self.learning_rate <= 0 or seconds <= 0:
-            return
-        ratio = min(max(seconds / self._measured(n, mixed), 0.5), 2.0)
-        if not drafting:
-            self.speed += self.learning_rate * (ratio - self.speed)
-            return
-        speed, factor = self.speed, self.draft_factor
-        self.speed += self.learning_rate * (min(max(ratio / factor, 0.5), 2.0) - speed)
-        self.draft_factor += self.learning_rate * (min(max(ratio / speed, 0.5), 2.0) - factor)
-
-    def cost(self, n: int, mixed: bool = False, drafting: bool = False) -> float:
-        """Seconds for ``n`` tokens: linear between measurements, extrapolated from the last two, plus
-        :attr:`mixed_seconds` when ``mixed`` (one-token and multi-token entries together), times
-        :attr:`speed`, and times :attr:`draft_factor` when some request verifies drafts."""
-        return self.speed * self._measured(n, mixed) * (self.draft_factor if drafting else 1.0)
-
-    def _measured(self, n: int, mixed: bool = False) -> float:
-        ts, ss = self.tokens, self.seconds
-        extra = self.mixed_seconds if mixed else 0.0
-        if n <= ts[0] or len(ts) == 1:
-            return ss[0] + extra
-        i = bisect_left(ts, n)
-        if i == len(ts):
-            i -= 1
-        t0, t1, s0, s1 = ts[i - 1], ts[i], ss[i - 1], ss[i]
-        return s0 + (s1 - s0) * (n - t0) / (t1 - t0) + extra
-
-    def describe(self) -> str:
-        """One line, e.g. ``1 tok 21.3 ms, 2 tok 22.0 ms, ...; mixed +1.2 ms; drafting x1.00`` (times
-        :attr:`speed`)."""
-        curve = ", ".join(f"{t} tok {self.cost(t) * 1e3:.1f} ms" for t in self.tokens)
-        return (f"{curve}; one-token and multi-token entries mixed +{self.speed * self.mixed_seconds * 1e3:.1f} ms; "
-                f"forwards verifying drafts x{self.draft_factor:.2f}")
-
-    @classmethod
-    @torch.inference_mode()
-    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 4,
-                learning_rate: float = 0.05) -> "ForwardCostModel":
-        """Time ``lm``'s batched forward (with logits for every row) at each total token count, spread
-        over ``min(count, free slots)`` requests holding ``context`` cached tokens each, and at
-        :data:`MIXED_SIZES` with one of the requests holding two tokens: one warm-up round, then
-        ``repeats`` rounds over all the shapes (interleaved); per shape the fastest (load from other
-        processes only ever adds time, and a median of a few runs still bent the curve flat or steep
-        between loads on a shared machine), then :func:`non_decreasing`; :attr:`mixed_seconds` is the
-        mean excess of a mixed shape over the same count spread one token per request. Uses free
-        slots and gives them back. The model learns the machine's speed from served forwards at
-        ``learning_rate``.
-        """
-        width = min(lm.free_slots, max(token_counts))
-        slots = [lm.allocate() for _ in range(width)]
-        shapes: dict[tuple[str, int], list[int]] = {}
-        for n in token_counts:
-            used = min(n, width)
-            shapes[("spread", n)] = [n // used + (1 if i < n % used else 0) for i in range(used)]
-        for n in MIXED_SIZES:
-            if n <= width:
-                shapes[("mixed", n)] = [1] * (n - 2) + [2]
-        runs: dict[tuple[str, int], list[float]] = {key: [] for key in shapes}
-        try:
-            lm.hidden([BatchEntry(s, [0] * context) for s in slots])
-            for round_index in range(repeats + 1):
-                for key, split in shapes.items():
-                    entries = [BatchEntry(s, [1] * k) for s, k in zip(slots, split)]
-                    start = time.perf_counter()
-                    lm.project(lm.hidden(entries))
-                    if round_index:
-                        runs[key].append(time.perf_counter() - start)
-                    for s in slots[: len(split)]:
-                        lm.truncate(s, context)
-        finally:
-            for s in slots:
-                lm.release(s)
-        fastest = {key: min(times) for key, times in runs.items()}
-        excess = [fastest[("mixed", n)] - fastest[("spread", n)] for n in MIXED_SIZES if ("mixed", n) in fastest]
-        mixed = max(0.0, sum(excess) / len(excess)) if excess else 0.0
-        curve = non_decreasing([fastest[("spread", n)] for n in token_counts])
-        return cls(tuple(token_counts), tuple(curve), learning_rate, mixed_seconds=mixed)
-
+from specpipe.runtime.cpu.forward_cost import ForwardCostModel
 
 @dataclass
 class NodeAcceptance:
@@ -275,11 +139,42 @@ class DraftCandidate:
     draft_seconds: list[float]
 
     @classmethod
-    def of(cls, acceptance: NodeAcceptance, node_depths: list[int], seconds_per_depth: float) -> "DraftCandidate":
+    def of(cls, acceptance: NodeAcceptance, node_depths: list[int], seconds_per_depth: float,
+           start_seconds: float = 0.0) -> "DraftCandidate":
         """Options ``0 .. len(node_depths)`` for a drafter whose first ``m`` nodes reach depth
-        ``node_depths[m - 1]``, drafting at ``seconds_per_depth`` per depth."""
+        ``node_depths[m - 1]``, drafting at ``seconds_per_depth`` per depth after ``start_seconds`` (the
+        resume cost charged to any draft, see :class:`ResumeCost`)."""
         return cls(acceptance.expected_tokens(len(node_depths)),
-                   [0.0, *(d * seconds_per_depth for d in node_depths)])
+                   [0.0, *(start_seconds + d * seconds_per_depth for d in node_depths)])
+
+
+def ewma(average: float, value: float, weight: float) -> float:
+    """``average`` moved towards ``value`` by ``weight``; ``value`` itself when ``average`` is 0 (unset)."""
+    return value if average == 0.0 else average + weight * (value - average)
+
+
+@dataclass
+class ResumeCost:
+    """What resuming drafts costs a request that paused (module doc, ``r_i``), deployment-wide.
+
+    Attributes:
+        seconds: EWMA of a resuming drafter's catch-up seconds (0 until one is seen).
+        run_steps: EWMA of the length, in steps, of the runs of drafting steps that ended (1 until one is
+            seen: the whole cost charged to one step).
+    """
+
+    seconds: float = 0.0
+    run_steps: float = 1.0
+
+    def charge(self) -> float:
+        """Seconds charged to one drafting step of a resuming request: :attr:`seconds` over :attr:`run_steps`."""
+        return self.seconds / max(self.run_steps, 1.0)
+
+    def resumed(self, seconds: float) -> None:
+        self.seconds = ewma(self.seconds, seconds, 0.05)
+
+    def run_ended(self, steps: int) -> None:
+        self.run_steps += 0.05 * (steps - self.run_steps)
 
 
 #: Drafting must raise the batch's expected tokens per second by this share over plain decoding: the

@@ -121,6 +121,7 @@ class BatchRequest:
         acceptance: the request's per-node acceptance (the scheduler links it to the deployment's).
         draft_length: draft tokens chosen for the latest step (a tree's nodes; 0 = plain decoding).
         draft_seconds_per_depth: EWMA of the drafter's seconds per draft depth.
+        draft_streak: consecutive steps up to the latest in which the request drafted.
         node_depths: dynamic tree drafters: the depth of each node of the latest tree.
     """
 
@@ -140,6 +141,7 @@ class BatchRequest:
     acceptance: NodeAcceptance = field(default_factory=NodeAcceptance)
     draft_length: int = 0
     draft_seconds_per_depth: float = 0.0
+    draft_streak: int = 0
     node_depths: list[int] | None = None
     cancelled: bool = False
     done: bool = False
@@ -152,6 +154,11 @@ class BatchRequest:
     @property
     def prefilling(self) -> bool:
         return self.prefilled < len(self.prompt)
+
+    @property
+    def paused(self) -> bool:
+        """Whether the request drafted before, but not in its latest step (its drafter must catch up)."""
+        return self.draft_length == 0 and self.draft_seconds_per_depth > 0
 
     def cancel(self) -> None:
         """Ask the scheduler to drop this request at its next step (thread-safe: a flag)."""

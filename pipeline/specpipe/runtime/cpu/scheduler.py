@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -37,11 +37,12 @@ from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.adaptive import (
-    IDLE_FORGETTING, DraftCandidate, ForwardCostModel, NodeAcceptance, choose_draft_lengths, shared_acceptance,
+    IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, ewma, shared_acceptance,
 )
 from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.forward_cost import ForwardCostModel
 from specpipe.runtime.cpu.tree_accept import DraftTree, greedy_tree_accept, tree_attention, typical_tree_accept
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.runtime.cpu.validation import validate_request
@@ -81,12 +82,13 @@ class BatchScheduler:
         self.cost_model = cost_model if cost_model is not None else ForwardCostModel.measure(self.lm)
         self.active: list[BatchRequest] = []
         self._waiting: deque[BatchRequest] = deque()
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
         self._next_id = 0
         self.steps = 0
         self.last_draft_lengths: list[int] = []
         self.shared_acceptance = shared_acceptance()
         self.draft_seconds_per_depth = 0.0  # the deployment's, for requests that have not drafted yet
+        self.resume_cost = ResumeCost()
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -116,25 +118,7 @@ class BatchScheduler:
                 context=context)
             self._next_id += 1
             self._waiting.append(request)
-            self._lock.notify_all()
         return request
-
-    def generate(self, input_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
-        """Submit and iterate the request's outputs; needs another thread running :meth:`serve_forever`."""
-        import queue
-
-        outputs: queue.Queue = queue.Queue()
-        request = self.submit(input_ids, params, outputs.put, outputs.put)
-        try:
-            while True:
-                item = outputs.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    return
-        finally:
-            request.cancel()
 
     @property
     def waiting(self) -> int:
@@ -149,21 +133,6 @@ class BatchScheduler:
         """Step until no request is active or waiting (on the calling thread)."""
         while self.has_work:
             self.step()
-
-    def serve_forever(self, stop: threading.Event) -> None:
-        """Step while there is work; sleep until a submit otherwise; return once ``stop`` is set."""
-        while not stop.is_set():
-            with self._lock:
-                while not self.has_work and not stop.is_set():
-                    self._lock.wait(0.5)
-            if not stop.is_set():
-                self.step()
-        for request in [*self.active, *self._waiting]:
-            self._finish(request, error=Cancelled("the server is shutting down"))
-
-    def wake(self) -> None:
-        with self._lock:
-            self._lock.notify_all()
 
     # --- one step ------------------------------------------------------------------------------
 
@@ -271,7 +240,8 @@ class BatchScheduler:
         depths = [self._node_depths(request) for request in decoding]
         if not self.adaptive:
             return [(len(d), d[-1] if d else 0) for d in depths]
-        candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth)
+        candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth,
+                                        self.resume_cost.charge() if request.paused else 0.0)
                       for request, d in zip(decoding, depths)]
         chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
                                       prefill=prefill_tokens > 0)
@@ -300,13 +270,20 @@ class BatchScheduler:
 
     def _draft(self, request: BatchRequest, nodes: int, depth: int):
         """Propose the request's first ``nodes`` draft tokens (``depth`` deep); returns ``(request, entry, draft)``."""
-        drafted_last_step, request.draft_length = request.draft_length > 0, nodes
+        paused, drafted_last_step, request.draft_length = request.paused, request.draft_length > 0, nodes
         context, cached = request.context, len(request.context) - 1
         started = time.perf_counter()
         if nodes > 0:
             request.drafter.catch_up(context)
-            if not drafted_last_step:  # the prompt or tokens committed while not drafting: not a cost of drafting
-                started = time.perf_counter()
+            if not drafted_last_step:  # the prompt or tokens committed while not drafting: timed apart
+                caught_up = time.perf_counter()
+                if paused:
+                    self.resume_cost.resumed(caught_up - started)
+                started = caught_up
+            request.draft_streak += 1
+        elif drafted_last_step:
+            self.resume_cost.run_ended(request.draft_streak)
+            request.draft_streak = 0
         if self.tree:
             tree = DraftTree([], [])
             if nodes > 0:
@@ -327,10 +304,8 @@ class BatchScheduler:
             draft = drafts
         if nodes > 0:
             seconds = (time.perf_counter() - started) / depth
-            previous = request.draft_seconds_per_depth
-            request.draft_seconds_per_depth = seconds if previous == 0.0 else 0.8 * previous + 0.2 * seconds
-            shared = self.draft_seconds_per_depth
-            self.draft_seconds_per_depth = seconds if shared == 0.0 else 0.95 * shared + 0.05 * seconds
+            request.draft_seconds_per_depth = ewma(request.draft_seconds_per_depth, seconds, 0.2)
+            self.draft_seconds_per_depth = ewma(self.draft_seconds_per_depth, seconds, 0.05)
         return request, entry, draft
 
     def _complete(self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor,
