@@ -72,6 +72,44 @@ class Lane:
         return {i: [t for step in steps for t in step.token_ids] for i, steps in self.outputs.items()}
 
 
+def chat_prompt_ids(tokenizer, prompt_set: str) -> list[list[int]]:
+    """The token ids of a prompt set in the target's chat template: ``chat`` (``specpipe bench --chat``'s,
+    never trained on) or ``training-style`` (questions and requests of the heads' training templates, with
+    another seed; ``draft_acceptance.py``'s set)."""
+    if prompt_set == "chat":
+        texts = [p.text for p in load_prompts("chat")[0]]
+    else:
+        texts = [p.text for p in builtin_prompts(seed=TRAINING_STYLE_SEED) if p.category in CHAT_CATEGORIES]
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+             for text in texts]
+    return [list(c["input_ids"] if hasattr(c, "keys") else c) for c in chats]
+
+
+def run_level(lanes: list[Lane], prompt_ids: list[list[int]], concurrency: int, count: int, params) -> list[dict]:
+    """Serve ``count`` prompts (cycling ``prompt_ids``) on every lane at ``concurrency``, the lanes taking one
+    step each in turn; one record per lane, speed-ups against the first lane's."""
+    chosen = [prompt_ids[i % len(prompt_ids)] for i in range(count)]
+    for lane in lanes:
+        lane.start(chosen, concurrency, params)
+    while any(lane.busy for lane in lanes):
+        for lane in lanes:
+            if lane.busy:
+                lane.step()
+    baseline_texts, baseline_rate, records = lanes[0].texts(), None, []
+    for lane in lanes:
+        texts = lane.texts()
+        rate = sum(len(t) for t in texts.values()) / lane.seconds
+        baseline_rate = baseline_rate or rate
+        records.append({
+            "deployment": lane.name, "concurrency": concurrency, "requests": count,
+            "output_tok_s": round(rate, 1), "speedup": round(rate / baseline_rate, 3),
+            "step_seconds": round(lane.seconds, 2), "draft_lengths": dict(sorted(lane.lengths.items())),
+            "greedy_identical_to_baseline": sum(texts[i] == baseline_texts[i] for i in texts),
+        })
+        print(json.dumps(records[-1]), flush=True)
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("engines", nargs="+", type=Path)
@@ -93,37 +131,11 @@ def main() -> None:
         lanes.append(Lane(manifest.name, scheduler))
         cost_curves[manifest.name] = scheduler.cost_model.describe()
         tokenizer = AutoTokenizer.from_pretrained(engine_dir / manifest.target.path)
-    if args.prompt_set == "chat":
-        texts = [p.text for p in load_prompts("chat")[0]]
-    else:
-        texts = [p.text for p in builtin_prompts(seed=TRAINING_STYLE_SEED) if p.category in CHAT_CATEGORIES]
-    chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-             for text in texts]
-    prompt_ids = [list(c["input_ids"] if hasattr(c, "keys") else c) for c in chats]
+    prompt_ids = chat_prompt_ids(tokenizer, args.prompt_set)
     params = SamplingParams(max_tokens=args.tokens)
     levels = []
     for concurrency in (int(c) for c in args.concurrency.split(",")):
-        count = max(args.prompts, 2 * concurrency)
-        chosen = [prompt_ids[i % len(prompt_ids)] for i in range(count)]
-        for lane in lanes:
-            lane.start(chosen, concurrency, params)
-        while any(lane.busy for lane in lanes):
-            for lane in lanes:
-                if lane.busy:
-                    lane.step()
-        baseline_texts = lanes[0].texts()
-        baseline_rate = None
-        for lane in lanes:
-            texts = lane.texts()
-            rate = sum(len(t) for t in texts.values()) / lane.seconds
-            baseline_rate = baseline_rate or rate
-            levels.append({
-                "deployment": lane.name, "concurrency": concurrency, "requests": count,
-                "output_tok_s": round(rate, 1), "speedup": round(rate / baseline_rate, 3),
-                "step_seconds": round(lane.seconds, 2), "draft_lengths": dict(sorted(lane.lengths.items())),
-                "greedy_identical_to_baseline": sum(texts[i] == baseline_texts[i] for i in texts),
-            })
-            print(json.dumps(levels[-1]), flush=True)
+        levels += run_level(lanes, prompt_ids, concurrency, max(args.prompts, 2 * concurrency), params)
     report = {
         "command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
