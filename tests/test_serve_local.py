@@ -220,3 +220,32 @@ def test_real_server_reports_a_model_that_fails_to_load(repo, tmp_path):
     finally:
         server.stop()
     assert server.process.poll() is not None
+
+
+def test_ready_waits_for_the_metrics_port_too(tmp_path):
+    """Triton's health endpoint turns ready some milliseconds before its metrics service listens: a
+    client that scrapes metrics right after ``wait_ready`` must find them."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/v2/health/ready" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    health = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=health.serve_forever, daemon=True).start()
+    metrics = socket.socket()
+    metrics.bind(("127.0.0.1", 0))
+    try:
+        server = LocalTritonServer(tmp_path, free_port(), health.server_address[1], metrics.getsockname()[1])
+        assert not server.is_ready()  # the metrics port is bound but not listening yet
+        metrics.listen()
+        assert server.is_ready()
+    finally:
+        metrics.close()
+        health.shutdown()
+        health.server_close()

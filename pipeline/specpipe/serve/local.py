@@ -295,10 +295,14 @@ class LocalTritonServer:
         return SpecpipeError(f"{what}; Triton's log ({self.log_path}) ends with:\n{tail}")
 
     def is_ready(self) -> bool:
-        """Whether ``GET /v2/health/ready`` answers 200."""
+        """Whether ``GET /v2/health/ready`` answers 200 and the metrics port accepts connections (Triton
+        starts its metrics service some milliseconds after the health endpoint turns ready)."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=2) as reply:
-                return reply.status == 200
+                if reply.status != 200:
+                    return False
+            with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=2):
+                return True
         except (urllib.error.URLError, OSError):
             return False
 
