@@ -13,8 +13,8 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   1 to 64, spread over up to ``max_batch_size`` requests, sizes interleaved over rounds, the fastest of
   each made non-decreasing), interpolated linearly, and scaled while serving by the machine's speed
   learnt from the scheduler's own timed forwards. Attention is grouped so that one request's chain or
-  tree does not pad the others' queries (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`): a forward's
-  cost then depends on its total tokens far more than on how they are spread over requests. ``N_0``
+  tree does not pad the others' queries (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`):
+  a forward's cost then depends on its total tokens far more than on how they are spread over requests. ``N_0``
   counts the step's fixed tokens (prompt chunks and each decoding request's newest token), ``P`` the
   prompts that finish prefill this step;
 * ``E_i(m) = 1 + p_0 + ... + p_{m-1}``: expected committed tokens, with ``p_j`` the probability that
@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specpipe.runtime.cpu.forward_cost import ForwardCostModel
+
 
 @dataclass
 class NodeAcceptance:
@@ -171,9 +172,11 @@ class ResumeCost:
         return self.seconds / max(self.run_steps, 1.0)
 
     def resumed(self, seconds: float) -> None:
+        """A paused request's drafter caught up in ``seconds`` before drafting again."""
         self.seconds = ewma(self.seconds, seconds, 0.05)
 
     def run_ended(self, steps: int) -> None:
+        """A request decoded plainly after ``steps`` drafting steps in a row."""
         self.run_steps += 0.05 * (steps - self.run_steps)
 
 
