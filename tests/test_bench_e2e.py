@@ -57,20 +57,14 @@ def servers(tmp_path_factory):
 
 
 def _wait_for_memory_figure(url, timeout_s=60):
-    """Triton fills its CPU memory gauge at its first metrics poll (every 2 s by default); its metrics
-    service may start listening some milliseconds after the server reports ready."""
-    import urllib.error
+    """Triton fills its CPU memory gauge at its first metrics poll (every 2 s by default). Its metrics
+    port already answers: ``wait_ready`` waits for it."""
     import urllib.request
 
     from specpipe.bench.metrics import memory_used, parse_samples
 
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if memory_used(parse_samples(urllib.request.urlopen(url, timeout=5).read().decode())) is not None:
-                return
-        except urllib.error.URLError:
-            pass
+    while memory_used(parse_samples(urllib.request.urlopen(url, timeout=5).read().decode())) is None:
         assert time.monotonic() < deadline, f"no memory figure at {url}"
         time.sleep(0.5)
 
