@@ -5,9 +5,12 @@ Both decode the same chat prompt greedily, one token per forward, after the same
 the median over ``--reps`` interleaved runs of (wall time of ``--tokens`` steps) / ``--tokens``, in ms:
 
 * ``specpipe``: :class:`~specpipe.runtime.cpu.batched_lm.BatchedLM` (the scheduler's forward) plus
-  ``lm_head`` and the argmax, one request, twice: with the decoder's dense weight copies used for one
-  row (``F.linear``, ``--dense-rows all``) and with the prepacked kernels only (MKL's packed GEMM where
-  PyTorch has MKL: what a deployment runs by default, :mod:`specpipe.runtime.cpu.dense_rows`);
+  the greedy ``lm_head`` (:class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen`, as a deployment
+  scores greedy requests) and the argmax, one request, three times: with the decoder's dense weight
+  copies used for one row (``F.linear``, ``--dense-rows all``), with the prepacked kernels only (MKL's
+  packed GEMM where PyTorch has MKL: what a deployment runs by default,
+  :mod:`specpipe.runtime.cpu.dense_rows`), and the latter with the full fp32 ``lm_head`` instead of the
+  screen (``specpipe_packed_fp32_head``: what a sampled request's step costs);
 * ``llama.cpp``: llama-cpp-python's ``generate`` with ``top_k=1`` on an f32 GGUF of the same checkpoint
   (see ``benchmarks/llama_cpp_column.py`` for building llama-cpp-python and the GGUF).
 
@@ -37,17 +40,18 @@ import torch
 PROMPT = "Why is the sky blue? Explain it to a ten-year-old."
 
 
-def specpipe_step_seconds(lm, prompt_ids: list[int], tokens: int) -> float:
-    """Seconds per greedy step of one request on ``lm`` (a BatchedLM), after prefilling ``prompt_ids``."""
+def specpipe_step_seconds(lm, prompt_ids: list[int], tokens: int, screened: bool = True) -> float:
+    """Seconds per greedy step of one request on ``lm`` (a BatchedLM), after prefilling ``prompt_ids``;
+    ``screened``: logits through the argmax screen (``BatchedLM.project``'s ``argmax_only``)."""
     from specpipe.runtime.cpu.batched_lm import BatchEntry
 
     slot = lm.allocate()
     try:
         with torch.inference_mode():
-            token = int(lm.project(lm.hidden([BatchEntry(slot, list(prompt_ids))])[-1:]).argmax())
+            token = int(lm.project(lm.hidden([BatchEntry(slot, list(prompt_ids))])[-1:], [screened]).argmax())
             start = time.perf_counter()
             for _ in range(tokens):
-                token = int(lm.project(lm.hidden([BatchEntry(slot, [token])])).argmax())
+                token = int(lm.project(lm.hidden([BatchEntry(slot, [token])]), [screened]).argmax())
             return (time.perf_counter() - start) / tokens
     finally:
         lm.release(slot)
@@ -90,16 +94,20 @@ def main() -> None:
                                                     return_dict=True)["input_ids"])
     lm = BatchedLM(engine.target.model, 1)
     llm = Llama(model_path=str(args.gguf), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
-    ours, packed, theirs = [], [], []
+    if lm.argmax_screen is None:
+        sys.exit("this CPU or model has no argmax screen (bf16 kernels, tied lm_head): nothing to compare")
+    ours, packed, fp32_head, theirs = [], [], [], []
     for rows in (1, 0):
         set_dense_rows(engine.target.model, rows)
         specpipe_step_seconds(lm, prompt_ids, 4)
+    specpipe_step_seconds(lm, prompt_ids, 4, screened=False)
     llama_step_seconds(llm, prompt_ids, 4)
     for _ in range(args.reps):
         set_dense_rows(engine.target.model, 1)
         ours.append(specpipe_step_seconds(lm, prompt_ids, args.tokens))
         set_dense_rows(engine.target.model, 0)
         packed.append(specpipe_step_seconds(lm, prompt_ids, args.tokens))
+        fp32_head.append(specpipe_step_seconds(lm, prompt_ids, args.tokens, screened=False))
         theirs.append(llama_step_seconds(llm, prompt_ids, args.tokens))
     result = {
         "command": shlex.join(["python", *sys.argv]),
@@ -108,14 +116,18 @@ def main() -> None:
                   "date": time.strftime("%Y-%m-%d %H:%M")},
         "specpipe_step_ms": [round(s * 1e3, 2) for s in ours],
         "specpipe_packed_step_ms": [round(s * 1e3, 2) for s in packed],
+        "specpipe_packed_fp32_head_step_ms": [round(s * 1e3, 2) for s in fp32_head],
         "llama_cpp_step_ms": [round(s * 1e3, 2) for s in theirs],
         "specpipe_median_ms": round(statistics.median(ours) * 1e3, 2),
         "specpipe_packed_median_ms": round(statistics.median(packed) * 1e3, 2),
+        "specpipe_packed_fp32_head_median_ms": round(statistics.median(fp32_head) * 1e3, 2),
         "llama_cpp_median_ms": round(statistics.median(theirs) * 1e3, 2),
         "ratio": round(statistics.median(ours) / statistics.median(theirs), 3),
         "packed_ratio": round(statistics.median(packed) / statistics.median(theirs), 3),
         "paired_ratio": round(statistics.median(a / b for a, b in zip(ours, theirs)), 3),
         "paired_packed_ratio": round(statistics.median(a / b for a, b in zip(packed, theirs)), 3),
+        "paired_packed_fp32_head_ratio": round(statistics.median(a / b for a, b in zip(fp32_head, theirs)), 3),
+        "paired_screen_saving": round(statistics.median(a / b for a, b in zip(packed, fp32_head)), 3),
     }
     text = json.dumps(result, indent=1)
     print(text)

@@ -17,6 +17,7 @@ def tiny_llama(
     max_position_embeddings: int = 512,
     init_std: float = 0.5,
     eos_token_id: int | None = None,
+    tie_word_embeddings: bool = False,
 ) -> LlamaForCausalLM:
     """A small fp32 ``LlamaForCausalLM`` in eval mode, its weights drawn from N(0, ``init_std``²) with
     ``seed`` (the global RNG state is left unchanged).
@@ -24,6 +25,7 @@ def tiny_llama(
     The default ``init_std`` is far above a trained model's 0.02 so that next-token distributions are
     peaked (far from uniform) and random models differ visibly from each other. ``eos_token_id`` is
     ``None`` by default, so generation runs to ``max_tokens`` unless a request names an end id.
+    ``tie_word_embeddings``: the lm_head is the input embedding (as SmolLM2's).
     """
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -37,7 +39,7 @@ def tiny_llama(
         bos_token_id=None,
         eos_token_id=eos_token_id,
         pad_token_id=None,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

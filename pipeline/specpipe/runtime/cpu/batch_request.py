@@ -53,6 +53,7 @@ class PositionKeyedChooser:
         generator.manual_seed(seed)
         self.sampler = TokenSampler(params, generator, history=history, end_ids=end_ids)
         self.greedy = self.sampler.greedy
+        self.argmax_only = self.sampler.argmax_only
         self.seed = seed
 
     def choose(self, logits: torch.Tensor, first_position: int, drafts: list[int] = ()) -> torch.Tensor:

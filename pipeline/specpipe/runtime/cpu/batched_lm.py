@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.activations import SiLUActivation
 
+from specpipe.runtime.cpu.argmax_screen import ArgmaxScreen
 from specpipe.runtime.cpu.prepack import PrepackedLinear
 
 Op = Callable[[torch.Tensor], torch.Tensor]
@@ -211,11 +212,14 @@ class BatchedLM:
             ``rotary_emb``, ``embed_tokens``; ``model.lm_head``), fp32, eval.
         max_batch_size: cache slots (requests decoded together), >= 1.
         capacity: initial tokens per slot (grows as needed).
+        argmax_screen: score greedy rows through an
+            :class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen` (a bf16 copy of a tied lm_head,
+            ``vocab x hidden x 2`` bytes) where :meth:`ArgmaxScreen.for_model` offers one.
 
     Not thread-safe: one scheduler thread owns it.
     """
 
-    def __init__(self, model: PreTrainedModel, max_batch_size: int, capacity: int = 128):
+    def __init__(self, model: PreTrainedModel, max_batch_size: int, capacity: int = 128, argmax_screen: bool = True):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         config = model.config
@@ -235,6 +239,7 @@ class BatchedLM:
         self._rotate_sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
         self.keys = self.values = torch.empty(0)
         self._grow(capacity)
+        self.argmax_screen = ArgmaxScreen.for_model(model) if argmax_screen else None
 
     @property
     def vocab_size(self) -> int:
@@ -355,9 +360,23 @@ class BatchedLM:
         return ops.o(out)
 
     @torch.inference_mode()
-    def project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[n, vocab]`` of hidden states ``[n, H]`` (the target's ``lm_head``)."""
-        return self.model.lm_head(hidden).float()
+    def project(self, hidden: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
+        """float32 logits ``[n, vocab]`` of hidden states ``[n, H]`` (the target's ``lm_head``).
+
+        ``argmax_only[i]``: row i is only ever reduced to its argmax (plain greedy decoding), so where
+        :attr:`argmax_screen` exists it holds the exact logits of the tokens that can be the argmax and
+        ``-inf`` elsewhere (:meth:`ArgmaxScreen.logits`, about half the lm_head's time at one row).
+        """
+        screened = self.argmax_screen is not None and argmax_only is not None and any(argmax_only)
+        if not screened:
+            return self.model.lm_head(hidden).float()
+        if all(argmax_only):
+            return self.argmax_screen.logits(hidden)
+        mask = torch.tensor(argmax_only)
+        out = hidden.new_empty(len(hidden), self.argmax_screen.weight.shape[0])
+        out[mask] = self.argmax_screen.logits(hidden[mask])
+        out[~mask] = self.model.lm_head(hidden[~mask]).float()
+        return out
 
     def keep_paths(self, paths: list[tuple[int, int, list[int]]]) -> None:
         """After tree forwards, keep each slot's context, root and accepted nodes, contiguous.

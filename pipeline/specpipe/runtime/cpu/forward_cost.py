@@ -110,8 +110,9 @@ class ForwardCostModel:
     @torch.inference_mode()
     def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 4,
                 learning_rate: float = 0.05) -> "ForwardCostModel":
-        """Time ``lm``'s batched forward (with logits for every row) at each total token count, spread
-        over ``min(count, free slots)`` requests holding ``context`` cached tokens each, and at
+        """Time ``lm``'s batched forward (with greedy logits for every row: ``argmax_only`` rows of
+        :meth:`BatchedLM.project`; served forwards teach the model what sampled rows add) at each total
+        token count, spread over ``min(count, free slots)`` requests holding ``context`` cached tokens each, and at
         :data:`MIXED_SIZES` with one of the requests holding two tokens: one warm-up round, then
         ``repeats`` rounds over all the shapes (interleaved); per shape the fastest (load from other
         processes only ever adds time, and a median of a few runs still bent the curve flat or steep
@@ -136,7 +137,8 @@ class ForwardCostModel:
                 for key, split in shapes.items():
                     entries = [BatchEntry(s, [1] * k) for s, k in zip(slots, split)]
                     start = time.perf_counter()
-                    lm.project(lm.hidden(entries))
+                    hidden = lm.hidden(entries)
+                    lm.project(hidden, [True] * len(hidden))
                     if round_index:
                         runs[key].append(time.perf_counter() - start)
                     for s in slots[: len(split)]:

@@ -118,6 +118,13 @@ class TokenSampler:
             end_ids = params.end_ids(frozenset())
         self.end_ids = torch.tensor(sorted(end_ids), dtype=torch.long)
 
+    @property
+    def argmax_only(self) -> bool:
+        """Whether the choice is the argmax of the raw logits: greedy, with no bad words, penalties or
+        ``min_tokens`` (such a request's logits may be screened,
+        :class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen`)."""
+        return self.greedy and not self.banned.numel() and not self.params.penalised and self.params.min_tokens <= 0
+
     def _history_rules(self, logits: torch.Tensor, paths: list[list[int]] | None) -> torch.Tensor:
         """Penalties and the ``min_tokens`` mask; row i's history is ``history + paths[i]``
         (``paths=None``: row i follows the first i tokens of nothing, i.e. every row after ``history``)."""

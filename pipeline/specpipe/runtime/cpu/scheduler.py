@@ -198,7 +198,7 @@ class BatchScheduler:
         started = time.perf_counter()
         try:
             hidden = self.lm.hidden(entries)
-            rows, offset, wanted = [], 0, []
+            rows, offset, wanted, argmax_only = [], 0, [], []
             for request, entry, _ in plans:
                 n = len(entry.token_ids)
                 if not request.prefilling:
@@ -208,8 +208,9 @@ class BatchScheduler:
                 else:
                     wanted.append([])
                 rows += wanted[-1]
+                argmax_only += [request.chooser.argmax_only] * len(wanted[-1])
                 offset += n
-            logits = self.lm.project(hidden[rows]) if rows else None
+            logits = self.lm.project(hidden[rows], argmax_only) if rows else None
         except Exception as exc:  # noqa: BLE001 - the shared forward failed: end this step's requests
             for request, _, _ in plans:
                 self._finish(request, error=exc)

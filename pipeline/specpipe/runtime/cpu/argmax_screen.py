@@ -1,0 +1,102 @@
+"""Greedy logits for half the lm_head's memory traffic: a bf16 screen, then exact scores for the few
+tokens that can still be the argmax.
+
+At batch 1 the fp32 ``lm_head`` streams ``vocab x hidden x 4`` bytes a step (113 MB for SmolLM2, a fifth
+of what the decoder reads) only for greedy decoding to take its argmax. :class:`ArgmaxScreen` scores
+every token with a bf16 copy of the weight instead (half the bytes; oneDNN's bf16 kernels, AVX-512 BF16
+or AMX), bounds each score's error, keeps the tokens whose score could be the largest, and scores those
+exactly (float64 dot products of the fp32 weight rows and hidden state). The argmax over the result is
+the argmax over exact scores, whatever the screen's rounding, and it does not depend on which other rows
+share the call.
+
+The error bound, for one token with fp32 weight row ``w`` and hidden state ``x`` (``n`` = hidden size,
+``u = 2**-8`` the unit roundoff of bf16's 8-bit significand, ``g = n * 2**-24`` fp32 accumulation): the
+kernel multiplies ``bf16(w_i) * bf16(x_i)`` (each factor within a relative ``u``) and sums in fp32, then
+rounds the sum to bf16, so
+
+    |screen - w.x| <= ((2u + u^2) + g (1 + u)^2) * sum_i |w_i| |x_i|  +  u / (1 - u) * |screen|
+
+(Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., sections 2.2 and 3.1), with
+``sum_i |w_i||x_i| <= ||w||_2 ||x||_2`` (Cauchy-Schwarz). One bound serves a whole row: it takes the
+largest ``||w||_2`` of the vocabulary (computed once) and the row's largest ``|screen|``, which costs two
+passes over the screen instead of six for a bound per token. A token whose screen is more than twice
+the bound below the row's best screen cannot be the argmax. Over 384 greedy steps of six chat answers
+of SmolLM2, 13 tokens of 49,152 remained at the median, 74 at the 90th percentile, 1,121 at most.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available
+
+_BF16_ROUNDOFF = 2.0 ** -8
+_FP32_ROUNDOFF = 2.0 ** -24
+#: Margin on the bound for the float32 arithmetic that computes it.
+_SLACK = 1.01
+
+
+class ArgmaxScreen:
+    """Logits that keep only the tokens that can be the argmax of ``hidden @ weight.T`` (module doc).
+
+    Args:
+        weight: the fp32 lm_head weight ``[vocab, hidden]``, held by reference (for a tied lm_head the
+            input embedding, which stays dense), plus a bf16 copy (``vocab x hidden x 2`` bytes).
+
+    Raises:
+        ValueError: ``weight`` is not a 2-D float32 tensor.
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        if weight.dim() != 2 or weight.dtype != torch.float32:
+            raise ValueError(f"ArgmaxScreen needs a float32 [vocab, hidden] weight, got {weight.dtype} {tuple(weight.shape)}")
+        self.weight = weight.detach()
+        self.screen = PrepackedLinear.from_weight(self.weight.to(torch.bfloat16))
+        self.largest_row_norm = float(self.weight.norm(dim=1).max())  # its fp32 rounding (< 1e-4 relative) is inside _SLACK
+        u, n = _BF16_ROUNDOFF, self.weight.shape[1]
+        self._product_error = _SLACK * (2 * u + u * u + n * _FP32_ROUNDOFF * (1 + u) ** 2)
+        self._output_error = _SLACK * u / (1 - u)
+
+    @classmethod
+    def for_model(cls, model: PreTrainedModel) -> "ArgmaxScreen | None":
+        """The screen of a causal LM whose ``lm_head`` is tied to its fp32 input embedding, where this CPU
+        runs bf16 linear layers natively (:func:`~specpipe.runtime.cpu.prepack.bf16_prepack_available`);
+        ``None`` otherwise (an untied lm_head keeps no dense fp32 copy to score candidates with)."""
+        embedding = model.get_input_embeddings().weight
+        if not (bf16_prepack_available() and getattr(model.config, "tie_word_embeddings", False)
+                and embedding.dtype == torch.float32):
+            return None
+        return cls(embedding)
+
+    def error_bound(self, hidden: torch.Tensor, screen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's best screen and a bound on ``|screen - hidden @ weight.T|`` for all its tokens, float32
+        ``[n, 1]`` each, for hidden states float32 ``[n, hidden]`` and their screen bf16 ``[n, vocab]``
+        (:attr:`screen`'s output): the module doc's bound at the largest row norm and largest ``|screen|``."""
+        low, high = screen.aminmax(dim=1, keepdim=True)
+        largest = torch.maximum(low.abs(), high.abs()).float()
+        bound = hidden.norm(dim=1, keepdim=True) * (self._product_error * self.largest_row_norm) + largest * self._output_error
+        return high.float(), bound
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 ``[n, vocab]``: exact logits of hidden states float32 ``[n, hidden]`` (float64 dot
+        products, rounded once) at the tokens that can be each row's argmax, ``-inf`` elsewhere. Its
+        row-wise argmax is the exact argmax (ties to the lowest id); the values serve nothing else.
+
+        A token can be the argmax only if its screen is within twice the bound of the row's best screen
+        (its exact logit is at most its screen plus the bound, the best token's at least its screen minus
+        it). Rows whose screen is not finite are scored in full."""
+        hidden = hidden.float().contiguous()
+        screen = self.screen(hidden)
+        best, bound = self.error_bound(hidden, screen)
+        threshold = best - 2 * bound
+        candidates = screen >= threshold
+        out = torch.full(screen.shape, float("-inf"))
+        rows, tokens = candidates.nonzero(as_tuple=True)
+        exact = (self.weight[tokens].double() * hidden[rows].double()).sum(dim=1)
+        out[rows, tokens] = exact.float()
+        unscreened = ~torch.isfinite(threshold[:, 0])
+        if bool(unscreened.any()):
+            out[unscreened] = (hidden[unscreened].double() @ self.weight.double().T).float()
+        return out
