@@ -392,6 +392,24 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode():
     assert long.tokens == run_alone(engine, long_prompt, GREEDY)
 
 
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_no_request_starts_drafting_beside_a_prompt_chunk_but_a_drafting_one_goes_on(method):
+    engine = make_engine(method)
+    scheduler = scheduler_for(engine, prefill_chunk=4)  # flat cost: drafting always pays
+    first, _ = submit(scheduler, [5, 6, 7, 5, 6, 7, 5, 6], GREEDY)
+    late, _ = submit(scheduler, list(range(3, 43)), GREEDY)  # 40 prompt tokens: 10 steps of chunks
+    lengths = []
+    while late.prefilling:
+        scheduler.step()
+        lengths.append(first.draft_length)
+    assert lengths[1:] and not any(lengths[1:])  # decoding beside the chunks, never starting to draft
+    scheduler.step()
+    assert first.draft_length > 0  # the prompt is in: it starts
+    joining, _ = submit(scheduler, list(range(10, 30)), GREEDY)
+    scheduler.step()
+    assert joining.prefilling and first.draft_length > 0  # already drafting: it goes on beside the chunk
+
+
 @pytest.mark.parametrize("method", ["none", "ngram", "medusa", "eagle"])
 def test_penalties_and_min_tokens_in_a_batch_match_the_one_request_engine(method):
     """TensorRT-LLM's penalties and min_tokens apply per position (drafts count as history), so greedy

@@ -70,6 +70,10 @@ class BatchScheduler:
         adaptive: choose draft lengths by the rule; ``False``: always draft ``max_draft_len``.
     """
 
+    #: Whether a request that is not drafting may start in a step that prefills a prompt chunk (no: such
+    #: runs end at the next step, after catching up on the whole context; adaptive module doc).
+    start_beside_prefill = False
+
     def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
                  prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True):
         self.engine = engine
@@ -241,6 +245,8 @@ class BatchScheduler:
         depths = [self._node_depths(request) for request in decoding]
         if not self.adaptive:
             return [(len(d), d[-1] if d else 0) for d in depths]
+        if prefill_tokens and not self.start_beside_prefill:
+            depths = [d if request.draft_length else [] for request, d in zip(decoding, depths)]
         candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth,
                                         self.resume_cost.charge() if request.paused else 0.0)
                       for request, d in zip(decoding, depths)]
