@@ -21,6 +21,7 @@ of the chat set: what the drafts do on the distribution they were trained on.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import shlex
@@ -110,17 +111,55 @@ def run_level(lanes: list[Lane], prompt_ids: list[list[int]], concurrency: int, 
     return records
 
 
+def level_arguments(parser: argparse.ArgumentParser, concurrency: str = "1,2,4,8", prompts: int = 8) -> None:
+    """The options every step-interleaved benchmark takes: ``--concurrency``, ``--prompts``, ``--tokens``, ``--out``."""
+    parser.add_argument("--concurrency", default=concurrency)
+    parser.add_argument("--prompts", type=int, default=prompts, help="prompts per level (at least 2 x concurrency)")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path)
+
+
+def run_levels(lanes: list[Lane], prompt_ids: list[list[int]], args: argparse.Namespace, **extra) -> dict:
+    """:func:`run_level` at each of ``args.concurrency`` with greedy ``args.tokens``-token answers; the
+    report (command, date, machine, torch, ``extra``, levels), also written to ``args.out`` when given."""
+    params = SamplingParams(max_tokens=args.tokens)
+    levels = []
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        levels += run_level(lanes, prompt_ids, concurrency, max(args.prompts, 2 * concurrency), params)
+    report = {
+        "command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "torch": torch.__version__, **extra, "levels": levels,
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def paired_lanes(baseline: Path, engines: list[Path], variant, label: str) -> tuple[list[Lane], Path]:
+    """The baseline engine's lane, then per engine a lane ``"NAME (label)"`` of ``variant(engine, cost_model)``
+    (a scheduler on the same loaded engine, given a copy of the shipped scheduler's measured cost curve)
+    and the shipped scheduler's lane: an A/B of one rule on one engine and one curve. Also returns the
+    baseline's tokenizer directory."""
+    engine, manifest = load_engine(baseline)
+    lanes = [Lane(manifest.name, BatchScheduler(engine, max_batch_size=8))]
+    for engine_dir in engines:
+        engine, engine_manifest = load_engine(engine_dir)
+        shipped = BatchScheduler(engine, max_batch_size=8)
+        other = variant(engine, copy.deepcopy(shipped.cost_model))
+        lanes += [Lane(f"{engine_manifest.name} ({label})", other), Lane(engine_manifest.name, shipped)]
+    return lanes, baseline / manifest.target.path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("engines", nargs="+", type=Path)
-    parser.add_argument("--concurrency", default="1,2,4,8")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per level (at least 2 x concurrency)")
-    parser.add_argument("--tokens", type=int, default=128)
+    level_arguments(parser)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-set", choices=("chat", "training-style"), default="chat",
                         help="chat: specpipe bench --chat's prompts (never trained on); training-style: questions and "
                              "requests of the heads' training templates, with another seed (draft_acceptance.py)")
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lanes, cost_curves = [], {}
@@ -132,18 +171,7 @@ def main() -> None:
         cost_curves[manifest.name] = scheduler.cost_model.describe()
         tokenizer = AutoTokenizer.from_pretrained(engine_dir / manifest.target.path)
     prompt_ids = chat_prompt_ids(tokenizer, args.prompt_set)
-    params = SamplingParams(max_tokens=args.tokens)
-    levels = []
-    for concurrency in (int(c) for c in args.concurrency.split(",")):
-        levels += run_level(lanes, prompt_ids, concurrency, max(args.prompts, 2 * concurrency), params)
-    report = {
-        "command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "torch": torch.__version__, "prompt_set": args.prompt_set, "cost_curves": cost_curves, "levels": levels,
-    }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    run_levels(lanes, prompt_ids, args, prompt_set=args.prompt_set, cost_curves=cost_curves)
 
 
 if __name__ == "__main__":

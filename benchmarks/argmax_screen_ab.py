@@ -16,30 +16,22 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import platform
-import shlex
 import sys
-from datetime import date
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
-from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler import BatchScheduler
 
-from adaptive_interleaved import Lane, chat_prompt_ids, run_level
+from adaptive_interleaved import Lane, chat_prompt_ids, level_arguments, run_levels
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("engines", nargs="+", type=Path)
-    parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--prompts", type=int, default=16, help="prompts per level (at least 2 x concurrency)")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path)
+    level_arguments(parser, concurrency="1,8", prompts=16)
     args = parser.parse_args()
     torch.set_num_threads(2)
     lanes = []
@@ -52,17 +44,7 @@ def main() -> None:
         fp32_head.lm.argmax_screen = None
         lanes += [Lane(f"{manifest.name} (fp32 lm_head)", fp32_head), Lane(manifest.name, screened)]
     tokenizer = AutoTokenizer.from_pretrained(args.engines[0] / manifest.target.path)
-    prompt_ids = chat_prompt_ids(tokenizer, "chat")
-    params = SamplingParams(max_tokens=args.tokens)
-    levels = []
-    for concurrency in (int(c) for c in args.concurrency.split(",")):
-        levels += run_level(lanes, prompt_ids, concurrency, max(args.prompts, 2 * concurrency), params)
-    report = {"command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
-              "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-              "torch": torch.__version__, "levels": levels}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    run_levels(lanes, chat_prompt_ids(tokenizer, "chat"), args)
 
 
 if __name__ == "__main__":

@@ -15,22 +15,14 @@ baseline's and its request-steps per draft length::
 from __future__ import annotations
 
 import argparse
-import copy
-import json
-import platform
-import shlex
-import sys
-from datetime import date
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler import BatchScheduler
 
-from adaptive_interleaved import Lane, chat_prompt_ids, run_level
+from adaptive_interleaved import chat_prompt_ids, level_arguments, paired_lanes, run_levels
 
 
 class StartsBesidePrefill(BatchScheduler):
@@ -43,31 +35,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("baseline", type=Path)
     parser.add_argument("engines", nargs="+", type=Path)
-    parser.add_argument("--concurrency", default="1,2,4,8")
-    parser.add_argument("--prompts", type=int, default=12, help="prompts per level (at least 2 x concurrency)")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path)
+    level_arguments(parser, prompts=12)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    baseline, manifest = load_engine(args.baseline)
-    lanes = [Lane(manifest.name, BatchScheduler(baseline, max_batch_size=8))]
-    for engine_dir in args.engines:
-        engine, engine_manifest = load_engine(engine_dir)
-        shipped = BatchScheduler(engine, max_batch_size=8)
-        before = StartsBesidePrefill(engine, max_batch_size=8, cost_model=copy.deepcopy(shipped.cost_model))
-        lanes += [Lane(f"{engine_manifest.name} (starts beside prefill)", before), Lane(engine_manifest.name, shipped)]
-    tokenizer = AutoTokenizer.from_pretrained(args.baseline / manifest.target.path)
-    prompt_ids = chat_prompt_ids(tokenizer, "chat")
-    params = SamplingParams(max_tokens=args.tokens)
-    levels = []
-    for concurrency in (int(c) for c in args.concurrency.split(",")):
-        levels += run_level(lanes, prompt_ids, concurrency, max(args.prompts, 2 * concurrency), params)
-    report = {"command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
-              "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-              "torch": torch.__version__, "levels": levels}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    lanes, tokenizer_dir = paired_lanes(
+        args.baseline, args.engines, lambda engine, cost: StartsBesidePrefill(engine, max_batch_size=8, cost_model=cost),
+        "starts beside prefill")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    run_levels(lanes, chat_prompt_ids(tokenizer, "chat"), args)
 
 
 if __name__ == "__main__":
