@@ -37,8 +37,9 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified tokens look nearly
   free, and runs started there ended at the next step, each after catching up on its whole context. At
   concurrency 8 on the chat prompts such steps cost EAGLE 80-110 ms more than the rule expected
-  (285 and 277 ms against 199 and 207), several requests each catching up on 50-170 tokens (3-21 ms
-  apiece), and EAGLE measured 0.95-0.97× the baseline.
+  (285 and 277 ms against 199 and 207), several requests each catching up on 42-170 tokens (3-21 ms
+  apiece), and EAGLE measured 0.92-0.97× the baseline there; 0.99× without such starts
+  (``benchmarks/prefill_start_ab.py``).
 
 The maximum is found by coordinate ascent (each request in turn takes its best m with the others
 fixed, until nothing changes; a few sweeps); a request drafts only where that beats its plain decoding
