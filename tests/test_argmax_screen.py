@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.argmax_screen import ArgmaxScreen
+from specpipe.runtime.cpu.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.prepack import bf16_prepack_available, prepack_linear_layers
 from specpipe.runtime.cpu.sampling import TokenSampler
@@ -51,7 +51,7 @@ def test_the_screen_stays_within_its_error_bound(seed):
 def test_its_argmax_is_the_exact_argmax_and_the_kept_values_are_exact(seed):
     weight, states = weights_and_states(seed)
     exact = exact_logits(weight, states)
-    logits = ArgmaxScreen(weight).logits(states)
+    logits = ArgmaxScreen(weight).logits(states)[0]
     assert torch.equal(logits.argmax(dim=1), exact.argmax(dim=1))
     kept = torch.isfinite(logits)
     assert torch.equal(logits[kept], exact[kept].float())
@@ -68,7 +68,7 @@ def test_near_ties_are_decided_by_the_exact_scores():
     for delta, expected in ((1e-6, "twin"), (-1e-6, "best"), (0.0, "lower")):
         w = torch.cat([weight, weight[best : best + 1] * (1 + delta)])
         twin = w.shape[0] - 1
-        chosen = int(ArgmaxScreen(w).logits(state[None]).argmax())
+        chosen = int(ArgmaxScreen(w).logits(state[None])[0].argmax())
         truth = int(exact_logits(w, state[None]).argmax())
         assert chosen == truth == {"twin": twin, "best": best, "lower": best}[expected]
 
@@ -77,9 +77,26 @@ def test_near_ties_are_decided_by_the_exact_scores():
 def test_a_row_screens_the_same_alone_and_among_others():
     weight, states = weights_and_states(6)
     screen = ArgmaxScreen(weight)
-    together = screen.logits(states)
+    together = screen.logits(states)[0]
     for i in range(len(states)):
-        assert torch.equal(screen.logits(states[i : i + 1])[0], together[i])
+        assert torch.equal(screen.logits(states[i : i + 1])[0][0], together[i])
+
+
+@needs_bf16
+def test_rows_that_keep_too_many_tokens_or_are_not_finite_are_left_to_the_full_lm_head():
+    weight, states = weights_and_states(7, rows=4)
+    states[1] = 0.0  # every token scores 0: all of them could win
+    states[2, 0] = float("nan")
+    logits, left_out = ArgmaxScreen(weight).logits(states)
+    assert left_out.tolist() == [False, True, True, False]
+    assert bool(torch.isinf(logits[1:3]).all())
+    model = tiny_llama(2, vocab_size=512, tie_word_embeddings=True)
+    lm = BatchedLM(model, 1)
+    hidden = torch.randn(3, model.config.hidden_size)
+    hidden[1] = 0.0
+    mixed = lm.project(hidden, [True, True, False])
+    full = lm.project(hidden)
+    assert torch.equal(mixed[1:], full[1:]) and int(mixed[0].argmax()) == int(full[0].argmax())
 
 
 def test_only_a_tied_fp32_lm_head_is_screened():
@@ -106,6 +123,8 @@ def test_batched_projection_screens_only_the_argmax_rows_of_a_prepacked_model():
     assert torch.equal(mixed[[0, 2, 4]].argmax(dim=1), full[[0, 2, 4]].argmax(dim=1))
     assert bool(torch.isinf(mixed[[0, 2, 4]]).any(dim=1).all())
     assert torch.equal(lm.project(hidden, [False] * 5), full)
+    many = torch.randn(MAX_SCREENED_ROWS + 1, model.config.hidden_size)
+    assert torch.equal(lm.project(many, [True] * len(many)), lm.project(many))  # past the cap: the full lm_head
 
 
 @pytest.mark.parametrize(("params", "expected"), [
