@@ -104,8 +104,9 @@ class ArgmaxScreen:
         hidden = hidden.float().contiguous()
         screen = self.screen(hidden)
         best, bound = self.error_bound(hidden, screen)
-        candidates = screen >= best - 2 * bound
-        left_out = ~torch.isfinite(best[:, 0] - 2 * bound[:, 0]) | (candidates.sum(dim=1) > MAX_CANDIDATES)
+        threshold = best - 2 * bound
+        candidates = screen >= threshold
+        left_out = ~torch.isfinite(threshold[:, 0]) | (candidates.sum(dim=1) > MAX_CANDIDATES)
         candidates[left_out] = False
         out = torch.full(screen.shape, float("-inf"))
         rows, tokens = candidates.nonzero(as_tuple=True)

@@ -135,7 +135,7 @@ def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, cont
     if not set_dense_rows(target, 0):
         return DenseRowsChoice(0, (), (), (), 0)  # loaded without dense copies: nothing to choose
     all_rows = (*measured_rows, *chunk_rows)
-    lm = BatchedLM(target, max_batch_size=max(measured_rows))
+    lm = BatchedLM(target, max_batch_size=max(measured_rows), argmax_screen=False)  # times the full lm_head only
     slots = [lm.allocate() for _ in range(max(measured_rows))]
     runs: dict[tuple[int, bool], list[float]] = {(n, dense): [] for n in all_rows for dense in (True, False)}
     lm.hidden([BatchEntry(s, [0] * context) for s in slots])
