@@ -1,5 +1,7 @@
 """The OpenAI gateway without a server: request checks, sampling mapping, response shapes, Prometheus metrics."""
 
+import json
+
 import pytest
 
 from specpipe.bench.metrics import parse_samples
@@ -58,6 +60,27 @@ def test_bad_requests_are_400_with_the_parameter(body, chat, param):
         parse_request(body, chat)
     assert caught.value.status == 400 and caught.value.param == param
     assert caught.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body, chat, param, where", [
+    ({"model": "m", "prompt": "\ud800 hi"}, False, "prompt", "prompt holds"),
+    ({"model": "m", "prompt": ["ok", "b\udfff"]}, False, "prompt", "prompt[1] holds"),
+    ({"model": "m", "prompt": "x", "stop": ["a", "\udc00"]}, False, "stop", "stop[1] holds"),
+    ({"model": "m", "messages": [{"role": "user", "content": "a\udfff"}]}, True, "messages", "messages[0].content holds"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud83d"}]}]}, True, "messages",
+     "messages[0].content[0].text holds"),
+    ({"model": "m", "prompt": "x", "\ud800": 1}, False, None, "a key of the body holds"),
+])
+def test_lone_surrogates_are_400_naming_where(body, chat, param, where):
+    with pytest.raises(APIError) as caught:
+        parse_request(body, chat)
+    assert caught.value.status == 400 and caught.value.param == param
+    assert caught.value.message.startswith(where) and "surrogate" in caught.value.message
+
+
+def test_paired_surrogate_escapes_are_text():
+    body = json.loads('{"model": "m", "prompt": "hi \\ud83d\\ude00"}')  # JSON joins the pair into one code point
+    assert parse_request(body, chat=False).prompt == "hi \U0001f600"
 
 
 def test_response_shapes():

@@ -61,6 +61,25 @@ def test_a_running_request_stays_stopped_and_a_late_stop_spares_the_next_request
     assert stops.is_stopped("r")
 
 
+def test_ended_ids_are_forgotten_as_requests_end_without_any_stop_request():
+    clock = _Clock()
+    stops = StopRequests(pending_s=10.0, clock=clock)
+    for i in range(5000):  # 10 requests a second, no stop request among them
+        stops.started(f"id{i}")
+        stops.ended(f"id{i}")
+        clock.now += 0.1
+    assert len(stops._ended) <= 101  # the last 10 s only, not every id ever served
+    stops.stop("id4999")  # still remembered as just ended: a late stop is ignored
+    assert not stops.is_stopped("id4999")
+    stops.started("long")
+    stops.stop("long")
+    for i in range(300):  # a stopped request that runs on while 30 s of others end
+        stops.started(f"other{i}")
+        stops.ended(f"other{i}")
+        clock.now += 0.1
+    assert stops.is_stopped("long")
+
+
 def test_two_running_requests_with_one_id_are_stopped_together():
     stops = StopRequests()
     stops.started("x")

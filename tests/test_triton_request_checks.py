@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specpipe.triton.models.common import strings
 from specpipe.triton.models.engine_request import parse_request
 from specpipe.triton.models.preprocessing import Preprocessor
 from tiny_engine import tiny_tokenizer
@@ -58,3 +59,11 @@ def test_segments_keep_user_special_tokens_as_text():
         pre.outputs("other", 4, [], [], None, None, segments=[before, attack, after])
     with pytest.raises(ValueError, match="max_tokens"):
         pre.outputs("x", 0, [], [], None, None)
+
+
+def test_text_that_is_not_utf8_is_named_with_its_input_and_element():
+    words = np.array([["ok".encode()], [b"\xff\xfe"]], dtype=object)
+    with pytest.raises(ValueError, match=r"^stop_words element 1 is not valid UTF-8 \(invalid start byte at byte 0\)"):
+        strings(words, "stop_words")
+    assert strings(np.array([[b"caf\xc3\xa9"]], dtype=object), "text_input") == ["café"]
+    assert strings(None, "bad_words") == []

@@ -123,6 +123,24 @@ def _from_validation(error: ValidationError) -> APIError:
     return APIError(400, f"{where}: {message}, got {_describe(first['input'])}", param)
 
 
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """Where in a parsed JSON value a string holds a lone UTF-16 surrogate (JSON's ``"\\ud800"`` escapes
+    parse to such strings, which have no UTF-8 form), or ``None``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = (_lone_surrogate(key, f"a key of {where or 'the body'}")
+                 or _lone_surrogate(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)))
+        if found:
+            return found
+    return None
+
+
 def parse_request(body: Any, chat: bool) -> ParsedRequest:
     """Check an OpenAI request body (strict types and ranges, :mod:`specpipe.openai.schema`).
 
@@ -132,6 +150,11 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
     """
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    bad_text = _lone_surrogate(body, "")
+    if bad_text is not None:
+        param = None if bad_text.startswith("a key") else bad_text.split(".")[0].split("[")[0]
+        raise APIError(400, f"{bad_text} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is "
+                            f"not text: send valid Unicode", param)
     for name, off in UNSUPPORTED_OFF.items():
         if name in body and not any(body[name] == o and type(body[name]) is type(o) for o in off):
             raise APIError(400, str(UnsupportedOption(name, body[name])), name)

@@ -61,11 +61,22 @@ def scalar(array: np.ndarray | None, name: str):
     return flat[0].item()
 
 
-def strings(array: np.ndarray | None) -> list[str]:
-    """The UTF-8 strings of a STRING (BYTES) tensor, flattened; ``[]`` when absent."""
+def strings(array: np.ndarray | None, name: str = "a STRING input") -> list[str]:
+    """The UTF-8 strings of a STRING (BYTES) tensor, flattened; ``[]`` when absent.
+
+    Raises:
+        ValueError: an element is not valid UTF-8 (the message names the input ``name`` and the element).
+    """
     if array is None:
         return []
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(array).reshape(-1)]
+    texts = []
+    for index, value in enumerate(np.asarray(array).reshape(-1)):
+        try:
+            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name} element {index} is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
+                             f"send UTF-8 text") from None
+    return texts
 
 
 def error_response(message: str, code: str = "INVALID_ARG"):

@@ -170,18 +170,18 @@ class TritonPythonModel:
 
     def _one(self, request):
         try:
-            query = strings(input_array(request, "QUERY"))
+            query = strings(input_array(request, "QUERY"), "text_input")
             if len(query) != 1:
                 raise ValueError(f"text_input must hold one prompt per request, got {len(query)}")
             output_len = scalar(input_array(request, "REQUEST_OUTPUT_LEN"), "max_tokens")
             outputs = self.pre.outputs(
                 query[0],
                 int(output_len),
-                strings(input_array(request, "STOP_WORDS_DICT")),
-                strings(input_array(request, "BAD_WORDS_DICT")),
+                strings(input_array(request, "STOP_WORDS_DICT"), "stop_words"),
+                strings(input_array(request, "BAD_WORDS_DICT"), "bad_words"),
                 scalar(input_array(request, "END_ID"), "end_id"),
                 scalar(input_array(request, "PAD_ID"), "pad_id"),
-                strings(input_array(request, "QUERY_SEGMENTS")) or None,
+                strings(input_array(request, "QUERY_SEGMENTS"), "text_segments") or None,
             )
         except (ValueError, UnicodeDecodeError) as exc:
             return error_response(str(exc))

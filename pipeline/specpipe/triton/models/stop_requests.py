@@ -82,7 +82,10 @@ class StopRequests:
                 return
             self._running.pop(request_id, None)
             self._stopped.pop(request_id, None)
-            self._ended[request_id] = self._clock()
+            now = self._clock()
+            self._forget_expired(now)
+            self._ended.pop(request_id, None)  # re-inserted last: the table stays in time order
+            self._ended[request_id] = now
 
     def stop(self, request_id: str) -> None:
         """Record a stop request for ``request_id``.
@@ -95,11 +98,20 @@ class StopRequests:
                              "(send it with the same request_id as that request)")
         now = self._clock()
         with self._lock:
-            for table in (self._stopped, self._ended):
-                for old in [rid for rid, at in table.items() if now - at > self.pending_s]:
-                    del table[old]
+            self._forget_expired(now)
             if request_id in self._running or request_id not in self._ended:
                 self._stopped[request_id] = now
+
+    def _forget_expired(self, now: float) -> None:
+        """Drop stops older than ``pending_s`` but those of running requests, and ended ids older than
+        ``pending_s`` (that table is in time order, oldest first; call with the lock held)."""
+        for old in [rid for rid, at in self._stopped.items() if now - at > self.pending_s and rid not in self._running]:
+            del self._stopped[old]
+        while self._ended:
+            oldest, at = next(iter(self._ended.items()))
+            if now - at <= self.pending_s:
+                break
+            del self._ended[oldest]
 
     def is_stopped(self, request_id: str) -> bool:
         """Whether ``request_id`` is running and stopped, or was named by a stop in the last ``pending_s``
