@@ -321,8 +321,10 @@ def test_forwards_that_verify_drafts_learn_their_own_excess_cost_and_the_rule_fo
     assert model.cost(12, drafting=True) / model.cost(12) == pytest.approx(model.draft_factor)
     candidates = [DraftCandidate(expected=[1.0, 1.8], draft_seconds=[0.0, 0.0]) for _ in range(8)]
     unlearnt = ForwardCostModel((1, 8, 64), (1.0, 2.0, 9.0))
-    assert sum(choose_draft_lengths(unlearnt, candidates, fixed_tokens=8)) >= 2  # 14.4 / 3.0 s > 8 / 2.0 s
-    assert choose_draft_lengths(model, candidates, fixed_tokens=8) == [0] * 8  # 14.4 / (3.0 x 1.2) s: no gain
+    # at a 3 % margin the first request's draft (+3.5 % on the batch's rate here) passes it; at the shipped 8 %
+    # none does, whatever the excess, which is not what this test is about
+    assert sum(choose_draft_lengths(unlearnt, candidates, fixed_tokens=8, margin=0.03)) >= 2  # 14.4 / 3.0 s > 8 / 2.0 s
+    assert choose_draft_lengths(model, candidates, fixed_tokens=8, margin=0.03) == [0] * 8  # 14.4 / (3.0 x 1.2) s: no gain
     assert "forwards verifying drafts x1.2" in model.describe()
 
 

@@ -187,8 +187,12 @@ class ResumeCost:
 
 
 #: Drafting must raise the batch's expected tokens per second by this share over plain decoding: the
-#: estimates are noisy, and a gain within their noise is as likely a loss.
-DRAFT_MARGIN = 0.03
+#: estimates are noisy, and a gain within their noise is as likely a loss. 0.08 rather than 0.03: in two
+#: paired runs (``benchmarks/margin_ab.py``) it raised n-gram and EAGLE at concurrency 8 by 2.4-3.6 % and
+#: EAGLE at 4 by 3-8 %, and cost them 1-3.5 % at concurrency 1. The margin is on the batch's rate and
+#: each request is weighed alone, so in a batch of 8 one request's draft must add 8 % to all eight's
+#: tokens per second: under load only drafts expected to pay well are verified.
+DRAFT_MARGIN = 0.08
 
 
 def choose_draft_lengths(cost: ForwardCostModel, candidates: list[DraftCandidate], fixed_tokens: int,

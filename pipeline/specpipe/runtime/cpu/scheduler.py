@@ -37,7 +37,8 @@ from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.adaptive import (
-    IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, ewma, shared_acceptance,
+    DRAFT_MARGIN, IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, ewma,
+    shared_acceptance,
 )
 from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
@@ -73,6 +74,8 @@ class BatchScheduler:
     #: Whether a request that is not drafting may start in a step that prefills a prompt chunk (no: such
     #: runs end at the next step, after catching up on the whole context; adaptive module doc).
     start_beside_prefill = False
+    #: Share by which drafting must beat plain decoding in the rule's estimate (:data:`DRAFT_MARGIN`).
+    draft_margin = DRAFT_MARGIN
 
     def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
                  prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True):
@@ -251,7 +254,7 @@ class BatchScheduler:
                                         self.resume_cost.charge() if request.paused else 0.0)
                       for request, d in zip(decoding, depths)]
         chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
-                                      prefill=prefill_tokens > 0)
+                                      margin=self.draft_margin, prefill=prefill_tokens > 0)
         return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
 
     def _node_depths(self, request: BatchRequest) -> list[int]:
