@@ -64,11 +64,11 @@ def test_bad_requests_are_400_with_the_parameter(body, chat, param):
 
 @pytest.mark.parametrize("body, chat, param, where", [
     ({"model": "m", "prompt": "\ud800 hi"}, False, "prompt", "prompt holds"),
-    ({"model": "m", "prompt": ["ok", "b\udfff"]}, False, "prompt", "prompt[1] holds"),
-    ({"model": "m", "prompt": "x", "stop": ["a", "\udc00"]}, False, "stop", "stop[1] holds"),
-    ({"model": "m", "messages": [{"role": "user", "content": "a\udfff"}]}, True, "messages", "messages[0].content holds"),
+    ({"model": "m", "prompt": ["ok", "b\udfff"]}, False, "prompt", "prompt.1 holds"),
+    ({"model": "m", "prompt": "x", "stop": ["a", "\udc00"]}, False, "stop", "stop.1 holds"),
+    ({"model": "m", "messages": [{"role": "user", "content": "a\udfff"}]}, True, "messages", "messages.0.content holds"),
     ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud83d"}]}]}, True, "messages",
-     "messages[0].content[0].text holds"),
+     "messages.0.content.0.text holds"),
     ({"model": "m", "prompt": "x", "\ud800": 1}, False, None, "a key of the body holds"),
 ])
 def test_lone_surrogates_are_400_naming_where(body, chat, param, where):

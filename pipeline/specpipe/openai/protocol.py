@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -112,9 +113,7 @@ def _describe(value: Any) -> str:
 def _from_validation(error: ValidationError) -> APIError:
     """The first problem of a pydantic error, as one line naming the field and the value sent."""
     first = error.errors(include_url=False)[0]
-    loc = [str(p) for p in first["loc"] if isinstance(p, int) or (p not in _UNION_TAGS and "[" not in str(p))]
-    where = ".".join(loc).replace(".[", "[") or "body"
-    param = loc[0] if loc else None
+    where, param = _location([p for p in first["loc"] if isinstance(p, int) or (p not in _UNION_TAGS and "[" not in str(p))])
     if first["type"] == "extra_forbidden":
         return APIError(400, f"{where} is not supported by the specpipe gateway, got {_describe(first['input'])}", param)
     if first["type"] == "missing":
@@ -123,19 +122,32 @@ def _from_validation(error: ValidationError) -> APIError:
     return APIError(400, f"{where}: {message}, got {_describe(first['input'])}", param)
 
 
-def _lone_surrogate(value: Any, where: str) -> str | None:
-    """Where in a parsed JSON value a string holds a lone UTF-16 surrogate (JSON's ``"\\ud800"`` escapes
-    parse to such strings, which have no UTF-8 form), or ``None``."""
+def _location(loc: Sequence[str | int]) -> tuple[str, str | None]:
+    """A field's path as the gateway's errors write it (``messages.0.content``; ``body`` for the body
+    itself) and its top-level parameter (``None`` for the body)."""
+    parts = [str(p) for p in loc]
+    return ".".join(parts) or "body", parts[0] if parts else None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(value: Any, loc: tuple[str | int, ...] = ()) -> tuple[tuple[str | int, ...], bool] | None:
+    """The path of the first string in a parsed JSON value that holds a lone UTF-16 surrogate (JSON's
+    ``"\\ud800"`` escapes parse to such strings, which have no UTF-8 form) and whether it is a key of the
+    object at that path; ``None`` when there is none."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
+        return None if _encodes(value) else (loc, False)
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        found = (_lone_surrogate(key, f"a key of {where or 'the body'}")
-                 or _lone_surrogate(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)))
+        if isinstance(key, str) and not _encodes(key):
+            return loc, True
+        found = _lone_surrogate(item, (*loc, key))
         if found:
             return found
     return None
@@ -150,11 +162,12 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
     """
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    bad_text = _lone_surrogate(body, "")
-    if bad_text is not None:
-        param = None if bad_text.startswith("a key") else bad_text.split(".")[0].split("[")[0]
-        raise APIError(400, f"{bad_text} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is "
-                            f"not text: send valid Unicode", param)
+    surrogate = _lone_surrogate(body)
+    if surrogate is not None:
+        (loc, in_key), (where, param) = surrogate, _location(surrogate[0])
+        place = f"a key of {where if loc else 'the body'}" if in_key else where
+        raise APIError(400, f"{place} holds a lone UTF-16 surrogate (an unpaired "
+                            f"\\ud800-\\udfff escape), which is not text: send valid Unicode", param)
     for name, off in UNSUPPORTED_OFF.items():
         if name in body and not any(body[name] == o and type(body[name]) is type(o) for o in off):
             raise APIError(400, str(UnsupportedOption(name, body[name])), name)
