@@ -74,18 +74,57 @@ def test_rows_fast_path_gives_forwards_values_bitwise(kernel, dense_rows, monkey
                                        rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("in_features", [64, 576, 1536])
-def test_mkl_packed_rows_do_not_depend_on_the_other_rows(in_features, monkeypatch):
+@pytest.mark.parametrize("kernel", ["mkl", "onednn"])
+@pytest.mark.parametrize("out_features, in_features", [(200, 64), (200, 576), (576, 576), (200, 1536), (576, 1536)])
+def test_packed_rows_do_not_depend_on_the_other_rows(kernel, out_features, in_features, monkeypatch):
     """One packing serves every row count, and a row's output is bitwise the same alone or among 1-130
-    others (what keeps a request's greedy tokens independent of its batch)."""
-    _force_kernel(monkeypatch, "mkl")
+    others (what keeps a request's greedy tokens independent of its batch), padded to ``min_rows`` where
+    the kernel computes few rows differently."""
+    _force_kernel(monkeypatch, kernel)
     torch.manual_seed(1)
-    packed = PrepackedLinear(torch.nn.Linear(in_features, 200, bias=False))
+    packed = PrepackedLinear(torch.nn.Linear(in_features, out_features, bias=False))
     x = torch.randn(131, in_features)
     with torch.inference_mode():
         alone = torch.cat([packed(row[None]) for row in x])
-        for rows in (2, 3, 8, 13, 131):
+        for rows in (2, 3, 4, 8, 13, 131):
             assert torch.equal(packed(x[:rows]), alone[:rows]), rows
+            assert torch.equal(packed.rows(x[:rows].contiguous()), alone[:rows]), rows
+
+
+def _skewed_kernel(layer: PrepackedLinear, skewed_rows: set[int]):
+    """The layer's kernel, off by 1e-3 on every row count in ``skewed_rows``."""
+    exact = layer._kernel_rows
+
+    def kernel(x):
+        out = exact(x)
+        return out + 1e-3 if len(x) in skewed_rows else out
+
+    return kernel
+
+
+@pytest.mark.parametrize("skewed, expected", [(set(), 1), ({1}, 2), ({1, 2, 3}, 4), ({1, 2, 3, 4, 5, 8}, 1)])
+def test_min_rows_is_the_fewest_rows_from_which_every_row_count_agrees(skewed, expected, monkeypatch):
+    """One row computed unlike two or more: inputs are padded to 2 rows; a kernel that agrees only from
+    more than MAX_PAD_ROWS rows is not padded (1)."""
+    layer = PrepackedLinear(torch.nn.Linear(16, 8, bias=False))
+    monkeypatch.setattr(layer, "_kernel_rows", _skewed_kernel(layer, skewed))
+    assert layer.batch_invariant_min_rows() == expected
+
+
+def test_inputs_below_min_rows_are_padded_with_zero_rows(monkeypatch):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 8, bias=True)
+    layer = PrepackedLinear(linear)
+    seen = []
+    exact = layer._kernel_rows
+    monkeypatch.setattr(layer, "_kernel_rows", lambda x: seen.append(x.clone()) or exact(x))
+    layer.min_rows = 3
+    x = torch.randn(1, 16)
+    with torch.inference_mode():
+        out = layer(x)
+    assert [len(rows) for rows in seen] == [3]
+    assert torch.equal(seen[0][:1], x) and not seen[0][1:].any()
+    assert out.shape == (1, 8) and torch.allclose(out, linear(x), atol=1e-5)
 
 
 def test_prepack_replaces_every_fp32_linear_and_keeps_the_rest():

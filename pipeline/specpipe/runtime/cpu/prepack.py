@@ -19,14 +19,24 @@ packed kernels exist in PyTorch, each the one TorchInductor's CPU freezing pass 
   128    145.2            120.8
   =====  ===============  ==============
 
-  One packing serves every row count, and each output row is computed the same way whatever the
-  other rows (bitwise; ``tests/test_engine_prepack.py``), so a request's logits do not depend on the
-  batch it shares.
+  One packing serves every row count, and on that Xeon each output row was computed the same way
+  whatever the other rows (bitwise), so a request's logits do not depend on the batch it shares.
 * **oneDNN's linear** with a reordered weight (``torch.ops.mkldnn._reorder_linear_weight`` /
   ``_linear_pointwise``; ``aten.mkldnn_linear`` on a ``Tensor.to_mkldnn`` weight where that pair is
   missing), for bf16 layers (drafts) and for fp32 without MKL. On 2 Zen 4 cores it took a SmolLM2
   forward plus lm_head from 38 to 22 ms at one row and from 71 to 28 ms at 12 rows; on the Xeon above
   it is slower than ``F.linear`` for few rows.
+
+Which fp32 kernel runs depends on the CPU (:func:`mkl_packed_gemm_available`): MKL's packed GEMM on
+Intel CPUs, oneDNN's elsewhere. On 2 AMD Zen 5 cores MKL took SmolLM2's 210 decoder linear layers
+19.6 / 38.5 / 45.1 ms at 1 / 4 / 12 rows and oneDNN 12.7 / 14.9 / 19.7 ms; MKL's packed buffers there also
+held 1.6 times the weights' bytes (oneDNN's: the weights' bytes), and with 2 threads it computed 1-5 rows
+unlike 8 rows or more.
+
+Each layer pads inputs of fewer than :attr:`PrepackedLinear.min_rows` rows with zero rows (found per
+layer shape at load, :meth:`PrepackedLinear.batch_invariant_min_rows`), so that a row's output is bitwise the same
+whatever the rows computed with it: on that Zen 5, oneDNN computed a one-row input with ``in_features``
+1536 (SmolLM2's ``down_proj``) differently from 2 rows or more, and every row count from 2 to 160 alike.
 
 Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
 many tokens a forward holds, which breaks the greedy identity of speculative decoding).
@@ -40,6 +50,7 @@ differently (about 1e-6 relative).
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -65,11 +76,23 @@ def _shape_only(rows: int, columns: int) -> torch.Tensor:
 def mkl_packed_gemm_available() -> bool:
     """Whether PyTorch has MKL's packed-weight GEMM (``cblas_sgemm_pack`` / ``cblas_sgemm_compute``
     behind ``torch.ops.mkl._mkl_reorder_linear_weight`` and ``_mkl_linear``, the pair TorchInductor's
-    CPU freezing pass emits for fp32 linear layers where MKL is present)."""
+    CPU freezing pass emits for fp32 linear layers where MKL is present) and is the fp32 kernel to use:
+    on Intel CPUs only (module doc: oneDNN's kernel is faster elsewhere)."""
+    if not _intel_cpu():
+        return False
     if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")):
         return False
     return _one_packing_serves_every_row_count()
+
+
+@functools.cache
+def _intel_cpu() -> bool:
+    """Whether ``/proc/cpuinfo`` names an Intel CPU (``GenuineIntel``); False where it is unreadable."""
+    try:
+        return "GenuineIntel" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
 
 def _one_packing_serves_every_row_count() -> bool:
@@ -93,6 +116,18 @@ def _fused_linear_available() -> bool:
     TorchInductor's CPU freezing pass uses): no format conversion per call, about half the time of
     ``aten.mkldnn_linear`` for SmolLM2's layers at 1-12 rows."""
     return hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+#: Row counts compared by :meth:`PrepackedLinear.batch_invariant_min_rows`: a batch of plain steps,
+#: verifications, and a prompt chunk beside them.
+INVARIANCE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 33, 130)
+
+#: The most rows an input is padded to (:attr:`PrepackedLinear.min_rows`); a kernel that needs more to
+#: compute rows independently of the batch is used unpadded.
+MAX_PAD_ROWS = 8
+
+#: :attr:`PrepackedLinear.min_rows` found per (kernel, out_features, in_features, bias, threads).
+_MIN_ROWS: dict[tuple, int] = {}
 
 
 def prepack_available() -> bool:
@@ -124,9 +159,8 @@ class PrepackedLinear(torch.nn.Module):
 
     Kernels (:attr:`kernel`), in order of preference:
 
-    * ``"mkl"`` (fp32, :func:`mkl_packed_gemm_available`): MKL's packed-weight GEMM. The weight is
-      streamed once per call whatever the row count, and each output row is computed the same way
-      whatever the other rows are (bitwise), so a request's logits do not depend on its batch;
+    * ``"mkl"`` (fp32, :func:`mkl_packed_gemm_available`: Intel CPUs): MKL's packed-weight GEMM. The
+      weight is streamed once per call whatever the row count;
     * ``"onednn"``: oneDNN's linear with a reordered weight (bf16 layers, or fp32 without MKL);
     * ``"mkldnn-tensor"``: ``aten.mkldnn_linear`` on a ``Tensor.to_mkldnn`` weight (older builds).
 
@@ -135,6 +169,11 @@ class PrepackedLinear(torch.nn.Module):
         dense_copy: also keep the fp32 weight as it is, ``[out_features, in_features]`` (``dense``, +in x out x
             4 bytes), used through ``F.linear`` for inputs of at most :attr:`dense_rows` rows (0 until set;
             :data:`ALL_ROWS` once :func:`drop_packed_weights` has dropped the packed weight).
+
+    Attributes:
+        min_rows: fp32 inputs of fewer rows are padded with zero rows to this many
+            (:meth:`batch_invariant_min_rows`), so that each row's output is bitwise the same whatever
+            rows share the call: a request's logits do not depend on its batch.
     """
 
     def __init__(self, linear: torch.nn.Linear, dense_copy: bool = False):
@@ -158,30 +197,63 @@ class PrepackedLinear(torch.nn.Module):
             self.kernel = "mkldnn-tensor"
             self.weight = weight.to_mkldnn()
             self.bias = None if bias is None else bias.to_mkldnn()
+        self.min_rows = 1
+        if self.dtype == torch.float32:
+            key = (self.kernel, self.out_features, self.in_features, bias is not None, torch.get_num_threads())
+            if key not in _MIN_ROWS:
+                _MIN_ROWS[key] = self.batch_invariant_min_rows()
+            self.min_rows = _MIN_ROWS[key]
+
+    def batch_invariant_min_rows(self) -> int:
+        """The fewest rows from which this layer's kernel computes each row bitwise alike whatever the
+        other rows (checked on random rows at each of :data:`INVARIANCE_ROWS`, on the current thread
+        count): 1 where every row count agrees; at most :data:`MAX_PAD_ROWS`; 1 also where it takes more
+        (then a row's last bits may depend on its batch).
+
+        Kernels pick their code path by the input's shape: on 2 AMD Zen 5 cores oneDNN computed one row
+        with ``in_features`` 1536 differently from 2-160 rows (2 here); MKL's packed GEMM there, with 2
+        threads, computed 1-5 rows unlike 8 or more (8)."""
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(max(INVARIANCE_ROWS), self.in_features, generator=generator)
+        with torch.inference_mode():
+            reference = self._kernel_rows(x)
+            agrees = [torch.equal(self._kernel_rows(x[:n].clone()), reference[:n]) for n in INVARIANCE_ROWS]
+        min_rows = max(INVARIANCE_ROWS)
+        for n, same in zip(reversed(INVARIANCE_ROWS), reversed(agrees)):
+            if not same:
+                break
+            min_rows = n
+        return min_rows if min_rows <= MAX_PAD_ROWS else 1
+
+    def _kernel_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The packed kernel on 2-D contiguous rows ``[T, in_features]`` (``T`` >= 1): ``[T, out_features]``."""
+        if self.kernel == "mkl":
+            return torch.ops.mkl._mkl_linear(x, self.weight, self._shape_only, self.bias, len(x))
+        if self.kernel == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
+        return torch.ops.aten.mkldnn_linear(x.to_mkldnn(), self.weight, self.bias).to_dense()
+
+    def _packed_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`_kernel_rows`, padded with zero rows to :attr:`min_rows`."""
+        rows = len(x)
+        if rows >= self.min_rows:
+            return self._kernel_rows(x)
+        return self._kernel_rows(torch.cat([x, x.new_zeros(self.min_rows - rows, self.in_features)]))[:rows]
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` for a 2-D float32 contiguous input ``[T, in_features]`` (a batched forward's
         packed rows; ``T`` >= 1), without the reshapes and casts: ``[T, out_features]``, the same values."""
         if self.dense_rows and len(x) <= self.dense_rows and self.dense is not None:
             return F.linear(x, self.dense, self.dense_bias)
-        if self.kernel == "mkl":
-            return torch.ops.mkl._mkl_linear(x, self.weight, self._shape_only, self.bias, len(x))
-        return self.forward(x)
+        return self._packed_rows(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense_rows and x.numel() <= self.dense_rows * self.in_features and self.dense is not None:
             return F.linear(x.float(), self.dense, self.dense_bias)
-        if self.kernel == "mkl":
-            rows = x.reshape(-1, self.in_features).float().contiguous()
-            if not len(rows):
-                return x.new_zeros(*x.shape[:-1], self.out_features, dtype=torch.float32)
-            out = torch.ops.mkl._mkl_linear(rows, self.weight, self._shape_only, self.bias, len(rows))
-            return out.reshape(*x.shape[:-1], self.out_features)
-        if self.kernel == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype).contiguous(), self.weight, self.bias, "none", [], "")
-        rows = x.reshape(-1, self.in_features).float().contiguous().to_mkldnn()
-        out = torch.ops.aten.mkldnn_linear(rows, self.weight, self.bias).to_dense()
-        return out.reshape(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
+        if not len(rows):
+            return x.new_zeros(*x.shape[:-1], self.out_features, dtype=self.dtype)
+        return self._packed_rows(rows).reshape(*x.shape[:-1], self.out_features)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> "PrepackedLinear":
