@@ -114,7 +114,7 @@ def test_loading_with_dense_copies_covers_the_decoder_but_not_lm_head(tmp_path):
     engine, _ = load_engine(engine_dir, dense_copy=True)
     layers = engine.target.model.config.num_hidden_layers
     assert not _dense_layers(plain)
-    assert len(_dense_layers(engine)) == 7 * layers and engine.target.model.lm_head.dense is None
+    assert len(_dense_layers(engine)) == 4 * layers and engine.target.model.lm_head.dense is None  # qkv, o, gate_up, down
     assert all(m.dense_rows == 0 for m in _dense_layers(engine))  # off until chosen
 
 

@@ -9,7 +9,7 @@ with the model's own weights (``embed_tokens``, norms, ``q/k/v/o_proj``, ``mlp``
 prepacked layers of :mod:`~specpipe.runtime.cpu.prepack` when the loader prepacked them). Each layer's
 kernels are looked up once (:class:`LayerOps`) and called on 2-D rows: at batch 1 the linear layers
 stream 540 MB in about 20 ms and everything else is per-call overhead, which module calls, reshapes and
-index tensors had made 10 % of a step.
+index tensors had made 10 % of a step (:mod:`~specpipe.runtime.cpu.layer_ops`).
 
 Layout:
 
@@ -33,78 +33,14 @@ identical in every test (see ``tests/test_batched_scheduler.py``).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.activations import SiLUActivation
 
 from specpipe.runtime.cpu.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
-from specpipe.runtime.cpu.prepack import PrepackedLinear
-
-Op = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _norm_op(norm: torch.nn.Module) -> Op:
-    """A Llama RMSNorm module as one ``torch.rms_norm`` call (instead of six ops; bitwise the same
-    float32 result as transformers' ``LlamaRMSNorm``); other norm modules are called as they are."""
-    eps = getattr(norm, "variance_epsilon", None)
-    if eps is None or norm.weight.dtype != torch.float32:
-        return norm
-    return functools.partial(torch.rms_norm, normalized_shape=(norm.weight.shape[0],), weight=norm.weight, eps=eps)
-
-
-def _linear_op(linear: torch.nn.Module) -> Op:
-    """A linear layer's kernel for 2-D float32 rows: :meth:`PrepackedLinear.rows` (no reshapes, no module
-    call) for a prepacked layer, the module itself otherwise."""
-    return linear.rows if isinstance(linear, PrepackedLinear) else linear
-
-
-@dataclass(frozen=True)
-class LayerOps:
-    """One decoder layer's operations, looked up once: a one-token step makes about 20 calls per layer,
-    and at batch 1 the per-call overhead (module calls, attribute lookups, reshapes) is a sixth of it.
-
-    Attributes:
-        input_norm / post_norm: ``[T, H]`` -> ``[T, H]``.
-        q, k, v, o: the attention projections, 2-D rows in and out.
-        mlp: ``[T, H]`` -> ``[T, H]``: ``down(act(gate(x)) * up(x))`` from the layer's projections where
-            its MLP is the gated Llama one with SiLU, else the MLP module itself.
-        scaling: the attention's softmax scale.
-    """
-
-    input_norm: Op
-    q: Op
-    k: Op
-    v: Op
-    o: Op
-    post_norm: Op
-    mlp: Op
-    scaling: float
-
-    @classmethod
-    def of(cls, layer: torch.nn.Module) -> "LayerOps":
-        attn, mlp = layer.self_attn, layer.mlp
-        return cls(_norm_op(layer.input_layernorm), _linear_op(attn.q_proj), _linear_op(attn.k_proj),
-                   _linear_op(attn.v_proj), _linear_op(attn.o_proj), _norm_op(layer.post_attention_layernorm),
-                   _mlp_op(mlp), float(attn.scaling))
-
-
-def _mlp_op(mlp: torch.nn.Module) -> Op:
-    projections = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
-    act = getattr(mlp, "act_fn", None)
-    if any(p is None for p in projections) or not isinstance(act, (torch.nn.SiLU, SiLUActivation)):
-        return mlp
-    gate, up, down = (_linear_op(p) for p in projections)
-
-    def gated_silu(x: torch.Tensor) -> torch.Tensor:
-        return down(F.silu(gate(x)) * up(x))
-
-    return gated_silu
-
+from specpipe.runtime.cpu.layer_ops import LayerOps, norm_op
 
 @dataclass
 class BatchEntry:
@@ -231,7 +167,7 @@ class BatchedLM:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.num_layers = len(self.decoder.layers)
         self._layers = [LayerOps.of(layer) for layer in self.decoder.layers]
-        self._final_norm = _norm_op(self.decoder.norm)
+        self._final_norm = norm_op(self.decoder.norm)
         self.lengths = [0] * max_batch_size
         self._free = list(range(max_batch_size))
         self._capacity = 0
@@ -327,11 +263,12 @@ class BatchedLM:
         # queries and keys rotated together: x * cos + rotate_half(x) * sin, with rotate_half(x) =
         # roll(x, d/2) * [-1.., +1..] (the sign folded into sin once per forward; the same float32 values
         # as transformers' apply_rotary_pos_emb, in 4 ops instead of 12)
-        qk = torch.cat([ops.q(h).view(total, heads, d), ops.k(h).view(total, self.num_kv_heads, d)], dim=1)
+        qkv = ops.qkv(h)
+        qk = qkv[:, : (heads + self.num_kv_heads) * d].view(total, heads + self.num_kv_heads, d)
         cos, signed_sin = rotary
         qk = qk * cos + qk.roll(d // 2, dims=-1) * signed_sin
         q, k = qk[:, :heads], qk[:, heads:]
-        v = ops.v(h).view(total, self.num_kv_heads, d)
+        v = qkv[:, (heads + self.num_kv_heads) * d :].view(total, self.num_kv_heads, d)
         keys, values = self.keys[layer_index], self.values[layer_index]
         slot, rows = cache_rows
         if isinstance(slot, int):

@@ -23,6 +23,7 @@ from specpipe.runtime.cpu.eagle import load_eagle_drafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.medusa import load_medusa_drafter
 from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.fused_projections import fuse_projections
 from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available, prepack_linear_layers
 from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
 from specpipe.runtime.cpu.tree_drafter import TreeDrafter
@@ -125,6 +126,7 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
     model = load_checkpoint(draft_dir, "draft").to(source.draft_dtype)
     drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
     if source.prepack:
+        fuse_projections(model.model)
         prepack_linear_layers(model.model, dense_copy=source.dense_copy)
         prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
     own_memory(model)  # what is not prepacked leaves the checkpoint's memory map (one copy of the weights)
@@ -224,6 +226,7 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
     own_memory(target, skip_prepackable=prepack)
     drafter = factory(DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype), dense_copy))
     if prepack:
+        fuse_projections(target.model)
         prepack_linear_layers(target.model, dense_copy=dense_copy)
         prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
         lm = getattr(drafter, "lm", None)
