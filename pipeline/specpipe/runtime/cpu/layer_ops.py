@@ -81,7 +81,7 @@ def _mlp_op(mlp: torch.nn.Module) -> Op:
     act = getattr(mlp, "act_fn", None)
     if any(p is None for p in projections) or not isinstance(act, (torch.nn.SiLU, SiLUActivation)):
         return mlp
-    gate, up, down = (_linear_op(p) for p in projections)
+    down = _linear_op(projections[2])
     fused = getattr(mlp, "gate_up_proj", None)
     if fused is not None:
         gate_up, width = _linear_op(fused), projections[0].out_features
@@ -91,6 +91,7 @@ def _mlp_op(mlp: torch.nn.Module) -> Op:
             return down(F.silu(both[:, :width]) * both[:, width:])
 
         return fused_gated_silu
+    gate, up = _linear_op(projections[0]), _linear_op(projections[1])
 
     def gated_silu(x: torch.Tensor) -> torch.Tensor:
         return down(F.silu(gate(x)) * up(x))
