@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -122,6 +124,29 @@ class TestIssue12OnSmolLM2:
 
         result = run_sync(first_chunk_only())
         assert result.error is None and len(result.chunks) == 1
+        _assert_the_engine_goes_idle(client, name, metrics_port)
+
+    def test_a_grpc_client_killed_outright_frees_the_engine(self, api):
+        """SIGKILL leaves no chance to send a stop request: the server stops the abandoned request itself
+        (postprocessing sees the ensemble request cancelled and sends the engine its stop request)."""
+        client, gateway, name, metrics_port = api
+        script = (
+            "import sys\n"
+            "from specpipe.client.llm import LLMClient, run_sync\n"
+            "from specpipe.client.request import GenerationRequest\n"
+            "async def main():\n"
+            "    async with LLMClient(sys.argv[1]) as llm:\n"
+            "        request = GenerationRequest('Count to a million:', max_tokens=2000, min_tokens=2000, stream=True)\n"
+            "        await llm.generate(request, on_text=lambda text: print(repr(text), flush=True))\n"
+            "run_sync(main())\n"
+        )
+        process = subprocess.Popen([sys.executable, "-c", script, gateway.gateway.grpc_url], stdout=subprocess.PIPE, text=True)
+        try:
+            for _ in range(3):  # streaming: the engine is decoding the request
+                assert process.stdout.readline(), "the client got no text"
+        finally:
+            process.kill()
+            process.wait(timeout=30)
         _assert_the_engine_goes_idle(client, name, metrics_port)
 
     def test_special_tokens_typed_by_users_stay_text_and_models_retrieve(self, api):

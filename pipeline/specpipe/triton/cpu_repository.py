@@ -10,7 +10,7 @@ NVIDIA/TensorRT-LLM @ 2a9abd95)::
       preprocessing/1/model.py       imports specpipe.triton.models.preprocessing
       tensorrt_llm/config.pbtxt      python backend, decoupled, KIND_CPU x 1; gpt_model_path, tokenizer_dir
       tensorrt_llm/1/model.py        imports specpipe.triton.models.tensorrt_llm_cpu
-      postprocessing/config.pbtxt    python backend; tokenizer_dir
+      postprocessing/config.pbtxt    python backend; tokenizer_dir, engine_model_name (stops abandoned requests)
       postprocessing/1/model.py      imports specpipe.triton.models.postprocessing
 
 Paths in the configs are absolute, so the repository can be served from any working directory. Only
@@ -66,7 +66,8 @@ def cpu_repository(manifest: Manifest, engine_dir: Path, *, dense_rows: str = "a
             },
             decoupled=True,
         ),
-        POSTPROCESSING.name: python_model_config(POSTPROCESSING, {**common, "skip_special_tokens": "true"}),
+        POSTPROCESSING.name: python_model_config(
+            POSTPROCESSING, {**common, "skip_special_tokens": "true", "engine_model_name": TENSORRT_LLM.name}),
         ENSEMBLE.name: ensemble_model_config(interface=CPU_ENSEMBLE),
     }
     return Repository(configs, modules={**STEP_MODULES, TENSORRT_LLM.name: MODULES["cpu_engine"]})

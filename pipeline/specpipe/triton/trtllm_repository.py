@@ -150,7 +150,8 @@ def engine_repository(deployment: Deployment) -> Repository:
         TARGET_MODEL: engine_model_config(
             TARGET_MODEL, engine_parameters(deployment, deployment.container_path(deployment.target_path),
                                             target_fraction, draft=False, orchestrator=orchestrator), max_batch),
-        POSTPROCESSING.name: python_model_config(POSTPROCESSING, {**tokenizer, "skip_special_tokens": "true"}),
+        POSTPROCESSING.name: python_model_config(
+            POSTPROCESSING, {**tokenizer, "skip_special_tokens": "true", "engine_model_name": TARGET_MODEL}),
     }
     if two:
         configs[DRAFT_MODEL] = engine_model_config(

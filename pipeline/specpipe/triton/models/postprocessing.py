@@ -18,14 +18,23 @@ non-streamed request returns (``PRIOR_TOKENS_BATCH`` empty). Decoding uses
 ``clean_up_tokenization_spaces=False`` so that a later token never changes earlier text, and
 ``skip_special_tokens`` from the model parameter of that name (default true). Parameter
 ``tokenizer_dir``: absolute path of the Hugging Face tokenizer.
+
+Abandoned requests. A request that arrives cancelled belongs to an ensemble request whose client went
+away: the engine model still decodes it, so this model sends the engine model (parameter
+``engine_model_name``, default ``tensorrt_llm``) TensorRT-LLM's stop request for its id, once, and
+answers ``CANCELLED`` without decoding (:mod:`~specpipe.triton.models.stop_requests`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from specpipe.triton.interface import TENSORRT_LLM
 from specpipe.triton.models.common import error_response, input_array, model_parameters, parse_bool, response
 from specpipe.triton.models.preprocessing import load_tokenizer
+from specpipe.triton.models.stop_requests import AbandonedRequests, send_stop_request
 
 REPLACEMENT = "\ufffd"
 
@@ -88,11 +97,16 @@ class TritonPythonModel:
         params = model_parameters(args)
         tokenizer = load_tokenizer(params.get("tokenizer_dir", ""))
         self.detok = Detokenizer(tokenizer, parse_bool(params.get("skip_special_tokens"), True))
+        engine = params.get("engine_model_name") or TENSORRT_LLM.name
+        self.abandoned = AbandonedRequests(functools.partial(send_stop_request, engine))
 
     def execute(self, requests):
         return [self._one(request) for request in requests]
 
     def _one(self, request):
+        if request.is_cancelled():
+            self.abandoned.check(request.request_id(), cancelled=True)
+            return error_response("request cancelled", "CANCELLED")
         try:
             tokens = input_array(request, "TOKENS_BATCH")
             beams = _rows(tokens, input_array(request, "SEQUENCE_LENGTH"))

@@ -15,20 +15,33 @@ request is not an error (the request may have finished). Unlike upstream, a stop
 its request (the ensemble still tokenizing) is kept for :data:`PENDING_STOP_S` seconds and cancels that
 request when it arrives; a stop that arrives just after its request ended is dropped, so a later
 request reusing the id runs.
+
+A client that dies without sending its stop (SIGKILL, a dropped network) is covered on the server:
+Triton then cancels the ensemble request, and although the running engine step never learns of it,
+every postprocessing step the ensemble schedules for that request afterwards is created cancelled
+(Triton core's ``EnsembleContext::ScheduleSteps`` propagates the cancellation to the next step, core
+pull request #263) and carries the request id. ``postprocessing`` sees ``is_cancelled()`` there and
+sends the stop request itself, once per id (:class:`AbandonedRequests`, :func:`send_stop_request`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
 
-from specpipe.triton.models.common import scalar
+from specpipe.triton.models.common import pb_utils, scalar
 
 #: Seconds a stop request is remembered for a request id that is not running yet.
 PENDING_STOP_S = 10.0
+#: Ids of abandoned requests remembered by :class:`AbandonedRequests` (each gets one stop).
+REMEMBERED_ABANDONED = 1024
+
+logger = logging.getLogger(__name__)
 
 
 def is_stop_request(get: Callable[[str], np.ndarray | None]) -> bool:
@@ -122,3 +135,67 @@ class StopRequests:
             at = self._stopped.get(request_id)
             running = request_id in self._running
         return at is not None and (running or self._clock() - at <= self.pending_s)
+
+
+def stop_request_inputs() -> dict[str, np.ndarray]:
+    """The input tensors of a stop request, batch dimension included (``[1, 1]`` each): the engine
+    model's required inputs, empty (``input_ids``, ``input_lengths``, ``request_output_len``), and
+    ``stop`` true."""
+    zero = np.zeros((1, 1), np.int32)
+    return {"input_ids": zero, "input_lengths": zero, "request_output_len": zero, "stop": np.ones((1, 1), np.bool_)}
+
+
+def send_stop_request(engine_model: str, request_id: str) -> None:
+    """Send TensorRT-LLM's stop request for ``request_id`` to ``engine_model`` from inside a Python-backend
+    model (a BLS call) and wait for its empty final response.
+
+    Raises:
+        RuntimeError: the engine model answered with an error.
+    """
+    pb = pb_utils()
+    request = pb.InferenceRequest(model_name=engine_model, requested_output_names=[], request_id=request_id,
+                                  inputs=[pb.Tensor(name, value) for name, value in stop_request_inputs().items()])
+    for reply in request.exec(decoupled=True):
+        if reply.has_error():
+            raise RuntimeError(f"{engine_model}: {reply.error().message()}")
+
+
+class AbandonedRequests:
+    """Stops the engine request of each abandoned ensemble request, once (``postprocessing``'s side;
+    module doc).
+
+    Args:
+        send: sends a stop request for a request id (:func:`send_stop_request` bound to the engine model);
+            may raise.
+        remember: how many stopped ids are kept, oldest forgotten first (:data:`REMEMBERED_ABANDONED`).
+    """
+
+    def __init__(self, send: Callable[[str], None], remember: int = REMEMBERED_ABANDONED):
+        self._send, self._remember = send, remember
+        self._stopped: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(self, request_id: str, cancelled: bool) -> bool:
+        """Look at one postprocessing request: when it is cancelled and names a request id not stopped
+        yet, send that id's stop request.
+
+        Returns:
+            whether a stop request was sent now. A failed send is logged and tried again at the next
+            cancelled request of that id; without an id there is nothing to stop.
+        """
+        if not cancelled or not request_id:
+            return False
+        with self._lock:
+            if request_id in self._stopped:
+                return False
+            self._stopped[request_id] = None
+            while len(self._stopped) > self._remember:
+                self._stopped.popitem(last=False)
+        try:
+            self._send(request_id)
+        except Exception as exc:  # noqa: BLE001 - best effort: the request may have ended, the engine be gone
+            logger.warning("could not stop abandoned request %s: %s", request_id, exc)
+            with self._lock:
+                self._stopped.pop(request_id, None)
+            return False
+        return True
