@@ -41,6 +41,7 @@ from transformers import PreTrainedModel
 
 from specpipe.runtime.cpu.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
 from specpipe.runtime.cpu.layer_ops import LayerOps, norm_op
+from specpipe.runtime.cpu.weights_memory import trim_heap
 
 @dataclass
 class BatchEntry:
@@ -217,7 +218,10 @@ class BatchedLM:
         if self._capacity:
             keys[..., : self._capacity, :] = self.keys
             values[..., : self._capacity, :] = self.values
+        outgrown = self._capacity > 0
         self.keys, self.values, self._capacity = keys, values, capacity
+        if outgrown:
+            trim_heap()  # the previous cache's memory goes back to the system
 
     @torch.inference_mode()
     def hidden(self, entries: list[BatchEntry]) -> torch.Tensor:

@@ -47,6 +47,7 @@ from specpipe.runtime.cpu.forward_cost import ForwardCostModel
 from specpipe.runtime.cpu.tree_accept import DraftTree, greedy_tree_accept, tree_attention, typical_tree_accept
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.runtime.cpu.validation import validate_request
+from specpipe.runtime.cpu.weights_memory import trim_heap
 from specpipe.speculative import ACCEPTANCE_RULES
 
 
@@ -96,6 +97,7 @@ class BatchScheduler:
         self.shared_acceptance = shared_acceptance()
         self.draft_seconds_per_depth = 0.0  # the deployment's, for requests that have not drafted yet
         self.resume_cost = ResumeCost()
+        trim_heap()  # what measuring the cost curve allocated and freed
 
     # --- requests --------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 from collections.abc import Iterable
 
@@ -58,16 +59,28 @@ def own_memory(module: torch.nn.Module, *, skip_prepackable: bool = False) -> in
 
 
 def release_freed_memory() -> None:
-    """Collect garbage, then ask glibc to return free heap pages to the system (no-op without glibc)."""
+    """Collect garbage, then ask glibc to return free heap pages to the system (:func:`trim_heap`)."""
     gc.collect()
-    name = ctypes.util.find_library("c")
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Ask glibc to return the free pages of its heaps to the system (``malloc_trim(0)``; no-op without
+    glibc): freed tensors below glibc's mmap threshold, such as an outgrown KV cache, otherwise stay
+    resident."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return
+        return None
     trim.argtypes = [ctypes.c_size_t]
-    trim(0)
+    return trim
 
 
 def resident_bytes() -> dict[str, int]:
