@@ -114,6 +114,14 @@ def test_committed_json_renders_as_readme_tables(tmp_path):
     # TTFT p50 = latency / 4: baseline 250 ms @1, 750 ms @2; memory only where measured (3 GiB)
     assert "| baseline | 250 | 750 | 1.00 | 1.00 | 3,072 host-wide |" in lines
     assert any(line.startswith("| ngram | 125 | 375 |") and line.endswith("| — |") for line in lines)
+    # a second run (another concurrency) joins the tables, and its command is listed
+    more = make_run()
+    more.command = "specpipe bench --url baseline=h:1 --url ngram=h:2 --concurrency 8"
+    for level in more.levels:
+        level.concurrency = 8
+    merged = load_table(paths["bench.json"], write_results(more, tmp_path / "c8")["bench.json"]).splitlines()
+    assert merged[0].startswith(f"`{run.command}` and `{more.command}` (chat prompts")
+    assert "| deployment | concurrency 1 | concurrency 2 | concurrency 8 |" in merged
 
 
 def test_the_run_records_its_command_line(monkeypatch):

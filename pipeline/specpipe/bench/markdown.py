@@ -79,15 +79,19 @@ def latency_table(bench: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def load_table(path: str | Path) -> str:
-    """Both tables of the ``bench.json`` at ``path`` with the command that produced it.
+def load_table(path: str | Path, *more: str | Path) -> str:
+    """Both tables of the ``bench.json`` at ``path`` with the command that produced it; with ``more``
+    files (runs of other concurrencies, e.g. concurrency 8 with more requests), their levels join the
+    tables and each command is listed (a level measured twice keeps the later file's).
 
     Raises:
         FileNotFoundError: no such file; json.JSONDecodeError / KeyError: not a ``specpipe bench`` result.
     """
-    bench = json.loads(Path(path).read_text(encoding="utf-8"))
+    benches = [json.loads(Path(p).read_text(encoding="utf-8")) for p in (path, *more)]
+    bench = {**benches[0], "results": [r for b in benches for r in b["results"]]}
     settings = bench["settings"]
-    header = (f"`{bench.get('command') or 'specpipe bench'}` ({settings['prompts']} prompts, "
+    commands = " and ".join(f"`{b.get('command') or 'specpipe bench'}`" for b in benches)
+    header = (f"{commands} ({settings['prompts']} prompts, "
               f"{settings['max_tokens']} new tokens, greedy; measured {bench['started'][:10]}, "
               f"specpipe {bench['specpipe_version']}):")
     return "\n\n".join([header, "Output tokens/s (gain against the baseline at the same concurrency):",
