@@ -1,24 +1,16 @@
 """TensorRT-LLM's stop request (input ``stop`` true + the request id) on the CPU ``tensorrt_llm`` model:
-the registry, and the model's ``execute`` with Triton's Python-backend objects faked; ``postprocessing``
-stopping the engine request of an abandoned ensemble request itself."""
+the registry, and the model's ``execute`` with Triton's Python-backend objects faked
+(``triton_fakes``)."""
 
 from __future__ import annotations
-
-import sys
-import threading
-import time
-import types
 
 import numpy as np
 import pytest
 
 from specpipe.generation.api import SamplingParams
-from specpipe.triton.interface import TENSORRT_LLM
-from specpipe.triton.models.stop_requests import AbandonedRequests, StopRequests, is_stop_request, stop_request_inputs
-from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker, TritonPythonModel
-from batch_helpers import make_engine, prompts, run_alone, scheduler_for
-
-FINAL = 1
+from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
+from batch_helpers import prompts, run_alone
+from triton_fakes import FINAL, generate_request, stop_request, wait_for, model  # noqa: F401 - model is a fixture
 
 
 class _Clock:
@@ -105,98 +97,13 @@ def test_is_stop_request_refuses_more_than_one_value():
 
 # --- the model's execute, with Triton's Python-backend objects faked ---------------------------------
 
-class _Tensor:
-    def __init__(self, name, value):
-        self.name, self.value = name, value
-
-    def as_numpy(self):
-        return self.value
-
-
-class _Response:
-    def __init__(self, output_tensors, error=None):
-        self.outputs = {t.name: t.value for t in output_tensors}
-        self.error = error
-
-
-class _Error:
-    INVALID_ARG, INTERNAL, UNAVAILABLE, CANCELLED = "INVALID_ARG", "INTERNAL", "UNAVAILABLE", "CANCELLED"
-
-    def __init__(self, message, code=None):
-        self.message, self.code = message, code
-
-
-FAKE_PB = types.SimpleNamespace(
-    Tensor=_Tensor, InferenceResponse=_Response, TritonError=_Error, TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
-    get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
-)
-
-
-class _Sender:
-    """Triton's ``InferenceResponseSender``: records ``(response or None, flags)``."""
-
-    def __init__(self):
-        self.sent, self.done = [], threading.Event()
-
-    def send(self, response=None, flags=0):
-        self.sent.append((response, flags))
-        if flags & FINAL:
-            self.done.set()
-
-    def is_cancelled(self):
-        return False
-
-    def tokens(self):
-        return [t for r, _ in self.sent if r is not None and "output_ids" in r.outputs
-                for t in r.outputs["output_ids"].reshape(-1).tolist()]
-
-
-class _Request:
-    def __init__(self, request_id, **inputs):
-        self.id, self.inputs, self.sender = request_id, {k: _Tensor(k, v) for k, v in inputs.items()}, _Sender()
-
-    def request_id(self):
-        return self.id
-
-    def get_response_sender(self):
-        return self.sender
-
-
-def _generate(request_id, prompt, max_tokens):
-    return _Request(request_id, input_ids=np.array([prompt], np.int32), input_lengths=np.array([[len(prompt)]], np.int32),
-                    request_output_len=np.array([[max_tokens]], np.int32), streaming=np.array([[True]]))
-
-
-def _stop(request_id):
-    return _Request(request_id, input_ids=np.array([[0]], np.int32), input_lengths=np.array([[0]], np.int32),
-                    request_output_len=np.array([[0]], np.int32), stop=np.array([[True]]))
-
-
-@pytest.fixture
-def model(monkeypatch, single_thread):
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", FAKE_PB)
-    engine = make_engine("ngram")
-    instance = TritonPythonModel()
-    instance.exclude_input_default, instance.stops = True, StopRequests()
-    instance.worker = RequestWorker(load=lambda: scheduler_for(engine, max_batch_size=4))
-    yield instance, engine
-    instance.worker.close()
-
-
-def _wait_for(condition, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_a_stop_request_cancels_the_running_request_with_its_id_and_no_other(model):
     instance, engine = model
     ps = prompts(2, seed=5)
-    running, neighbour = _generate("req-1", ps[0], 400), _generate("req-2", ps[1], 30)
+    running, neighbour = generate_request("req-1", ps[0], 400), generate_request("req-2", ps[1], 30)
     instance.execute([running, neighbour])
-    _wait_for(lambda: len(running.sender.sent) >= 3)
-    stop = _stop("req-1")
+    wait_for(lambda: len(running.sender.sent) >= 3)
+    stop = stop_request("req-1")
     instance.execute([stop])
     # the stop request is answered at once with one empty final response, as TensorRT-LLM's backend does
     assert len(stop.sender.sent) == 1 and stop.sender.sent[0][1] == FINAL and stop.sender.sent[0][0].outputs == {}
@@ -211,11 +118,11 @@ def test_a_stop_request_cancels_the_running_request_with_its_id_and_no_other(mod
 def test_a_stop_arriving_after_its_request_ended_does_not_cancel_a_request_reusing_the_id(model):
     instance, engine = model
     prompt, params = prompts(1, seed=7)[0], SamplingParams(max_tokens=12)
-    first = _generate("same", prompt, 12)
+    first = generate_request("same", prompt, 12)
     instance.execute([first])
     assert first.sender.done.wait(60) and len(first.sender.tokens()) == 12
-    instance.execute([_stop("same")])
-    again = _generate("same", prompt, 12)
+    instance.execute([stop_request("same")])
+    again = generate_request("same", prompt, 12)
     instance.execute([again])
     assert again.sender.done.wait(60)
     assert again.sender.tokens() == first.sender.tokens() == run_alone(engine, prompt, params)
@@ -223,8 +130,8 @@ def test_a_stop_arriving_after_its_request_ended_does_not_cancel_a_request_reusi
 
 def test_a_stop_that_arrives_before_its_request_cancels_it_on_arrival(model):
     instance, _ = model
-    instance.execute([_stop("early")])
-    late = _generate("early", prompts(1, seed=6)[0], 400)
+    instance.execute([stop_request("early")])
+    late = generate_request("early", prompts(1, seed=6)[0], 400)
     instance.execute([late])
     assert late.sender.done.wait(60)
     assert late.sender.sent[-1] == (None, FINAL) and len(late.sender.tokens()) <= 12
@@ -232,79 +139,10 @@ def test_a_stop_that_arrives_before_its_request_cancels_it_on_arrival(model):
 
 def test_a_stop_request_without_an_id_is_a_clear_error(model):
     instance, _ = model
-    stop = _stop("")
+    stop = stop_request("")
     instance.execute([stop])
     (response, flags), = stop.sender.sent
     assert flags == FINAL and response.error.code == "INVALID_ARG" and "request id" in response.error.message
-
-
-# --- postprocessing stops the engine request of an abandoned ensemble request --------------------------
-
-def test_abandoned_requests_get_one_stop_each_and_a_failed_stop_is_tried_again():
-    sent, failing = [], {"flaky"}
-
-    def send(request_id):
-        if request_id in failing:
-            failing.discard(request_id)
-            raise RuntimeError("engine busy")
-        sent.append(request_id)
-
-    abandoned = AbandonedRequests(send, remember=2)
-    assert not abandoned.check("live", cancelled=False)  # a request still wanted: nothing to do
-    assert not abandoned.check("", cancelled=True)  # no id: nothing names the engine request
-    assert abandoned.check("a", cancelled=True) and not abandoned.check("a", cancelled=True)
-    assert not abandoned.check("flaky", cancelled=True) and abandoned.check("flaky", cancelled=True)
-    assert sent == ["a", "flaky"]
-    abandoned.check("b", cancelled=True)
-    assert abandoned.check("a", cancelled=True)  # remember=2: "a" was forgotten, oldest first
-    assert sent == ["a", "flaky", "b", "a"]
-
-
-class _Cancelled(_Request):
-    """A postprocessing request the ensemble created cancelled (its client went away)."""
-
-    def __init__(self, request_id, tokens):
-        super().__init__(request_id, TOKENS_BATCH=np.array([[tokens]], np.int32),
-                         SEQUENCE_LENGTH=np.array([[len(tokens)]], np.int32))
-
-    def is_cancelled(self):
-        return True
-
-
-def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request(model, monkeypatch):
-    """The BLS call of ``send_stop_request`` reaches the engine model's ``execute`` as a client's stop
-    request would: the abandoned request ends at the next step, its neighbour is untouched."""
-    from specpipe.triton.models import postprocessing
-
-    instance, engine = model
-    bls_calls = []
-
-    class _BlsRequest:
-        def __init__(self, model_name, inputs, requested_output_names, request_id):
-            bls_calls.append((model_name, request_id))
-            self.request = _Request(request_id, **{t.name: t.value for t in inputs})
-
-        def exec(self, decoupled):
-            assert decoupled
-            instance.execute([self.request])
-            return [types.SimpleNamespace(has_error=lambda: response.error is not None, error=lambda: response.error)
-                    for response, _ in self.request.sender.sent if response is not None]
-
-    monkeypatch.setattr(FAKE_PB, "InferenceRequest", _BlsRequest, raising=False)
-    post = postprocessing.TritonPythonModel()
-    post.detok, post.abandoned = None, AbandonedRequests(lambda rid: postprocessing.send_stop_request("tensorrt_llm", rid))
-    ps = prompts(2, seed=5)
-    abandoned, neighbour = _generate("gone", ps[0], 400), _generate("here", ps[1], 30)
-    instance.execute([abandoned, neighbour])
-    _wait_for(lambda: len(abandoned.sender.sent) >= 3)
-    for _ in range(3):  # each later streamed chunk of the request reaches postprocessing cancelled
-        (reply,) = post.execute([_Cancelled("gone", [5, 6])])
-        assert reply.error.code == "CANCELLED"
-    assert bls_calls == [("tensorrt_llm", "gone")]  # one stop request, whatever the number of chunks
-    assert abandoned.sender.done.wait(60) and neighbour.sender.done.wait(60)
-    assert abandoned.sender.sent[-1] == (None, FINAL) and len(abandoned.sender.tokens()) < 100
-    assert neighbour.sender.tokens() == run_alone(engine, ps[1], SamplingParams(max_tokens=30))
-    assert set(stop_request_inputs()) <= {spec.name for spec in TENSORRT_LLM.inputs}
 
 
 # --- the client: stop requests sent at the same time on a fresh client -----------------------------

@@ -1,0 +1,80 @@
+"""``postprocessing`` stops the engine request of an abandoned ensemble request itself (a client gone
+without sending its stop request): once per id, through the CPU engine's stop path."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from specpipe.generation.api import SamplingParams
+from specpipe.triton.interface import TENSORRT_LLM
+from specpipe.triton.models.stop_requests import AbandonedRequests, stop_request_inputs
+from batch_helpers import prompts, run_alone
+from triton_fakes import FAKE_PB, FINAL, generate_request, FakeRequest, wait_for, model  # noqa: F401 - model is a fixture
+
+def test_abandoned_requests_get_one_stop_each_and_a_failed_stop_is_tried_again():
+    sent, failing = [], {"flaky"}
+
+    def send(request_id):
+        if request_id in failing:
+            failing.discard(request_id)
+            raise RuntimeError("engine busy")
+        sent.append(request_id)
+
+    abandoned = AbandonedRequests(send, remember=2)
+    assert not abandoned.check("live", cancelled=False)  # a request still wanted: nothing to do
+    assert not abandoned.check("", cancelled=True)  # no id: nothing names the engine request
+    assert abandoned.check("a", cancelled=True) and not abandoned.check("a", cancelled=True)
+    assert not abandoned.check("flaky", cancelled=True) and abandoned.check("flaky", cancelled=True)
+    assert sent == ["a", "flaky"]
+    abandoned.check("b", cancelled=True)
+    assert abandoned.check("a", cancelled=True)  # remember=2: "a" was forgotten, oldest first
+    assert sent == ["a", "flaky", "b", "a"]
+
+
+class _Cancelled(FakeRequest):
+    """A postprocessing request the ensemble created cancelled (its client went away)."""
+
+    def __init__(self, request_id, tokens):
+        super().__init__(request_id, TOKENS_BATCH=np.array([[tokens]], np.int32),
+                         SEQUENCE_LENGTH=np.array([[len(tokens)]], np.int32))
+
+    def is_cancelled(self):
+        return True
+
+
+def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request(model, monkeypatch):
+    """The BLS call of ``send_stop_request`` reaches the engine model's ``execute`` as a client's stop
+    request would: the abandoned request ends at the next step, its neighbour is untouched."""
+    from specpipe.triton.models import postprocessing
+
+    instance, engine = model
+    bls_calls = []
+
+    class _BlsRequest:
+        def __init__(self, model_name, inputs, requested_output_names, request_id):
+            bls_calls.append((model_name, request_id))
+            self.request = FakeRequest(request_id, **{t.name: t.value for t in inputs})
+
+        def exec(self, decoupled):
+            assert decoupled
+            instance.execute([self.request])
+            return [types.SimpleNamespace(has_error=lambda: response.error is not None, error=lambda: response.error)
+                    for response, _ in self.request.sender.sent if response is not None]
+
+    monkeypatch.setattr(FAKE_PB, "InferenceRequest", _BlsRequest, raising=False)
+    post = postprocessing.TritonPythonModel()
+    post.detok, post.abandoned = None, AbandonedRequests(lambda rid: postprocessing.send_stop_request("tensorrt_llm", rid))
+    ps = prompts(2, seed=5)
+    abandoned, neighbour = generate_request("gone", ps[0], 400), generate_request("here", ps[1], 30)
+    instance.execute([abandoned, neighbour])
+    wait_for(lambda: len(abandoned.sender.sent) >= 3)
+    for _ in range(3):  # each later streamed chunk of the request reaches postprocessing cancelled
+        (reply,) = post.execute([_Cancelled("gone", [5, 6])])
+        assert reply.error.code == "CANCELLED"
+    assert bls_calls == [("tensorrt_llm", "gone")]  # one stop request, whatever the number of chunks
+    assert abandoned.sender.done.wait(60) and neighbour.sender.done.wait(60)
+    assert abandoned.sender.sent[-1] == (None, FINAL) and len(abandoned.sender.tokens()) < 100
+    assert neighbour.sender.tokens() == run_alone(engine, ps[1], SamplingParams(max_tokens=30))
+    assert set(stop_request_inputs()) <= {spec.name for spec in TENSORRT_LLM.inputs}
