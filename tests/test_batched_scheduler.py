@@ -47,25 +47,6 @@ def test_batched_forward_matches_the_one_sequence_cache():
         offset += len(step)
 
 
-def test_growing_the_kv_cache_keeps_entries_and_hands_the_old_cache_back(monkeypatch):
-    """Capacity doubles as requests grow; each growth copies every slot's entries and then trims the
-    heap, so the outgrown cache's memory leaves the process instead of staying in glibc's free lists."""
-    from specpipe.runtime.cpu import batched_lm
-
-    trims = []
-    monkeypatch.setattr(batched_lm, "trim_heap", lambda: trims.append(1))
-    lm = BatchedLM(tiny_llama(0), 2, capacity=16)
-    assert trims == []  # the first allocation frees nothing
-    slot = lm.allocate()
-    lm.hidden([BatchEntry(slot, list(range(1, 11)))])
-    before = lm.keys[:, slot, :, :10].clone()
-    lm.hidden([BatchEntry(slot, list(range(11, 31)))])  # 30 tokens: 16 -> 32
-    assert lm.keys.shape[3] == 32 and len(trims) == 1
-    assert torch.equal(lm.keys[:, slot, :, :10], before)
-    lm.hidden([BatchEntry(slot, [31, 32, 33])])  # 33 tokens: 32 -> 64
-    assert lm.keys.shape[3] == 64 and len(trims) == 2
-
-
 @pytest.mark.parametrize("act", ["silu", "gelu"])
 def test_batched_forward_of_a_prepacked_model_matches_the_model_itself(act):
     """The batched forward calls each layer's kernels directly (``LayerOps``): the gated SiLU MLP as its
