@@ -14,7 +14,7 @@ from batch_helpers import prompts, run_alone
 from triton_fakes import FAKE_PB, FINAL, generate_request, FakeRequest, wait_for, model  # noqa: F401 - model is a fixture
 
 def test_abandoned_requests_get_one_stop_each_and_a_failed_stop_is_tried_again():
-    sent, failing = [], {"flaky"}
+    sent, failing, clock = [], {"flaky"}, [100.0]
 
     def send(request_id):
         if request_id in failing:
@@ -22,15 +22,24 @@ def test_abandoned_requests_get_one_stop_each_and_a_failed_stop_is_tried_again()
             raise RuntimeError("engine busy")
         sent.append(request_id)
 
-    abandoned = AbandonedRequests(send, remember=2)
+    abandoned = AbandonedRequests(send, window_s=5.0, clock=lambda: clock[0])
     assert not abandoned.check("live", cancelled=False)  # a request still wanted: nothing to do
     assert not abandoned.check("", cancelled=True)  # no id: nothing names the engine request
     assert abandoned.check("a", cancelled=True) and not abandoned.check("a", cancelled=True)
     assert not abandoned.check("flaky", cancelled=True) and abandoned.check("flaky", cancelled=True)
     assert sent == ["a", "flaky"]
-    abandoned.check("b", cancelled=True)
-    assert abandoned.check("a", cancelled=True)  # remember=2: "a" was forgotten, oldest first
-    assert sent == ["a", "flaky", "b", "a"]
+    clock[0] += 4.0
+    assert not abandoned.check("a", cancelled=True)  # the same abandoned request's later chunks
+    clock[0] += 2.0
+    assert abandoned.check("a", cancelled=True)  # a later request reusing the id gets its own stop
+    assert sent == ["a", "flaky", "a"] and list(abandoned._stopped) == ["a"]  # stale ids are forgotten
+
+
+class _Echo:
+    """A detokenizer for the fake model: token ids as text."""
+
+    def delta(self, prior, ids):
+        return " ".join(map(str, ids))
 
 
 class _Cancelled(FakeRequest):
@@ -65,14 +74,15 @@ def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request
 
     monkeypatch.setattr(FAKE_PB, "InferenceRequest", _BlsRequest, raising=False)
     post = postprocessing.TritonPythonModel()
-    post.detok, post.abandoned = None, AbandonedRequests(lambda rid: postprocessing.send_stop_request("tensorrt_llm", rid))
+    post.detok = _Echo()
+    post.abandoned = AbandonedRequests(lambda rid: postprocessing.send_stop_request("tensorrt_llm", rid))
     ps = prompts(2, seed=5)
     abandoned, neighbour = generate_request("gone", ps[0], 400), generate_request("here", ps[1], 30)
     instance.execute([abandoned, neighbour])
     wait_for(lambda: len(abandoned.sender.sent) >= 3)
     for _ in range(3):  # each later streamed chunk of the request reaches postprocessing cancelled
         (reply,) = post.execute([_Cancelled("gone", [5, 6])])
-        assert reply.error.code == "CANCELLED"
+        assert reply.error is None  # answered as usual: Triton releases the ensemble request only then
     assert bls_calls == [("tensorrt_llm", "gone")]  # one stop request, whatever the number of chunks
     assert abandoned.sender.done.wait(60) and neighbour.sender.done.wait(60)
     assert abandoned.sender.sent[-1] == (None, FINAL) and len(abandoned.sender.tokens()) < 100

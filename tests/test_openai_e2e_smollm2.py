@@ -50,6 +50,14 @@ def _decode_steps(metrics_port: int) -> float:
                if line.startswith("specpipe_decode_steps_total"))
 
 
+def _ensemble_failures(metrics_port: int) -> float:
+    """Failed ensemble requests so far, any reason (Triton's ``nv_inference_request_failure``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('nv_inference_request_failure{model="ensemble"'))
+
+
 def _assert_the_engine_goes_idle(client, name, metrics_port):
     """The engine stopped decoding an abandoned request of 2000 tokens at least (minutes of steps): its
     step counter stands still while nobody is served (in-flight batching would serve a short request at
@@ -140,6 +148,7 @@ class TestIssue12OnSmolLM2:
             "        await llm.generate(request, on_text=lambda text: print(repr(text), flush=True))\n"
             "run_sync(main())\n"
         )
+        failures = _ensemble_failures(metrics_port)
         process = subprocess.Popen([sys.executable, "-c", script, gateway.gateway.grpc_url], stdout=subprocess.PIPE, text=True)
         try:
             for _ in range(3):  # streaming: the engine is decoding the request
@@ -148,6 +157,9 @@ class TestIssue12OnSmolLM2:
             process.kill()
             process.wait(timeout=30)
         _assert_the_engine_goes_idle(client, name, metrics_port)
+        # Triton completed the ensemble request: a cancelled step answered with an error instead left it
+        # failed and in flight until the server's exit timeout
+        assert _ensemble_failures(metrics_port) == failures
 
     def test_special_tokens_typed_by_users_stay_text_and_models_retrieve(self, api):
         client, _, name, _ = api

@@ -21,8 +21,10 @@ non-streamed request returns (``PRIOR_TOKENS_BATCH`` empty). Decoding uses
 
 Abandoned requests. A request that arrives cancelled belongs to an ensemble request whose client went
 away: the engine model still decodes it, so this model sends the engine model (parameter
-``engine_model_name``, default ``tensorrt_llm``) TensorRT-LLM's stop request for its id, once, and
-answers ``CANCELLED`` without decoding (:mod:`~specpipe.triton.models.stop_requests`).
+``engine_model_name``, default ``tensorrt_llm``) TensorRT-LLM's stop request for its id, once
+(:mod:`~specpipe.triton.models.stop_requests`). It still answers the request as usual: answered with an
+error (``CANCELLED``), Triton 2.51 never released the ensemble request (it stayed in flight until the
+server's exit timeout).
 """
 
 from __future__ import annotations
@@ -106,7 +108,6 @@ class TritonPythonModel:
     def _one(self, request):
         if request.is_cancelled():
             self.abandoned.check(request.request_id(), cancelled=True)
-            return error_response("request cancelled", "CANCELLED")
         try:
             tokens = input_array(request, "TOKENS_BATCH")
             beams = _rows(tokens, input_array(request, "SEQUENCE_LENGTH"))

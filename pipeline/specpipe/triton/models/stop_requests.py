@@ -38,8 +38,9 @@ from specpipe.triton.models.common import pb_utils, scalar
 
 #: Seconds a stop request is remembered for a request id that is not running yet.
 PENDING_STOP_S = 10.0
-#: Ids of abandoned requests remembered by :class:`AbandonedRequests` (each gets one stop).
-REMEMBERED_ABANDONED = 1024
+#: Seconds during which further cancelled steps of an abandoned request id send no new stop request
+#: (the engine drops the request at its next step; a later request reusing the id gets its own stop).
+ABANDONED_STOP_WINDOW_S = 5.0
 
 logger = logging.getLogger(__name__)
 
@@ -164,20 +165,26 @@ class AbandonedRequests:
     """Stops the engine request of each abandoned ensemble request, once (``postprocessing``'s side;
     module doc).
 
+    Each cancelled postprocessing step of an abandoned request (one per streamed response until the
+    engine drops it) names the same id; a stop goes out for the first, and again only for one that comes
+    ``window_s`` seconds or more after the last stop of that id (a later request reusing the id).
+
     Args:
         send: sends a stop request for a request id (:func:`send_stop_request` bound to the engine model);
             may raise.
-        remember: how many stopped ids are kept, oldest forgotten first (:data:`REMEMBERED_ABANDONED`).
+        window_s: seconds (:data:`ABANDONED_STOP_WINDOW_S`).
+        clock: monotonic clock in seconds (tests pass a fake one).
     """
 
-    def __init__(self, send: Callable[[str], None], remember: int = REMEMBERED_ABANDONED):
-        self._send, self._remember = send, remember
-        self._stopped: OrderedDict[str, None] = OrderedDict()
+    def __init__(self, send: Callable[[str], None], window_s: float = ABANDONED_STOP_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self._send, self.window_s, self._clock = send, window_s, clock
+        self._stopped: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def check(self, request_id: str, cancelled: bool) -> bool:
-        """Look at one postprocessing request: when it is cancelled and names a request id not stopped
-        yet, send that id's stop request.
+        """Look at one postprocessing request: when it is cancelled and names a request id not stopped in
+        the last ``window_s`` seconds, send that id's stop request.
 
         Returns:
             whether a stop request was sent now. A failed send is logged and tried again at the next
@@ -185,12 +192,13 @@ class AbandonedRequests:
         """
         if not cancelled or not request_id:
             return False
+        now = self._clock()
         with self._lock:
+            while self._stopped and now - next(iter(self._stopped.values())) >= self.window_s:
+                self._stopped.popitem(last=False)  # oldest first: the table stays in time order
             if request_id in self._stopped:
                 return False
-            self._stopped[request_id] = None
-            while len(self._stopped) > self._remember:
-                self._stopped.popitem(last=False)
+            self._stopped[request_id] = now
         try:
             self._send(request_id)
         except Exception as exc:  # noqa: BLE001 - best effort: the request may have ended, the engine be gone
