@@ -9,7 +9,7 @@ import numpy as np
 
 from specpipe.generation.api import SamplingParams
 from specpipe.triton.interface import TENSORRT_LLM
-from specpipe.triton.models.stop_requests import AbandonedRequests, stop_request_inputs
+from specpipe.triton.models.stop_requests import AbandonedRequests, stop_request_values
 from batch_helpers import prompts, run_alone
 from triton_fakes import FAKE_PB, FINAL, generate_request, FakeRequest, wait_for, model  # noqa: F401 - model is a fixture
 
@@ -87,4 +87,4 @@ def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request
     assert abandoned.sender.done.wait(60) and neighbour.sender.done.wait(60)
     assert abandoned.sender.sent[-1] == (None, FINAL) and len(abandoned.sender.tokens()) < 100
     assert neighbour.sender.tokens() == run_alone(engine, ps[1], SamplingParams(max_tokens=30))
-    assert set(stop_request_inputs()) <= {spec.name for spec in TENSORRT_LLM.inputs}
+    assert set(stop_request_values()) <= {spec.name for spec in TENSORRT_LLM.inputs}

@@ -18,11 +18,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from specpipe.client.probe import not_grpc_hint
 from specpipe.client.request import GenerationRequest, build_inputs, tensor_input
 from specpipe.errors import SpecpipeError
+from specpipe.triton.models.stop_requests import stop_request_values
 
 logger = logging.getLogger(__name__)
 
@@ -241,9 +240,7 @@ class LLMClient:
             if target is None:
                 return False
             model, batched = target
-            values = {"input_ids": np.array([0], np.int32), "input_lengths": np.array([0], np.int32),
-                      "request_output_len": np.array([0], np.int32), "stop": np.array([True])}
-            inputs = [tensor_input(name, value, batched) for name, value in values.items()]
+            inputs = [tensor_input(name, value, batched) for name, value in stop_request_values().items()]
 
             async def one():
                 yield {"model_name": model, "inputs": inputs, "request_id": request_id}

@@ -106,8 +106,7 @@ class TritonPythonModel:
         return [self._one(request) for request in requests]
 
     def _one(self, request):
-        if request.is_cancelled():
-            self.abandoned.check(request.request_id(), cancelled=True)
+        self.abandoned.check(request.request_id(), request.is_cancelled())
         try:
             tokens = input_array(request, "TOKENS_BATCH")
             beams = _rows(tokens, input_array(request, "SEQUENCE_LENGTH"))

@@ -138,12 +138,12 @@ class StopRequests:
         return at is not None and (running or self._clock() - at <= self.pending_s)
 
 
-def stop_request_inputs() -> dict[str, np.ndarray]:
-    """The input tensors of a stop request, batch dimension included (``[1, 1]`` each): the engine
-    model's required inputs, empty (``input_ids``, ``input_lengths``, ``request_output_len``), and
-    ``stop`` true."""
-    zero = np.zeros((1, 1), np.int32)
-    return {"input_ids": zero, "input_lengths": zero, "request_output_len": zero, "stop": np.ones((1, 1), np.bool_)}
+def stop_request_values() -> dict[str, np.ndarray]:
+    """The input tensors of a stop request without the batch dimension (``[1]`` each), for clients and
+    for :func:`send_stop_request`: the engine model's required inputs, empty (``input_ids``,
+    ``input_lengths``, ``request_output_len``), and ``stop`` true."""
+    zero = np.array([0], np.int32)
+    return {"input_ids": zero, "input_lengths": zero, "request_output_len": zero, "stop": np.array([True])}
 
 
 def send_stop_request(engine_model: str, request_id: str) -> None:
@@ -155,7 +155,7 @@ def send_stop_request(engine_model: str, request_id: str) -> None:
     """
     pb = pb_utils()
     request = pb.InferenceRequest(model_name=engine_model, requested_output_names=[], request_id=request_id,
-                                  inputs=[pb.Tensor(name, value) for name, value in stop_request_inputs().items()])
+                                  inputs=[pb.Tensor(name, value[np.newaxis]) for name, value in stop_request_values().items()])
     for reply in request.exec(decoupled=True):
         if reply.has_error():
             raise RuntimeError(f"{engine_model}: {reply.error().message()}")
