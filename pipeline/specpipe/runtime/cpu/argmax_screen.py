@@ -79,12 +79,14 @@ class ArgmaxScreen:
 
     def error_bound(self, hidden: torch.Tensor, screen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's best screen and a bound on ``|screen - hidden @ weight.T|`` for all its tokens, float32
-        ``[n, 1]`` each, for hidden states float32 ``[n, hidden]`` and their screen bf16 ``[n, vocab]``
-        (:attr:`screen`'s output): the module doc's bound at the largest row norm and largest ``|screen|``."""
-        low, high = screen.aminmax(dim=1, keepdim=True)
-        largest = torch.maximum(low.abs(), high.abs()).float()
+        ``[n, 1]`` each, for hidden states float32 ``[n, hidden]`` and their screen ``[n, vocab]``
+        (:attr:`screen`'s bf16 output, or that widened to float32: the same values): the module doc's bound at
+        the largest row norm and largest ``|screen|``."""
+        screen = screen.float()  # exact; float32 max/min reductions are vectorised, bf16 ones and aminmax are not
+        best = screen.amax(dim=1, keepdim=True)
+        largest = torch.maximum(best.abs(), screen.amin(dim=1, keepdim=True).abs())
         bound = hidden.norm(dim=1, keepdim=True) * (self._product_error * self.largest_row_norm) + largest * self._output_error
-        return high.float(), bound
+        return best, bound
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,21 +96,25 @@ class ArgmaxScreen:
             float32 ``[n, vocab]``: exact logits (float64 dot products, rounded once) at the tokens that
             can be the row's argmax, ``-inf`` elsewhere; its row-wise argmax is the exact argmax (ties to
             the lowest id) and the values serve nothing else. Rows left out are all ``-inf``.
-            bool ``[n]``: the rows left out (a screen that is not finite, or more than
-            :data:`MAX_CANDIDATES` tokens kept), for the caller to score with the full lm_head. Both
+            bool ``[n]``: the rows left out (no token kept, which a screen that is not finite gives, or
+            more than :data:`MAX_CANDIDATES` kept), for the caller to score with the full lm_head. Both
             depend on the row alone, not on the others.
 
         A token can be the argmax only if its screen is within twice the bound of the row's best screen
         (its exact logit is at most its screen plus the bound, the best token's at least its screen minus
         it)."""
         hidden = hidden.float().contiguous()
-        screen = self.screen(hidden)
+        screen = self.screen(hidden).float()
         best, bound = self.error_bound(hidden, screen)
-        threshold = best - 2 * bound
-        candidates = screen >= threshold
-        left_out = ~torch.isfinite(threshold[:, 0]) | (candidates.sum(dim=1) > MAX_CANDIDATES)
-        candidates[left_out] = False
-        out = torch.full(screen.shape, float("-inf"))
-        rows, tokens = candidates.nonzero(as_tuple=True)
+        rows, tokens = (screen >= best - 2 * bound).nonzero(as_tuple=True)
+        if len(hidden) == 1:  # counted without tensor ops: at batch 1 they cost as much as the rest
+            left_out = torch.tensor([not 0 < len(rows) <= MAX_CANDIDATES])
+        else:
+            counts = torch.bincount(rows, minlength=len(hidden))
+            left_out = (counts == 0) | (counts > MAX_CANDIDATES)
+        if bool(left_out.any()):
+            kept = ~left_out[rows]
+            rows, tokens = rows[kept], tokens[kept]
+        out = screen.fill_(float("-inf"))  # the widened screen's buffer, no longer needed
         out[rows, tokens] = (self.weight[tokens].double() * hidden[rows].double()).sum(dim=1).float()
         return out, left_out

@@ -310,6 +310,11 @@ class BatchedLM:
         """
         if self.argmax_screen is None or argmax_only is None or not 0 < sum(argmax_only) <= MAX_SCREENED_ROWS:
             return self.model.lm_head(hidden).float()
+        if all(argmax_only):  # plain greedy decoding: the screen's output is the whole result
+            out, left_out = self.argmax_screen.logits(hidden)
+            if bool(left_out.any()):
+                out[left_out] = self.model.lm_head(hidden[left_out]).float()
+            return out
         full = ~torch.tensor(argmax_only)  # rows for the full lm_head: sampled, and those the screen leaves out
         screened = (~full).nonzero()[:, 0]
         out = hidden.new_empty(len(hidden), self.argmax_screen.weight.shape[0])
