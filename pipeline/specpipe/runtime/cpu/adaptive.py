@@ -32,9 +32,14 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   measured at about 4 ms, twice a continuing step's). It is paid once per run of drafting steps, so
   the rule charges the deployment's mean resume seconds over its mean run length (both EWMAs, see
   :class:`ResumeCost`). Uncharged, requests at concurrency 8 paused and resumed step after step and
-  the drafting steps took 5 ms longer than the rule expected. The first catch-up, over the prompt, is
-  not charged: every request that ever drafts pays it once. But no request *starts* drafting in a step
-  that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified tokens look nearly
+  the drafting steps took 5 ms longer than the rule expected. For a request that has not drafted yet,
+  ``r_i`` is the cost of starting: its drafter first catches up on the whole context (the 4-layer
+  draft model: 17-24 ms over 46-114 tokens, most of a target step). It is paid once per request, so
+  the rule charges the deployment's mean first catch-up per token times the request's context over
+  the mean number of steps the finished requests drafted in (:class:`StartCost`; nothing until a first
+  catch-up was timed). Uncharged, each draft-model request started drafting when its estimate drifted
+  back to the optimistic prior, for about 2 % of its time (``benchmarks/start_charge_ab.py``). And no
+  request *starts* drafting in a step that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified tokens look nearly
   free, and runs started there ended at the next step, each after catching up on its whole context. At
   concurrency 8 on the chat prompts such steps cost EAGLE 80-110 ms more than the rule expected
   (285 and 277 ms against 199 and 207), several requests each catching up on 42-170 tokens (3-21 ms
@@ -184,6 +189,38 @@ class ResumeCost:
     def run_ended(self, steps: int) -> None:
         """A request decoded plainly after ``steps`` drafting steps in a row."""
         self.run_steps += 0.05 * (steps - self.run_steps)
+
+
+@dataclass
+class StartCost:
+    """What a request's first drafting step costs beyond the drafting itself (module doc, ``s_i``),
+    deployment-wide: its drafter first catches up on the request's whole context (a draft model's
+    forward over it, EAGLE's head over the prompt's features). That is paid once per request and buys
+    every step it drafts afterwards, so it is spread over the steps a request drafts in all (at most the
+    tokens it may still emit).
+
+    Attributes:
+        seconds_per_token: EWMA of first catch-ups' seconds per context token (0 until one is seen).
+        drafting_steps: EWMA of the steps in which the finished requests that drafted at all drafted (0
+            until one finishes: the whole cost is charged to one step).
+    """
+
+    seconds_per_token: float = 0.0
+    drafting_steps: float = 0.0
+
+    def charge(self, context_tokens: int, remaining_tokens: int) -> float:
+        """Seconds charged to one drafting step of a request that has not drafted yet, with
+        ``context_tokens`` to catch up on and at most ``remaining_tokens`` to emit."""
+        steps = min(max(self.drafting_steps, 1.0), max(remaining_tokens, 1))
+        return self.seconds_per_token * context_tokens / steps
+
+    def started(self, seconds: float, context_tokens: int) -> None:
+        """A request's drafter caught up on its ``context_tokens`` in ``seconds`` before its first draft."""
+        self.seconds_per_token = ewma(self.seconds_per_token, seconds / max(context_tokens, 1), 0.1)
+
+    def request_ended(self, drafting_steps: int) -> None:
+        """A request that drafted in ``drafting_steps`` steps (>= 1) finished."""
+        self.drafting_steps = ewma(self.drafting_steps, float(drafting_steps), 0.1)
 
 
 #: Drafting must raise the batch's expected tokens per second by this share over plain decoding: the

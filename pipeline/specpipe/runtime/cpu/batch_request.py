@@ -123,6 +123,7 @@ class BatchRequest:
         draft_length: draft tokens chosen for the latest step (a tree's nodes; 0 = plain decoding).
         draft_seconds_per_depth: EWMA of the drafter's seconds per draft depth.
         draft_streak: consecutive steps up to the latest in which the request drafted.
+        drafting_steps: steps in which the request drafted, in all.
         node_depths: dynamic tree drafters: the depth of each node of the latest tree.
     """
 
@@ -143,6 +144,7 @@ class BatchRequest:
     draft_length: int = 0
     draft_seconds_per_depth: float = 0.0
     draft_streak: int = 0
+    drafting_steps: int = 0
     node_depths: list[int] | None = None
     cancelled: bool = False
     done: bool = False
@@ -155,6 +157,11 @@ class BatchRequest:
     @property
     def prefilling(self) -> bool:
         return self.prefilled < len(self.prompt)
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the request has not drafted yet (its drafter must catch up on its whole context)."""
+        return self.draft_seconds_per_depth == 0
 
     @property
     def paused(self) -> bool:

@@ -37,8 +37,8 @@ from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.adaptive import (
-    DRAFT_MARGIN, IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, ewma,
-    shared_acceptance,
+    DRAFT_MARGIN, IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, StartCost, choose_draft_lengths,
+    ewma, shared_acceptance,
 )
 from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
@@ -97,6 +97,7 @@ class BatchScheduler:
         self.shared_acceptance = shared_acceptance()
         self.draft_seconds_per_depth = 0.0  # the deployment's, for requests that have not drafted yet
         self.resume_cost = ResumeCost()
+        self.start_cost = StartCost()
         trim_heap()  # what measuring the cost curve allocated and freed
 
     # --- requests --------------------------------------------------------------------------------
@@ -161,6 +162,8 @@ class BatchScheduler:
     def _finish(self, request: BatchRequest, error: BaseException | None = None) -> None:
         if request in self.active:
             self.active.remove(request)
+        if request.drafting_steps and not request.done:
+            self.start_cost.request_ended(request.drafting_steps)
         if request.slot is not None:
             self.lm.release(request.slot)
             request.slot = None
@@ -253,11 +256,17 @@ class BatchScheduler:
         if prefill_tokens and not self.start_beside_prefill:
             depths = [d if request.draft_length else [] for request, d in zip(decoding, depths)]
         candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth,
-                                        self.resume_cost.charge() if request.paused else 0.0)
+                                        self._catch_up_charge(request))
                       for request, d in zip(decoding, depths)]
         chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
                                       margin=self.draft_margin, prefill=prefill_tokens > 0)
         return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
+
+    def _catch_up_charge(self, request: BatchRequest) -> float:
+        """Seconds charged to a drafting step of ``request`` for its drafter's catching up first (resume, start)."""
+        if request.paused:
+            return self.resume_cost.charge()
+        return self.start_cost.charge(len(request.context), request.stop.remaining) if request.fresh else 0.0
 
     def _node_depths(self, request: BatchRequest) -> list[int]:
         """Depth of each draft node the request may verify this step, in the drafter's node order (a
@@ -282,7 +291,8 @@ class BatchScheduler:
 
     def _draft(self, request: BatchRequest, nodes: int, depth: int):
         """Propose the request's first ``nodes`` draft tokens (``depth`` deep); returns ``(request, entry, draft)``."""
-        paused, drafted_last_step, request.draft_length = request.paused, request.draft_length > 0, nodes
+        paused, fresh, drafted_last_step = request.paused, request.fresh, request.draft_length > 0
+        request.draft_length = nodes
         context, cached = request.context, len(request.context) - 1
         started = time.perf_counter()
         if nodes > 0:
@@ -291,8 +301,11 @@ class BatchScheduler:
                 caught_up = time.perf_counter()
                 if paused:
                     self.resume_cost.resumed(caught_up - started)
+                elif fresh:
+                    self.start_cost.started(caught_up - started, len(context) - 1)
                 started = caught_up
             request.draft_streak += 1
+            request.drafting_steps += 1
         elif drafted_last_step:
             self.resume_cost.run_ended(request.draft_streak)
             request.draft_streak = 0
