@@ -90,6 +90,9 @@ def test_rows_that_keep_too_many_tokens_or_are_not_finite_are_left_to_the_full_l
     logits, left_out = ArgmaxScreen(weight).logits(states)
     assert left_out.tolist() == [False, True, True, False]
     assert bool(torch.isinf(logits[1:3]).all())
+    for row in range(4):  # one row alone (counted without tensor ops) is left out alike
+        alone, alone_left_out = ArgmaxScreen(weight).logits(states[row : row + 1])
+        assert alone_left_out.tolist() == [left_out[row].item()] and torch.equal(alone[0], logits[row])
     model = tiny_llama(2, vocab_size=512, tie_word_embeddings=True)
     lm = BatchedLM(model, 1)
     hidden = torch.randn(3, model.config.hidden_size)
@@ -97,6 +100,8 @@ def test_rows_that_keep_too_many_tokens_or_are_not_finite_are_left_to_the_full_l
     mixed = lm.project(hidden, [True, True, False])
     full = lm.project(hidden)
     assert torch.equal(mixed[1:], full[1:]) and int(mixed[0].argmax()) == int(full[0].argmax())
+    greedy = lm.project(hidden, [True, True, True])  # every row greedy: the screen's own output
+    assert torch.equal(greedy[1], full[1]) and torch.equal(greedy.argmax(dim=1), full.argmax(dim=1))
 
 
 def test_only_a_tied_fp32_lm_head_is_screened():
