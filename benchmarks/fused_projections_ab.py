@@ -15,7 +15,6 @@ fused / separate ratio::
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -28,7 +27,7 @@ from transformers import AutoTokenizer
 from specpipe.runtime.cpu import loader
 from specpipe.runtime.cpu.batched_lm import BatchedLM, BatchEntry
 
-from plain_step import PROMPT, _cpu_name, specpipe_step_seconds
+from plain_step import PROMPT, _cpu_name, report, specpipe_step_seconds
 
 IDENTITY_PROMPTS = (PROMPT, "Write a haiku about autumn.", "List three uses of Python.",
                     "What is the capital of France and why is it famous?")
@@ -109,11 +108,7 @@ def main() -> None:
         "paired_step_ratio": round(statistics.median(f / s for f, s in zip(step["fused"], step["separate"])), 3),
         "paired_12_rows_ratio": round(statistics.median(f / s for f, s in zip(rows12["fused"], rows12["separate"])), 3),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -129,11 +129,16 @@ def main() -> None:
         "paired_packed_fp32_head_ratio": round(statistics.median(a / b for a, b in zip(fp32_head, theirs)), 3),
         "paired_screen_saving": round(statistics.median(a / b for a, b in zip(packed, fp32_head)), 3),
     }
+    report(result, args.out)
+
+
+def report(result: dict, out: Path | None) -> None:
+    """Print ``result`` as JSON, and write it to ``out`` (its folder created) when given."""
     text = json.dumps(result, indent=1)
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
 
 
 def _cpu_name() -> str:

@@ -39,18 +39,24 @@ def free_resume_scheduler(engine, cost_model) -> BatchScheduler:
     return scheduler
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_paired_ab(description: str, variant, label: str) -> None:
+    """Parse the command line (baseline engine, engines, levels, ``--prompt-set``) and run the baseline's
+    lane and, per engine, ``variant``'s lane (labelled ``label``) beside the shipped scheduler's
+    (:func:`~adaptive_interleaved.paired_lanes`)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("baseline", type=Path)
     parser.add_argument("engines", nargs="+", type=Path)
     level_arguments(parser)
     parser.add_argument("--prompt-set", choices=("chat", "training-style"), default="chat")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    lanes, tokenizer_dir = paired_lanes(args.baseline, args.engines, free_resume_scheduler, "resume free")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    prompt_ids = chat_prompt_ids(tokenizer, args.prompt_set)
+    lanes, tokenizer_dir = paired_lanes(args.baseline, args.engines, variant, label)
+    prompt_ids = chat_prompt_ids(AutoTokenizer.from_pretrained(tokenizer_dir), args.prompt_set)
     run_levels(lanes, prompt_ids, args, prompt_set=args.prompt_set)
+
+
+def main() -> None:
+    run_paired_ab(__doc__.split("\n")[0], free_resume_scheduler, "resume free")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ lane's tokens must equal the first lane's::
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -34,7 +33,7 @@ from specpipe.runtime.cpu.argmax_screen import MAX_CANDIDATES, ArgmaxScreen
 from specpipe.runtime.cpu.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.loader import load_engine
 
-from plain_step import PROMPT, _cpu_name
+from plain_step import PROMPT, _cpu_name, report
 
 
 class PreviousScreen(ArgmaxScreen):
@@ -139,11 +138,7 @@ def main() -> None:
         "paired_step_ratio": round(statistics.median(a / b for a, b in zip(step["trimmed"], step["previous"])), 3),
         "greedy_tokens_identical": True,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

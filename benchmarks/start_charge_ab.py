@@ -10,21 +10,15 @@ in ``adaptive_interleaved.py``; the records give each lane's output tok/s agains
 steps per draft length::
 
     PYTHONPATH=pipeline python benchmarks/start_charge_ab.py engines/smollm2-135m-none \\
-        engines/smollm2-135m-smollm2-draft engines/smollm2-135m-eagle [--concurrency 1,2,4] [--prompts 8] [--out FILE]
+        engines/smollm2-135m-smollm2-draft engines/smollm2-135m-eagle [--concurrency 1,2,4] [--prompts 8] [--prompt-set chat|training-style] [--out FILE]
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-import torch
-from transformers import AutoTokenizer
-
 from specpipe.runtime.cpu.adaptive import StartCost
 from specpipe.runtime.cpu.scheduler import BatchScheduler
 
-from adaptive_interleaved import chat_prompt_ids, level_arguments, paired_lanes, run_levels
+from resume_charge_ab import run_paired_ab
 
 
 class FreeStart(StartCost):
@@ -42,14 +36,7 @@ def free_start_scheduler(engine, cost_model) -> BatchScheduler:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("baseline", type=Path)
-    parser.add_argument("engines", nargs="+", type=Path)
-    level_arguments(parser)
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    lanes, tokenizer_dir = paired_lanes(args.baseline, args.engines, free_start_scheduler, "start free")
-    run_levels(lanes, chat_prompt_ids(AutoTokenizer.from_pretrained(tokenizer_dir), "chat"), args)
+    run_paired_ab(__doc__.split("\n")[0], free_start_scheduler, "start free")
 
 
 if __name__ == "__main__":
