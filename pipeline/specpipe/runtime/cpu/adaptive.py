@@ -38,9 +38,11 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   the rule charges the deployment's mean first catch-up per token times the request's context over
   the mean number of steps the finished requests drafted in (:class:`StartCost`; nothing until a first
   catch-up was timed). Uncharged, each draft-model request started drafting when its estimate drifted
-  back to the optimistic prior, for about 2 % of its time (``benchmarks/start_charge_ab.py``). And no
-  request *starts* drafting in a step that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified tokens look nearly
-  free, and runs started there ended at the next step, each after catching up on its whole context. At
+  back to the optimistic prior (0.988, 1.004 and 0.984x the baseline at concurrency 1, 2 and 4 against
+  0.997, 1.001 and 0.990x charged, ``benchmarks/start_charge_ab.py``). And no request *starts*
+  drafting in a step that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified
+  tokens look nearly free, and runs started there ended at the next step, each after catching up on its
+  whole context. At
   concurrency 8 on the chat prompts such steps cost EAGLE 80-110 ms more than the rule expected
   (285 and 277 ms against 199 and 207), several requests each catching up on 42-170 tokens (3-21 ms
   apiece), and EAGLE measured 0.92-0.97× the baseline there; 0.99× without such starts
@@ -193,11 +195,11 @@ class ResumeCost:
 
 @dataclass
 class StartCost:
-    """What a request's first drafting step costs beyond the drafting itself (module doc, ``s_i``),
-    deployment-wide: its drafter first catches up on the request's whole context (a draft model's
-    forward over it, EAGLE's head over the prompt's features). That is paid once per request and buys
-    every step it drafts afterwards, so it is spread over the steps a request drafts in all (at most the
-    tokens it may still emit).
+    """What a request's first drafting step costs beyond the drafting itself (module doc, ``r_i`` of a
+    request that has not drafted yet), deployment-wide: its drafter first catches up on the request's
+    whole context (a draft model's forward over it, EAGLE's head over the prompt's features). That is
+    paid once per request and buys every step it drafts afterwards, so it is spread over the steps a
+    request drafts in all (at most the tokens it may still emit).
 
     Attributes:
         seconds_per_token: EWMA of first catch-ups' seconds per context token (0 until one is seen).
