@@ -59,6 +59,19 @@ def test_its_argmax_is_the_exact_argmax_and_the_kept_values_are_exact(seed):
 
 
 @needs_bf16
+@pytest.mark.parametrize("scale", [1e-38, 1e-36, 2.0 ** -100, 1e-20])
+def test_rows_too_small_for_float32_squares_or_bf16_products_keep_the_exact_argmax(scale):
+    """Below about 1e-19 a row's float32 norm underflows to 0, and below 2**-126 the kernel may flush
+    inputs, products and outputs to zero: the bound must still hold (or the row go to the full lm_head)."""
+    weight, states = weights_and_states(8)
+    states = states * scale
+    logits, left_out = ArgmaxScreen(weight).logits(states)
+    exact = exact_logits(weight, states).argmax(dim=1)
+    kept = ~left_out
+    assert torch.equal(logits[kept].argmax(dim=1), exact[kept])
+
+
+@needs_bf16
 def test_near_ties_are_decided_by_the_exact_scores():
     """Two rows 1e-6 apart score within the screen's error: both are kept, and the exact scores decide,
     ties going to the lower id as torch.argmax does."""

@@ -5,7 +5,9 @@ import pytest
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu import scheduler as scheduler_module
-from specpipe.runtime.cpu.adaptive import DraftCandidate, NodeAcceptance, StartCost, choose_draft_lengths
+from specpipe.runtime.cpu.adaptive import (
+    IDLE_FORGETTING, DraftCandidate, NodeAcceptance, StartCost, choose_draft_lengths,
+)
 from specpipe.runtime.cpu.forward_cost import ForwardCostModel
 from batch_helpers import make_engine, prompts, scheduler_for, submit
 
@@ -46,7 +48,7 @@ def test_the_scheduler_times_first_catch_ups_and_counts_each_requests_drafting_s
             if len(c.draft_seconds) > 1 and request.fresh:
                 per_depth = request.draft_seconds_per_depth or scheduler.draft_seconds_per_depth
                 charged.append((c.draft_seconds[1] - per_depth,
-                                scheduler.start_cost.charge(len(request.context), request.stop.remaining)))
+                                scheduler.start_cost.charge(len(request.context) - 1, request.stop.remaining)))
         return [len(c.expected) - 1 for c in candidates]
 
     monkeypatch.setattr(scheduler_module, "choose_draft_lengths", draft_always)
@@ -61,3 +63,22 @@ def test_the_scheduler_times_first_catch_ups_and_counts_each_requests_drafting_s
     scheduler.run_until_idle()
     assert out.error is None and len(charged) == 2
     assert charged[1][1] > 0 and charged[1][0] == pytest.approx(charged[1][1], rel=1e-9)
+
+
+def test_an_inflated_start_estimate_is_forgotten_while_requests_do_not_start(monkeypatch):
+    """A start the charge prevents is never timed: the estimate decays by IDLE_FORGETTING in each step in
+    which a request that has not drafted yet could start and did not, so one slow catch-up cannot stop
+    drafting for good."""
+    could_start = []
+
+    def never_draft(cost, candidates, fixed_tokens, *args, **kwargs):
+        could_start.append(any(len(c.expected) > 1 for c in candidates))
+        return [0] * len(candidates)
+
+    monkeypatch.setattr(scheduler_module, "choose_draft_lengths", never_draft)
+    scheduler = scheduler_for(make_engine("eagle"))
+    scheduler.start_cost = StartCost(seconds_per_token=0.05, drafting_steps=4.0)
+    request, out = submit(scheduler, prompts(2)[1], SamplingParams(max_tokens=16))
+    scheduler.run_until_idle()
+    assert out.error is None and request.fresh and sum(could_start) >= 10
+    assert scheduler.start_cost.seconds_per_token == pytest.approx(0.05 * (1 - IDLE_FORGETTING) ** sum(could_start))

@@ -37,7 +37,7 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   draft model: 17-24 ms over 46-114 tokens, most of a target step). It is paid once per request, so
   the rule charges the deployment's mean first catch-up per token times the request's context over
   the mean number of steps the finished requests drafted in (:class:`StartCost`; nothing until a first
-  catch-up was timed). Uncharged, each draft-model request started drafting when its estimate drifted
+  catch-up was timed; forgotten by :data:`IDLE_FORGETTING` a step while a fresh request does not start). Uncharged, each draft-model request started drafting when its estimate drifted
   back to the optimistic prior (0.988, 1.004 and 0.984x the baseline at concurrency 1, 2 and 4 against
   0.997, 1.001 and 0.990x charged, ``benchmarks/start_charge_ab.py``). And no request *starts*
   drafting in a step that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified
@@ -223,6 +223,14 @@ class StartCost:
     def request_ended(self, drafting_steps: int) -> None:
         """A request that drafted in ``drafting_steps`` steps (>= 1) finished."""
         self.drafting_steps = ewma(self.drafting_steps, float(drafting_steps), 0.1)
+
+    def forget(self, factor: float) -> None:
+        """Scale :attr:`seconds_per_token` by ``factor``: the scheduler does it by
+        :data:`IDLE_FORGETTING` in every step in which a request that has not drafted yet could start and
+        did not. A start the charge prevents is never timed, so without forgetting, one catch-up slowed
+        by a busy machine (a tester's run timed 0.03-0.05 s a token, 100 times the usual) would keep
+        every later request from drafting for good."""
+        self.seconds_per_token *= factor
 
 
 #: Drafting must raise the batch's expected tokens per second by this share over plain decoding: the

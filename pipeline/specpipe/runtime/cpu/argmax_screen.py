@@ -19,7 +19,10 @@ rounds the sum to bf16, so
 (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., sections 2.2 and 3.1), with
 ``sum_i |w_i||x_i| <= ||w||_2 ||x||_2`` (Cauchy-Schwarz). One bound serves a whole row: it takes the
 largest ``||w||_2`` of the vocabulary (computed once) and the row's largest ``|screen|``, which costs two
-passes over the screen instead of six for a bound per token. A token whose screen is more than twice
+passes over the screen instead of six for a bound per token. The relative terms assume no underflow: the
+kernel may flush subnormal inputs, products and outputs to zero (below ``2**-126``), so the bound adds
+``2**-126 * (sqrt(n) ||w||_2 + n + 1)`` for them, and ``||x||_2`` is computed in float64 (in float32 the
+squares of a row below about 1e-19 underflow to a zero norm). A token whose screen is more than twice
 the bound below the row's best screen cannot be the argmax. Over 384 greedy steps of six chat answers
 of SmolLM2, 13 tokens of 49,152 remained at the median, 74 at the 90th percentile, 1,121 at most.
 """
@@ -33,6 +36,7 @@ from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available
 
 _BF16_ROUNDOFF = 2.0 ** -8
 _FP32_ROUNDOFF = 2.0 ** -24
+_SMALLEST_NORMAL = 2.0 ** -126
 #: Margin on the bound for the float32 arithmetic that computes it.
 _SLACK = 1.01
 #: Most tokens a row may keep: past it the row is left to the full lm_head (rescoring a few hundred
@@ -61,10 +65,11 @@ class ArgmaxScreen:
             raise ValueError(f"ArgmaxScreen needs a float32 [vocab, hidden] weight, got {weight.dtype} {tuple(weight.shape)}")
         self.weight = weight.detach()
         self.screen = PrepackedLinear.from_weight(self.weight.to(torch.bfloat16))
-        self.largest_row_norm = float(self.weight.norm(dim=1).max())  # its fp32 rounding (< 1e-4 relative) is inside _SLACK
+        self.largest_row_norm = float(self.weight.double().norm(dim=1).max())
         u, n = _BF16_ROUNDOFF, self.weight.shape[1]
         self._product_error = _SLACK * (2 * u + u * u + n * _FP32_ROUNDOFF * (1 + u) ** 2)
         self._output_error = _SLACK * u / (1 - u)
+        self._underflow_error = _SLACK * _SMALLEST_NORMAL * (n ** 0.5 * self.largest_row_norm + n + 1)
 
     @classmethod
     def for_model(cls, model: PreTrainedModel) -> "ArgmaxScreen | None":
@@ -85,8 +90,9 @@ class ArgmaxScreen:
         screen = screen.float()  # exact; float32 max/min reductions are vectorised, bf16 ones and aminmax are not
         best = screen.amax(dim=1, keepdim=True)
         largest = torch.maximum(best.abs(), screen.amin(dim=1, keepdim=True).abs())
-        bound = hidden.norm(dim=1, keepdim=True) * (self._product_error * self.largest_row_norm) + largest * self._output_error
-        return best, bound
+        bound = (hidden.double().norm(dim=1, keepdim=True) * (self._product_error * self.largest_row_norm)
+                 + largest.double() * self._output_error + self._underflow_error)
+        return best, bound.float()  # >= 2**-117: a normal float32, its rounding inside _SLACK
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +101,11 @@ class ArgmaxScreen:
         Returns:
             float32 ``[n, vocab]``: exact logits (float64 dot products, rounded once) at the tokens that
             can be the row's argmax, ``-inf`` elsewhere; its row-wise argmax is the exact argmax (ties to
-            the lowest id) and the values serve nothing else. Rows left out are all ``-inf``.
+            the lowest id) and the values serve nothing else. Rows left out are all ``-inf``. The exact
+            scores are rounded to float32 once, so tokens within a float32 rounding of each other (a
+            relative gap below about 6e-8) tie and the lower id wins, where the full lm_head's float32
+            GEMM may order them the other way: in such a near-tie a greedy token can depend on whether
+            its row was screened (at most :data:`MAX_SCREENED_ROWS` greedy rows in a call).
             bool ``[n]``: the rows left out (no token kept, which a screen that is not finite gives, or
             more than :data:`MAX_CANDIDATES` kept), for the caller to score with the full lm_head. Both
             depend on the row alone, not on the others.

@@ -18,9 +18,9 @@ Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching
    gather/scatter for the batch), applies its stop conditions and emits its own
    :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot.
 
-A failure while drafting or choosing for one request ends that request only (``fail`` callback); a
-failure of the shared forward ends the requests of that step. Greedy output of a request does not
-depend on the batch it shares (see ``tests/test_batched_scheduler.py``).
+A failure while drafting or choosing for one request ends that request only (``fail`` callback), one of
+the shared forward ends that step's requests. A request's greedy output does not depend on its batch
+(``tests/test_batched_scheduler.py``).
 """
 
 from __future__ import annotations
@@ -260,18 +260,19 @@ class BatchScheduler:
                       for request, d in zip(decoding, depths)]
         chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
                                       margin=self.draft_margin, prefill=prefill_tokens > 0)
+        if any(request.fresh and d and not m for request, d, m in zip(decoding, depths, chosen)):
+            self.start_cost.forget(1.0 - IDLE_FORGETTING)
         return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
 
     def _catch_up_charge(self, request: BatchRequest) -> float:
         """Seconds charged to a drafting step of ``request`` for its drafter's catching up first (resume, start)."""
         if request.paused:
             return self.resume_cost.charge()
-        return self.start_cost.charge(len(request.context), request.stop.remaining) if request.fresh else 0.0
+        return self.start_cost.charge(len(request.context) - 1, request.stop.remaining) if request.fresh else 0.0
 
     def _node_depths(self, request: BatchRequest) -> list[int]:
-        """Depth of each draft node the request may verify this step, in the drafter's node order (a
-        chain: 1, 2, ...; a tree: breadth-first), within ``max_draft_len`` nodes, the tokens the request
-        may still emit and the context."""
+        """Depth of each draft node the request may verify this step, in the drafter's node order (chain:
+        1, 2, ...; tree: breadth-first), within ``max_draft_len``, the tokens it may still emit and the context."""
         room = max(0, min(request.stop.remaining - 1, self.max_context - len(request.context) - 1))
         if not self.tree:
             return list(range(1, min(self.max_draft_len, room) + 1))
@@ -291,8 +292,7 @@ class BatchScheduler:
 
     def _draft(self, request: BatchRequest, nodes: int, depth: int):
         """Propose the request's first ``nodes`` draft tokens (``depth`` deep); returns ``(request, entry, draft)``."""
-        paused, fresh, drafted_last_step = request.paused, request.fresh, request.draft_length > 0
-        request.draft_length = nodes
+        paused, fresh, drafted_last_step, request.draft_length = request.paused, request.fresh, request.draft_length > 0, nodes
         context, cached = request.context, len(request.context) - 1
         started = time.perf_counter()
         if nodes > 0:
