@@ -37,13 +37,13 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   draft model: 17-24 ms over 46-114 tokens, most of a target step). It is paid once per request, so
   the rule charges the deployment's mean first catch-up per token times the request's context over
   the mean number of steps the finished requests drafted in (:class:`StartCost`; nothing until a first
-  catch-up was timed; forgotten by :data:`IDLE_FORGETTING` a step while a fresh request does not start). Uncharged, each draft-model request started drafting when its estimate drifted
-  back to the optimistic prior (0.988, 1.004 and 0.984x the baseline at concurrency 1, 2 and 4 against
-  0.997, 1.001 and 0.990x charged, ``benchmarks/start_charge_ab.py``). And no request *starts*
-  drafting in a step that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified
-  tokens look nearly free, and runs started there ended at the next step, each after catching up on its
-  whole context. At
-  concurrency 8 on the chat prompts such steps cost EAGLE 80-110 ms more than the rule expected
+  catch-up was timed; forgotten by :data:`IDLE_FORGETTING` a step while a fresh request does not
+  start). Uncharged, a request with a long context starts drafting as soon as its acceptance looks
+  good, and the whole batch waits for its catch-up; on the chat prompts the charge measured the same as
+  none within the noise (``benchmarks/start_charge_ab.py``). And no request *starts* drafting in a
+  step that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified tokens look
+  nearly free, and runs started there ended at the next step, each after catching up on its whole
+  context. At concurrency 8 on the chat prompts such steps cost EAGLE 80-110 ms more than the rule expected
   (285 and 277 ms against 199 and 207), several requests each catching up on 42-170 tokens (3-21 ms
   apiece), and EAGLE measured 0.92-0.97× the baseline there; 0.99× without such starts
   (``benchmarks/prefill_start_ab.py``).
