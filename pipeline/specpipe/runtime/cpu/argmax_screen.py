@@ -37,7 +37,7 @@ from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available
 _BF16_ROUNDOFF = 2.0 ** -8
 _FP32_ROUNDOFF = 2.0 ** -24
 _SMALLEST_NORMAL = 2.0 ** -126
-#: Margin on the bound for the float32 arithmetic that computes it.
+#: Margin on the bound for the arithmetic that computes it and its rounding to float32.
 _SLACK = 1.01
 #: Most tokens a row may keep: past it the row is left to the full lm_head (rescoring a few hundred
 #: tokens in float64 costs about what one row of the fp32 lm_head does; inputs like a repeated token
