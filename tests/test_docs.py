@@ -1,5 +1,6 @@
-"""The README cannot drift from the code: its command reference is generated (cog), every command is
-documented, every ``specpipe`` line in its shell blocks parses, and the Python it claims is the one needed."""
+"""The README cannot drift from the code: its command reference and measurement tables (and those of
+``docs/``) are generated (cog), every command is documented, every ``specpipe`` line in its shell blocks
+parses, and the Python it claims is the one needed."""
 
 import re
 import shlex
@@ -30,10 +31,15 @@ def specpipe_lines() -> list[str]:
     return [line for block in bash_blocks(README.read_text()) for line in block if line.startswith("specpipe ")]
 
 
-def test_the_command_reference_is_current():
+GENERATED_DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", [d for d in GENERATED_DOCS if "[[[cog" in d.read_text()], ids=lambda d: d.name)
+def test_generated_sections_are_current(doc):
+    """The command reference and the measurement tables are generated from the code and the results JSON."""
     cogapp = pytest.importorskip("cogapp")
-    status = cogapp.Cog().main(["cog", "--check", str(README)])
-    assert status == 0, "README.md's command reference is stale: run 'cog -r README.md'"
+    status = cogapp.Cog().main(["cog", "--check", str(doc)])
+    assert status == 0, f"{doc.relative_to(ROOT)} is stale: run 'cog -r {doc.relative_to(ROOT)}'"
 
 
 def test_every_registered_command_is_in_the_readme():
