@@ -11,9 +11,12 @@ an otherwise idle machine::
 
     PYTHONPATH=pipeline python benchmarks/adaptive_interleaved.py engines/smollm2-135m-{none,ngram,eagle} \\
         [--concurrency 1,2,4,8] [--prompts 8] [--tokens 128] [--prompt-set chat|training-style]
-        [--out benchmarks/results/adaptive_interleaved.json]
+        [--llama-gguf /tmp/smollm2-f32.gguf] [--out benchmarks/results/adaptive_interleaved.json]
 
 The first engine is the baseline of the ratios; greedy texts are compared with the baseline's.
+``--llama-gguf`` adds llama.cpp's plain greedy decoding on the same weights as a lane at concurrency 1,
+one token per turn (:class:`llama_cpp_column.LlamaCppLane`); its texts may differ from the baseline's
+where two tokens' logits are within the two kernels' rounding.
 ``--prompt-set training-style`` takes the prompts of ``draft_acceptance.py``'s training-style set instead
 of the chat set: what the drafts do on the distribution they were trained on.
 """
@@ -41,6 +44,7 @@ from specpipe.runtime.cpu.scheduler import BatchScheduler
 from specpipe.training.prompts import builtin_prompts
 
 from draft_acceptance import CHAT_CATEGORIES, TRAINING_STYLE_SEED
+from llama_cpp_column import LlamaCppLane, load_llama
 
 
 class Lane:
@@ -87,9 +91,11 @@ def chat_prompt_ids(tokenizer, prompt_set: str) -> list[list[int]]:
 
 
 def run_level(lanes: list[Lane], prompt_ids: list[list[int]], concurrency: int, count: int, params) -> list[dict]:
-    """Serve ``count`` prompts (cycling ``prompt_ids``) on every lane at ``concurrency``, the lanes taking one
-    step each in turn; one record per lane, speed-ups against the first lane's."""
+    """Serve ``count`` prompts (cycling ``prompt_ids``) on every lane at ``concurrency`` (lanes with a lower
+    ``max_concurrency`` sit the level out), the lanes taking one step each in turn; one record per lane,
+    speed-ups against the first lane's."""
     chosen = [prompt_ids[i % len(prompt_ids)] for i in range(count)]
+    lanes = [lane for lane in lanes if concurrency <= getattr(lane, "max_concurrency", concurrency)]
     for lane in lanes:
         lane.start(chosen, concurrency, params)
     while any(lane.busy for lane in lanes):
@@ -160,6 +166,9 @@ def main() -> None:
     parser.add_argument("--prompt-set", choices=("chat", "training-style"), default="chat",
                         help="chat: specpipe bench --chat's prompts (never trained on); training-style: questions and "
                              "requests of the heads' training templates, with another seed (draft_acceptance.py)")
+    parser.add_argument("--llama-gguf", type=Path,
+                        help="also decode with llama.cpp (llama-cpp-python) on this f32 GGUF of the same checkpoint, "
+                             "at concurrency 1, as one more lane (see llama_cpp_column.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lanes, cost_curves = [], {}
@@ -170,6 +179,9 @@ def main() -> None:
         lanes.append(Lane(manifest.name, scheduler))
         cost_curves[manifest.name] = scheduler.cost_model.describe()
         tokenizer = AutoTokenizer.from_pretrained(engine_dir / manifest.target.path)
+    if args.llama_gguf:
+        llm = load_llama(engine_dir / manifest.target.path, args.llama_gguf, None, args.threads)
+        lanes.append(LlamaCppLane(llm, tokenizer.eos_token_id))
     prompt_ids = chat_prompt_ids(tokenizer, args.prompt_set)
     run_levels(lanes, prompt_ids, args, prompt_set=args.prompt_set, cost_curves=cost_curves)
 

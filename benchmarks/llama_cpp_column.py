@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -68,3 +69,52 @@ def generate_greedy(llm, ids: list[int], max_tokens: int, eos: int) -> list[int]
         if len(tokens) >= max_tokens:
             break
     return tokens
+
+
+class LlamaCppLane:
+    """llama.cpp's plain greedy decoding as a lane of ``benchmarks/adaptive_interleaved.py``: one request at
+    a time (llama-cpp-python's ``generate`` decodes one sequence), one token per :meth:`step`, the first
+    step of a request also prefilling its prompt, as the scheduler's first step for a request does. It takes
+    part at concurrency 1 only (:attr:`max_concurrency`). Greedy only.
+
+    Args:
+        llm: a ``llama_cpp.Llama`` (:func:`load_llama`); eos: the end id (not counted as output).
+    """
+
+    max_concurrency = 1
+
+    def __init__(self, llm, eos: int, name: str = "llama.cpp"):
+        self.llm, self.eos, self.name = llm, eos, name
+        self._current = None
+
+    def start(self, prompt_ids: list[list[int]], concurrency: int, params) -> None:
+        if not params.greedy:
+            raise ValueError("the llama.cpp lane decodes greedily only")
+        self.todo, self.prompt_ids, self.max_tokens = list(range(len(prompt_ids))), prompt_ids, params.max_tokens
+        self.outputs: dict[int, list[int]] = {}
+        self.seconds, self.lengths, self._current = 0.0, {}, None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.todo) or self._current is not None
+
+    def step(self) -> None:
+        started = time.perf_counter()
+        if self._current is None:
+            index = self.todo.pop(0)
+            self.llm.reset()
+            tokens = self.llm.generate(self.prompt_ids[index], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                       repeat_penalty=1.0, reset=True)
+            self._current, self.outputs[index] = (index, tokens), []
+        index, tokens = self._current
+        token = int(next(tokens))
+        self.seconds += time.perf_counter() - started
+        self.lengths[0] = self.lengths.get(0, 0) + 1
+        if token != self.eos:
+            self.outputs[index].append(token)
+        if token == self.eos or len(self.outputs[index]) >= self.max_tokens:
+            tokens.close()
+            self._current = None
+
+    def texts(self) -> dict[int, list[int]]:
+        return self.outputs

@@ -143,6 +143,19 @@ def test_interleaved_table_gives_gain_and_drafting_share(tmp_path):
     assert "| ngram | 33.0 (1.10×, drafts in 40 %) |" in table and "| none | 30.0 (1.00×, drafts in 0 %) |" in table
 
 
+def test_interleaved_table_marks_levels_a_lane_sat_out(tmp_path):
+    from specpipe.bench.markdown import interleaved_table
+
+    rows = [{"deployment": "none", "concurrency": c, "output_tok_s": 30.0 * c, "speedup": 1.0, "draft_lengths": {"0": 10}}
+            for c in (1, 2)]
+    rows.append({"deployment": "llama.cpp", "concurrency": 1, "output_tok_s": 40.0, "speedup": 1.333, "draft_lengths": {"0": 9}})
+    path = tmp_path / "interleaved.json"
+    path.write_text(json.dumps({"command": "python b.py", "date": "2026-12-02", "torch": "2.13.0", "levels": rows}))
+    table = interleaved_table(path)
+    assert "| llama.cpp | 40.0 (1.33×, drafts in 0 %) | — |" in table
+    assert "| none | 30.0 (1.00×, drafts in 0 %) | 60.0 (1.00×, drafts in 0 %) |" in table
+
+
 def test_ngram_ceiling_table_puts_drafters_in_rows_and_prompt_sets_in_columns(tmp_path):
     from specpipe.bench.markdown import ngram_ceiling_table
 

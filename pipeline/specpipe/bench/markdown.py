@@ -115,7 +115,10 @@ def interleaved_table(path: str | Path) -> str:
     for name in names:
         cells = []
         for c in levels:
-            row = cell[(name, c)]
+            row = cell.get((name, c))
+            if row is None:  # a lane that sat this level out (llama.cpp beyond concurrency 1)
+                cells.append("—")
+                continue
             steps = sum(row["draft_lengths"].values())
             drafted = steps - row["draft_lengths"].get("0", 0)
             cells.append(f"{row['output_tok_s']:.1f} ({row['speedup']:.2f}×, drafts in {100 * drafted / steps:.0f} %)")
