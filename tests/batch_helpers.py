@@ -28,15 +28,20 @@ LINEAR_COST = ForwardCostModel((1, 64), (1.0, 64.0))
 
 def make_engine(method: str, seed: int = 3) -> SpeculativeEngine:
     """A tiny engine of ``method`` (random weights, vocabulary 64, end id 2 unused unless asked)."""
-    model = tiny_llama(seed, vocab_size=64)
+    return make_engine_of(method, tiny_llama(seed, vocab_size=64), seed)
+
+
+def make_engine_of(method: str, model, seed: int = 3) -> SpeculativeEngine:
+    """An engine of ``method`` on the target ``model``, its drafts random (drawn with ``seed``)."""
+    vocab = model.config.vocab_size
     if method == "none":
         return SpeculativeEngine(model, NoDrafter(), 0)
     if method == "ngram":
         return SpeculativeEngine(model, NgramDrafter(3), 4)
     if method == "draft-model":
-        return SpeculativeEngine(model, DraftModelDrafter(tiny_llama(seed + 1, vocab_size=64, num_layers=1)), 3)
+        return SpeculativeEngine(model, DraftModelDrafter(tiny_llama(seed + 1, vocab_size=vocab, num_layers=1)), 3)
     torch.manual_seed(seed)
-    lm = ReducedLMHead(model.lm_head.weight, torch.arange(0, 64, 2))
+    lm = ReducedLMHead(model.lm_head.weight, torch.arange(0, vocab, 2))
     if method == "medusa":
         heads = MedusaHeads(model.config.hidden_size, 3).eval()
         for p in heads.parameters():

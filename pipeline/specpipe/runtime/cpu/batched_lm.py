@@ -53,17 +53,29 @@ class BatchEntry:
         positions: int64 ``[n]`` position ids; ``None``: ``length .. length + n - 1`` (a chain).
         mask: bool ``[n, length + n]`` (True = may attend) over the slot's cache and these tokens;
             ``None``: causal (every cached token, then the new ones up to itself).
+        exact: its rows must come out bitwise the same whatever shares the forward and however many
+            tokens (at most :data:`EXACT_QUERY_ROWS`) it verifies, as a seeded sampled request needs:
+            its attention runs in calls whose shapes do not depend on the batch (:func:`attention_groups`).
     """
 
     slot: int
     token_ids: list[int]
     positions: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    exact: bool = False
 
 
 #: A padded attention call over several multi-token entries may compute at most this many times the
 #: query rows they need; beyond it each entry gets its own call.
 PADDING_LIMIT = 2.0
+#: Exact entries of at most this many tokens share one attention call with this many query rows per
+#: slot; longer ones (prompt chunks) get a call each. PyTorch's CPU flash attention computes a query row
+#: bitwise alike whatever the other slots and rows from 16 rows per slot on, but not with one row
+#: (there a lone slot differs from two or more on 2 threads, torch 2.13).
+EXACT_QUERY_ROWS = 16
+#: Exact entries' calls read keys in multiples of this many (the rest masked): padding the keys to any
+#: other length changes a row's last bits.
+EXACT_KEY_BLOCK = 64
 
 
 @dataclass
@@ -95,7 +107,11 @@ def attention_groups(entries: list[BatchEntry], starts: list[int]) -> list[Atten
     One-token entries (plain decoding) share one call, one query per slot. Longer entries (chains, token
     trees, prompt chunks) share a second call over their slot range when its padding computes at most
     :data:`PADDING_LIMIT` times their rows, else get one call each: a 12-node tree then no longer pads
-    every other request's query to 13 rows, which doubled the attention time of a batch of 8.
+    every other request's query to 13 rows, which doubled the attention time of a batch of 8. Exact
+    entries (:attr:`BatchEntry.exact`) of at most :data:`EXACT_QUERY_ROWS` tokens share a call with that
+    many query rows per slot, longer ones get a call each, both with keys read in multiples of
+    :data:`EXACT_KEY_BLOCK`; their rows then come out bitwise alike whatever else the call holds
+    (``tests/test_exact_attention.py``).
 
     Args:
         entries: the forward's entries; starts: each entry's cached tokens before it.
@@ -104,24 +120,39 @@ def attention_groups(entries: list[BatchEntry], starts: list[int]) -> list[Atten
     offsets = [0]
     for n in counts:
         offsets.append(offsets[-1] + n)
-    singles = [i for i, n in enumerate(counts) if n == 1]
-    longer = [i for i, n in enumerate(counts) if n > 1]
-    parts = [singles] if singles else []
+    singles = [i for i, n in enumerate(counts) if n == 1 and not entries[i].exact]
+    longer = [i for i, n in enumerate(counts) if n > 1 and not entries[i].exact]
+    parts = [(singles, None)] if singles else []
     if longer:
         span = max(entries[i].slot for i in longer) - min(entries[i].slot for i in longer) + 1
         if span * max(counts[i] for i in longer) <= PADDING_LIMIT * sum(counts[i] for i in longer):
-            parts.append(longer)
+            parts.append((longer, None))
         else:
-            parts += [[i] for i in longer]
-    return [_group(entries, starts, offsets, part, every_row=len(parts) == 1) for part in parts]
+            parts += [([i], None) for i in longer]
+    exact_short = [i for i, n in enumerate(counts) if n <= EXACT_QUERY_ROWS and entries[i].exact]
+    if exact_short:
+        parts.append((exact_short, EXACT_QUERY_ROWS))
+    parts += [([i], n) for i, n in enumerate(counts) if n > EXACT_QUERY_ROWS and entries[i].exact]
+    return [_group(entries, starts, offsets, part, len(parts) == 1, queries) for part, queries in parts]
+
+
+def exact_key_length(tokens: int) -> int:
+    """Keys an exact entry's attention call reads for ``tokens`` cached ones: a multiple of
+    :data:`EXACT_KEY_BLOCK`."""
+    return -(-tokens // EXACT_KEY_BLOCK) * EXACT_KEY_BLOCK
 
 
 def _group(entries: list[BatchEntry], starts: list[int], offsets: list[int], members: list[int],
-           every_row: bool) -> AttentionGroup:
+           every_row: bool, queries: int | None = None) -> AttentionGroup:
+    """One call's group; ``queries``: query rows per slot, fixed (an exact group, whose keys are also
+    read in multiples of :data:`EXACT_KEY_BLOCK`); ``None``: its longest entry's."""
     slots = [entries[i].slot for i in members]
     counts = [offsets[i + 1] - offsets[i] for i in members]
-    first, queries = min(slots), max(counts)
-    keys = max(starts[i] + n for i, n in zip(members, counts))
+    first, keys = min(slots), max(starts[i] + n for i, n in zip(members, counts))
+    if queries is None:
+        queries = max(counts)
+    else:
+        keys = exact_key_length(keys)
     mask = torch.zeros(max(slots) - first + 1, 1, queries, keys, dtype=torch.bool)
     mask[..., 0] = True  # padded query rows attend to something (their output is dropped)
     for i, slot, n in zip(members, slots, counts):
@@ -238,7 +269,8 @@ class BatchedLM:
             raise ValueError("a batched forward needs distinct slots with at least one token each")
         counts = [len(e.token_ids) for e in entries]
         starts = [self.lengths[e.slot] for e in entries]
-        self._grow(max(s + n for s, n in zip(starts, counts)))
+        needed = max(s + n for s, n in zip(starts, counts))
+        self._grow(exact_key_length(needed) if any(e.exact for e in entries) else needed)
 
         token_ids = torch.tensor([t for e in entries for t in e.token_ids], dtype=torch.long)
         if len(entries) == 1:  # one request: its cache rows are one slice

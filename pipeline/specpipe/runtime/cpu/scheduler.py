@@ -9,8 +9,8 @@ Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching
 2. chooses each decoding request's draft length with the load-adaptive rule
    (:func:`~specpipe.runtime.cpu.adaptive.choose_draft_lengths`; 0 = plain decoding) and drafts:
    a chain (``[last, d1..dk]``, causal) or a token tree (``[root, nodes]``, tree mask and positions);
-3. gives prefilling requests the next chunk of their prompt, at most ``prefill_chunk`` prompt tokens
-   per step over all of them, so a long prompt does not stall the batch;
+3. gives prefilling requests the next whole ``prefill_chunk`` of their own prompt, at most ``prefill_chunk``
+   prompt tokens per step over all of them, so a long prompt does not stall the batch;
 4. runs **one** target forward over all of it (:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`)
    and one ``lm_head`` over every row that needs logits;
 5. per request: chooses tokens (:mod:`~specpipe.runtime.cpu.batch_request`), accepts its own drafts,
@@ -80,24 +80,20 @@ class BatchScheduler:
 
     def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
                  prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True):
-        self.engine = engine
-        self.tree = isinstance(engine, TreeSpeculativeEngine)
+        self.engine, self.tree = engine, isinstance(engine, TreeSpeculativeEngine)
         self.acceptance_rule = getattr(engine, "acceptance", ACCEPTANCE_RULES[0])
         self.lm = BatchedLM(engine.target.model, max_batch_size)
         self.max_batch_size, self.max_queue, self.prefill_chunk = max_batch_size, max_queue, max(1, prefill_chunk)
-        self.max_draft_len, self.max_context = engine.max_draft_len, engine.max_context
-        self.adaptive = adaptive
+        self.max_draft_len, self.max_context, self.adaptive = engine.max_draft_len, engine.max_context, adaptive
         self.cost_model = cost_model if cost_model is not None else ForwardCostModel.measure(self.lm)
         self.active: list[BatchRequest] = []
         self._waiting: deque[BatchRequest] = deque()
         self._lock = threading.Lock()
-        self._next_id = 0
-        self.steps = 0
+        self._next_id = self.steps = 0
         self.last_draft_lengths: list[int] = []
         self.shared_acceptance = shared_acceptance()
         self.draft_seconds_per_depth = 0.0  # the deployment's, for requests that have not drafted yet
-        self.resume_cost = ResumeCost()
-        self.start_cost = StartCost()
+        self.resume_cost, self.start_cost = ResumeCost(), StartCost()
         trim_heap()  # what measuring the cost curve allocated and freed
 
     # --- requests --------------------------------------------------------------------------------
@@ -185,10 +181,10 @@ class BatchScheduler:
         decoding = [r for r in self.active if not r.prefilling]
         prefilling = [r for r in self.active if r.prefilling]
         budget, chunks = self.prefill_chunk, []
-        for request in prefilling:
-            if budget <= 0:
+        for request in prefilling:  # whole chunks of its own prompt: their bounds do not depend on the batch
+            size = min(self.prefill_chunk, len(request.prompt) - request.prefilled)
+            if chunks and size > budget:
                 break
-            size = min(budget, len(request.prompt) - request.prefilled)
             chunks.append((request, size))
             budget -= size
         lengths = self._draft_lengths(decoding, sum(n for _, n in chunks),
@@ -203,7 +199,8 @@ class BatchScheduler:
             plans.append(plan)
             entries.append(plan[1])
         for request, size in chunks:
-            entries.append(BatchEntry(request.slot, request.prompt[request.prefilled : request.prefilled + size]))
+            prompt_chunk = request.prompt[request.prefilled : request.prefilled + size]
+            entries.append(BatchEntry(request.slot, prompt_chunk, exact=not request.chooser.greedy))
             plans.append((request, entries[-1], None))
         if not entries:
             return
@@ -313,6 +310,8 @@ class BatchScheduler:
             tree = DraftTree([], [])
             if nodes > 0:
                 tree = request.drafter.propose(context, nodes, depth).prune(depth, nodes)
+                if not request.chooser.greedy:  # a seeded text must not depend on the tree verified
+                    tree = tree.first_children()
                 request.node_depths = tree.depths()
             if len(tree):
                 mask, positions = tree_attention(tree.parents, cached)
@@ -331,6 +330,7 @@ class BatchScheduler:
             seconds = (time.perf_counter() - started) / depth
             request.draft_seconds_per_depth = ewma(request.draft_seconds_per_depth, seconds, 0.2)
             self.draft_seconds_per_depth = ewma(self.draft_seconds_per_depth, seconds, 0.05)
+        entry.exact = not request.chooser.greedy  # a seeded sampled request's logits must not depend on its batch
         return request, entry, draft
 
     def _complete(self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor,

@@ -67,6 +67,18 @@ class DraftTree:
             paths.append([*paths[parent + 1], token])
         return paths
 
+    def first_children(self) -> "DraftTree":
+        """The chain that follows, from the root, each node's first child (the drafters list a node's
+        children most likely first). Its rows verify with the keys of a plain causal chain, laid out as
+        plain decoding lays them out, so their logits are bitwise those of plain decoding, which a seeded
+        sampled request needs; a wider tree's rows interleave masked siblings among their keys, which
+        changes the attention's rounding."""
+        kids, path, node = self.children(), [], -1
+        while kids[node + 1]:
+            node = kids[node + 1][0]
+            path.append(node)
+        return DraftTree([self.tokens[i] for i in path], list(range(-1, len(path) - 1)))
+
     def prune(self, max_depth: int, max_nodes: int | None = None) -> "DraftTree":
         """Drop nodes deeper than ``max_depth`` and, breadth-first, those past ``max_nodes``."""
         depths = self.depths()
