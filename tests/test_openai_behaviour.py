@@ -145,6 +145,15 @@ def test_every_bad_field_is_a_400_naming_field_and_value(server, field, value, s
     assert repr(value)[:20] in reply["error"]["message"] or field == "stream_options"
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Fruits:"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+def test_a_null_stream_is_not_streamed(server, path, body):
+    """OpenAI's API takes ``"stream": null`` as false (a fresh tester's client sent it)."""
+    status, reply = post(server, path, {"model": NAME, "max_tokens": 4, "stream": None, **body})
+    assert status == 200, reply
+    assert reply["object"] in ("text_completion", "chat.completion") and reply["usage"]["completion_tokens"] >= 1
+
+
 @pytest.mark.parametrize("raw", [b"{", b"[]", b"null", b'{"model": "m", "prompt": "x", "max_tokens": NaN}', "\u00e9".encode("latin-1")])
 def test_malformed_bodies_are_400(server, raw):
     status, reply = post(server, "/v1/completions", None, raw=raw)

@@ -85,7 +85,11 @@ def test_busy_port_is_refused_before_starting(repo, listening_socket):
 def test_missing_repository(tmp_path):
     with pytest.raises(SpecpipeError, match="no Triton model repository"):
         LocalTritonServer(tmp_path / "nope", free_port(), free_port(), free_port()).start()
-    with pytest.raises(SpecpipeError, match="run 'specpipe package NAME' first"):
+    with pytest.raises(SpecpipeError, match="run 'specpipe package nope' first$"):
+        serve_repository(tmp_path / "nope")
+    for name in ("tiny-none", "tiny-eagle"):
+        (tmp_path / name / "ensemble").mkdir(parents=True)
+    with pytest.raises(SpecpipeError, match=f"run 'specpipe package nope' first \\(packaged in {tmp_path}: tiny-eagle, tiny-none\\)"):
         serve_repository(tmp_path / "nope")
 
 

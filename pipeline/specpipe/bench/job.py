@@ -8,6 +8,7 @@ progress bar on stderr, and writes the result files. The caller prints the table
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,12 +78,29 @@ def default_out_dir() -> Path:
     return Path("bench-results") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
+def check_output_folder(out_dir: Path) -> None:
+    """Refuse, before anything is measured, an output folder the results could not be written to
+    (nothing is created here).
+
+    Raises:
+        SpecpipeError: ``out_dir`` or one of its parents is a file, or the nearest existing folder is
+            not writable.
+    """
+    existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise SpecpipeError(f"--out {out_dir}: {existing} is a file; pass a folder for the results "
+                            "(bench.json, bench.csv, requests.csv, bench.png)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SpecpipeError(f"--out {out_dir}: cannot write in {existing}; pass another folder with --out")
+
+
 def run_benchmark(request: BenchRequest, show_progress: bool = True) -> BenchOutcome:
     """Measure every deployment of ``request`` and write the result files (JSON, CSV, plot).
 
     Raises:
-        SpecpipeError: bad deployments or prompts, both a request count and a duration, or a failed
-            pre-flight check (nothing measured).
+        SpecpipeError: bad deployments or prompts, both a request count and a duration, an output folder
+            that cannot be written (:func:`check_output_folder`), or a failed pre-flight check (nothing
+            measured).
     """
     if request.num_requests is not None and request.duration is not None:
         raise SpecpipeError("give --num-requests or --duration, not both")
@@ -93,6 +111,7 @@ def run_benchmark(request: BenchRequest, show_progress: bool = True) -> BenchOut
                              chat=request.chat, timeout_s=request.timeout, baseline=request.baseline, tokenizer=request.tokenizer,
                              rounds=request.rounds)
     out_dir = Path(request.out) if request.out else default_out_dir()
+    check_output_folder(out_dir)
     run = execute(endpoints, prompt_list, settings, show_progress)
     mark_unmeasured(run)
     return BenchOutcome(run=run, out_dir=out_dir, paths=write_results(run, out_dir))

@@ -183,7 +183,7 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
     options = {name: getattr(model, name) for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
                if getattr(model, name) is not None}
     parsed = ParsedRequest(
-        chat=chat, model=model.model, max_tokens=max_tokens, stream=model.stream,
+        chat=chat, model=model.model, max_tokens=max_tokens, stream=bool(model.stream),
         temperature=1.0 if model.temperature is None else model.temperature, top_p=model.top_p, seed=model.seed,
         stop=model.stop_strings(), include_usage=bool(model.stream_options and model.stream_options.include_usage),
         top_k=model.top_k, options=options,

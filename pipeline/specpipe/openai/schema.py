@@ -63,7 +63,7 @@ class _Common(BaseModel):
 
     model: Annotated[str, Field(min_length=1, description="any non-empty id: the gateway serves one deployment")]
     max_tokens: Annotated[int | None, Field(ge=1, le=INT32_MAX, description="new tokens at most; absent: the rest of the context")] = None
-    stream: bool = False
+    stream: Annotated[bool | None, Field(description="null: false, as OpenAI takes it")] = False
     stream_options: StreamOptions | None = None
     temperature: Annotated[float | None, Field(ge=0.0, le=2.0, description="0: greedy")] = None
     top_p: Annotated[float | None, Field(gt=0.0, le=1.0)] = None

@@ -7,7 +7,6 @@ container (:mod:`specpipe.serve.trtllm`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from rich.table import Table
 from specpipe.errors import SpecpipeError
 from specpipe.progress import out
 from specpipe.serve.local import LocalTritonServer, check_ports
+from specpipe.serve.model_processes import supervise
 from specpipe.serve.trtllm import check_engine_built, container_launch, run_container
 from specpipe.triton.repo_meta import read_meta
 from specpipe.triton.repository import repository_runtime
@@ -57,7 +57,10 @@ def resolve_runtime(repo_dir: Path, runtime: str) -> str:
     """
     repo_dir = Path(repo_dir)
     if not (repo_dir / "ensemble").is_dir() and not (repo_dir / "specpipe.json").is_file():
-        raise SpecpipeError(f"no Triton model repository at {repo_dir}: run 'specpipe package NAME' first")
+        parent = repo_dir.parent
+        others = sorted(p.name for p in parent.iterdir() if (p / "ensemble").is_dir()) if parent.is_dir() else []
+        raise SpecpipeError(f"no Triton model repository at {repo_dir}: run 'specpipe package {repo_dir.name}' first"
+                            + (f" (packaged in {repo_dir.parent}: {', '.join(others)})" if others else ""))
     if runtime != "auto":
         return runtime
     found = repository_runtime(repo_dir)
@@ -119,9 +122,7 @@ def serve(request: ServeRequest) -> None:
         if openai_port is not None:
             gateway = _start_gateway(server.repo_dir.name, grpc_port, openai_port)
         _print_endpoints(server, gateway)
-        while server.process.poll() is None:
-            time.sleep(0.5)
-        raise server.failure(f"tritonserver exited unexpectedly with status {server.process.returncode}")
+        supervise(server)
     except KeyboardInterrupt:
         out.print("stopping Triton ...")
     finally:
