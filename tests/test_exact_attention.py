@@ -67,6 +67,7 @@ def test_an_exact_rows_hidden_states_do_not_depend_on_the_batch_or_on_the_drafts
         [BatchEntry(2, [7], exact=True), BatchEntry(0, step[:1], exact=True), BatchEntry(3, [8, 9, 10], exact=True)],
         [BatchEntry(1, [5]), BatchEntry(0, step[:1], exact=True), BatchEntry(2, [6, 7])],  # beside inexact entries
         [BatchEntry(0, step[:1], exact=True), BatchEntry(1, tokens(40, 5), exact=True)],  # beside a prompt chunk
+        [BatchEntry(3, tokens(EXACT_QUERY_ROWS, 6), exact=True), BatchEntry(0, step[:1], exact=True)],  # 16 rows a slot
     ]
     for entries in compositions:
         target = next(i for i, e in enumerate(entries) if e.slot == 0)

@@ -68,11 +68,14 @@ class BatchEntry:
 #: A padded attention call over several multi-token entries may compute at most this many times the
 #: query rows they need; beyond it each entry gets its own call.
 PADDING_LIMIT = 2.0
-#: Exact entries of at most this many tokens share one attention call with this many query rows per
-#: slot; longer ones (prompt chunks) get a call each. PyTorch's CPU flash attention computes a query row
-#: bitwise alike whatever the other slots and rows from 16 rows per slot on, but not with one row
-#: (there a lone slot differs from two or more on 2 threads, torch 2.13).
+#: Exact entries of at most this many tokens share one attention call; longer ones (prompt chunks) get
+#: a call each.
 EXACT_QUERY_ROWS = 16
+#: The shared call of exact entries has at least this many query rows per slot. PyTorch's CPU flash
+#: attention (torch 2.13, 2 threads) computes a query row bitwise alike with 4 to 16 rows per slot,
+#: whatever the other slots and rows, but not with 1 to 3 (with one row, a lone slot also differs from
+#: two or more).
+EXACT_MIN_QUERY_ROWS = 4
 #: Exact entries' calls read keys in multiples of this many (the rest masked): padding the keys to any
 #: other length changes a row's last bits.
 EXACT_KEY_BLOCK = 64
@@ -108,10 +111,10 @@ def attention_groups(entries: list[BatchEntry], starts: list[int]) -> list[Atten
     trees, prompt chunks) share a second call over their slot range when its padding computes at most
     :data:`PADDING_LIMIT` times their rows, else get one call each: a 12-node tree then no longer pads
     every other request's query to 13 rows, which doubled the attention time of a batch of 8. Exact
-    entries (:attr:`BatchEntry.exact`) of at most :data:`EXACT_QUERY_ROWS` tokens share a call with that
-    many query rows per slot, longer ones get a call each, both with keys read in multiples of
-    :data:`EXACT_KEY_BLOCK`; their rows then come out bitwise alike whatever else the call holds
-    (``tests/test_exact_attention.py``).
+    entries (:attr:`BatchEntry.exact`) of at most :data:`EXACT_QUERY_ROWS` tokens share a call with at
+    least :data:`EXACT_MIN_QUERY_ROWS` query rows per slot, longer ones get a call each, both with keys
+    read in multiples of :data:`EXACT_KEY_BLOCK`; their rows then come out bitwise alike whatever else
+    the call holds (``tests/test_exact_attention.py``).
 
     Args:
         entries: the forward's entries; starts: each entry's cached tokens before it.
@@ -131,7 +134,7 @@ def attention_groups(entries: list[BatchEntry], starts: list[int]) -> list[Atten
             parts += [([i], None) for i in longer]
     exact_short = [i for i, n in enumerate(counts) if n <= EXACT_QUERY_ROWS and entries[i].exact]
     if exact_short:
-        parts.append((exact_short, EXACT_QUERY_ROWS))
+        parts.append((exact_short, max(EXACT_MIN_QUERY_ROWS, *(counts[i] for i in exact_short))))
     parts += [([i], n) for i, n in enumerate(counts) if n > EXACT_QUERY_ROWS and entries[i].exact]
     return [_group(entries, starts, offsets, part, len(parts) == 1, queries) for part, queries in parts]
 
