@@ -5,6 +5,7 @@ Triton kept reporting ready and the stream stayed open for minutes)."""
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -37,6 +38,7 @@ def test_a_killed_engine_process_stops_the_server_and_ends_its_streams(tmp_path)
                     request = GenerationRequest("1 2 3", max_tokens=8000, stream=True)
                     return await client.generate(request, on_text=lambda text: streaming.set())
             outcome["reply"] = run_sync(go())
+            outcome["ended"] = time.monotonic()
 
         def watch():
             try:
@@ -50,13 +52,15 @@ def test_a_killed_engine_process_stops_the_server_and_ends_its_streams(tmp_path)
         client.start()
         assert streaming.wait(60), "the stream never started"
         os.kill(next(pid for pid, model in stubs.items() if model == "tensorrt_llm"), signal.SIGKILL)
+        killed = time.monotonic()
         supervisor.join(60)
         assert not supervisor.is_alive(), "the dead engine process went unnoticed"
         assert "'tensorrt_llm'" in str(outcome["served"]) and "start it again" in str(outcome["served"])
         assert server.process.poll() is not None
-        client.join(60)
+        client.join(15)  # the server gets 2 s to exit, not Triton's exit timeout for requests that cannot end
         assert not client.is_alive(), "the stream still hangs after the server stopped"
         reply = outcome["reply"]  # the client reports a broken stream in its result
         assert reply.connection_lost and "UNAVAILABLE" in reply.error
+        assert outcome["ended"] - killed < 10  # a fresh tester's clients waited 20 s: Triton's exit timeout, then SIGKILL
     finally:
         server.stop()

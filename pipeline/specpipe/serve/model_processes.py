@@ -19,6 +19,9 @@ import psutil
 from specpipe.errors import SpecpipeError
 
 STUB = "triton_python_backend_stub"
+#: Seconds a server whose model process died gets to exit before SIGKILL. Its requests in flight can
+#: never finish, and Triton would wait its whole exit timeout for them while the clients wait too.
+DEAD_MODEL_GRACE_S = 2.0
 #: How the stubs' shared-memory regions in ``/dev/shm`` are named (an argument of each stub).
 SHM_PREFIX = "triton_python_backend_shm_region"
 
@@ -103,7 +106,7 @@ def supervise(server, poll_s: float = 0.5) -> None:
             watch.clean_up()
             raise server.failure(f"tritonserver exited unexpectedly with status {server.process.returncode}")
         if lost:
-            server.stop()
+            server.stop(grace_s=DEAD_MODEL_GRACE_S)
             watch.clean_up()
             names = ", ".join(f"'{model}' (pid {pid})" for pid, model in lost)
             raise server.failure(
