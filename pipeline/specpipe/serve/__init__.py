@@ -60,7 +60,7 @@ def resolve_runtime(repo_dir: Path, runtime: str) -> str:
         parent = repo_dir.parent
         others = sorted(p.name for p in parent.iterdir() if (p / "ensemble").is_dir()) if parent.is_dir() else []
         raise SpecpipeError(f"no Triton model repository at {repo_dir}: run 'specpipe package {repo_dir.name}' first"
-                            + (f" (packaged in {repo_dir.parent}: {', '.join(others)})" if others else ""))
+                            + (f" (packaged in {parent}: {', '.join(others)})" if others else ""))
     if runtime != "auto":
         return runtime
     found = repository_runtime(repo_dir)

@@ -26,64 +26,71 @@ DEAD_MODEL_GRACE_S = 2.0
 SHM_PREFIX = "triton_python_backend_shm_region"
 
 
-def stub_arguments(server_pid: int) -> dict[int, list[str]]:
-    """The command lines of the Python-backend stubs under the process ``server_pid``, by pid (empty when
-    the server is gone)."""
+def _stubs(server_pid: int) -> list[tuple[psutil.Process, list[str]]]:
+    """The Python-backend stubs under the process ``server_pid`` and their command lines (none when the
+    server is gone)."""
     try:
         children = psutil.Process(server_pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        return {}
-    stubs = {}
+        return []
+    stubs = []
     for child in children:
         try:
             args = child.cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         if args and Path(args[0]).name == STUB:
-            stubs[child.pid] = args
+            stubs.append((child, args))
     return stubs
+
+
+def _model_of(args: list[str]) -> str:
+    """The model a stub serves: the folder of the ``model.py`` it runs (``?`` when it names none)."""
+    script = next((Path(a) for a in args[1:] if a.endswith("model.py")), None)
+    return script.parent.parent.name if script else "?"
 
 
 def model_processes(server_pid: int) -> dict[int, str]:
-    """The Python-backend stubs under the process ``server_pid``: pid -> model name (the folder of the
-    ``model.py`` the stub runs). Empty when the server is gone."""
-    stubs = {}
-    for pid, args in stub_arguments(server_pid).items():
-        script = next((Path(a) for a in args[1:] if a.endswith("model.py")), None)
-        stubs[pid] = script.parent.parent.name if script else "?"
-    return stubs
+    """The Python-backend stubs under the process ``server_pid``: pid -> model name. Empty when the
+    server is gone."""
+    return {process.pid: _model_of(args) for process, args in _stubs(server_pid)}
 
 
-def _alive(pid: int) -> bool:
+def _running(process: psutil.Process) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
 
 class ModelProcessWatch:
-    """The stubs of a ready server, checked for exits.
+    """The stubs of a ready server, checked for exits. The processes are held as ``psutil.Process``
+    objects, which know their start time: a pid the system reuses later is never taken for a stub.
 
     Args:
         server_pid: the ``tritonserver`` process.
     """
 
     def __init__(self, server_pid: int):
-        self.server_pid = server_pid
-        self.stubs = model_processes(server_pid)
-        self.shared_memory = [Path("/dev/shm") / a for args in stub_arguments(server_pid).values()
-                              for a in args[1:] if a.startswith(SHM_PREFIX)]
+        stubs = _stubs(server_pid)
+        self.processes = {process: _model_of(args) for process, args in stubs}
+        self.shared_memory = [Path("/dev/shm") / a for _, args in stubs for a in args[1:] if a.startswith(SHM_PREFIX)]
+
+    @property
+    def stubs(self) -> dict[int, str]:
+        """pid -> model name of the watched stubs."""
+        return {process.pid: model for process, model in self.processes.items()}
 
     def lost(self) -> list[tuple[int, str]]:
         """``(pid, model)`` of each watched stub that has exited."""
-        return [(pid, model) for pid, model in self.stubs.items() if not _alive(pid)]
+        return [(process.pid, model) for process, model in self.processes.items() if not _running(process)]
 
     def clean_up(self) -> None:
         """After the server exited: kill the stubs it left running (a SIGKILLed ``tritonserver`` cannot
         stop them, and init adopts them) and remove their shared-memory regions."""
-        for pid in self.stubs:
+        for process in self.processes:
             try:
-                psutil.Process(pid).kill()
+                process.kill()
             except psutil.NoSuchProcess:
                 pass
         for region in self.shared_memory:

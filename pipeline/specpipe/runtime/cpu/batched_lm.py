@@ -125,18 +125,18 @@ def attention_groups(entries: list[BatchEntry], starts: list[int]) -> list[Atten
         offsets.append(offsets[-1] + n)
     singles = [i for i, n in enumerate(counts) if n == 1 and not entries[i].exact]
     longer = [i for i, n in enumerate(counts) if n > 1 and not entries[i].exact]
-    parts = [(singles, None)] if singles else []
+    parts = [singles] if singles else []
     if longer:
         span = max(entries[i].slot for i in longer) - min(entries[i].slot for i in longer) + 1
         if span * max(counts[i] for i in longer) <= PADDING_LIMIT * sum(counts[i] for i in longer):
-            parts.append((longer, None))
+            parts.append(longer)
         else:
-            parts += [([i], None) for i in longer]
+            parts += [[i] for i in longer]
     exact_short = [i for i, n in enumerate(counts) if n <= EXACT_QUERY_ROWS and entries[i].exact]
     if exact_short:
-        parts.append((exact_short, max(EXACT_MIN_QUERY_ROWS, *(counts[i] for i in exact_short))))
-    parts += [([i], n) for i, n in enumerate(counts) if n > EXACT_QUERY_ROWS and entries[i].exact]
-    return [_group(entries, starts, offsets, part, len(parts) == 1, queries) for part, queries in parts]
+        parts.append(exact_short)
+    parts += [[i] for i, n in enumerate(counts) if n > EXACT_QUERY_ROWS and entries[i].exact]
+    return [_group(entries, starts, offsets, part, every_row=len(parts) == 1) for part in parts]
 
 
 def exact_key_length(tokens: int) -> int:
@@ -146,16 +146,16 @@ def exact_key_length(tokens: int) -> int:
 
 
 def _group(entries: list[BatchEntry], starts: list[int], offsets: list[int], members: list[int],
-           every_row: bool, queries: int | None = None) -> AttentionGroup:
-    """One call's group; ``queries``: query rows per slot, fixed (an exact group, whose keys are also
-    read in multiples of :data:`EXACT_KEY_BLOCK`); ``None``: its longest entry's."""
+           every_row: bool) -> AttentionGroup:
+    """One call's group: query rows per slot as many as its longest entry's tokens, keys as many as its
+    longest cache; for exact entries (all or none of ``members``) at least :data:`EXACT_MIN_QUERY_ROWS`
+    query rows and keys in multiples of :data:`EXACT_KEY_BLOCK`."""
     slots = [entries[i].slot for i in members]
     counts = [offsets[i + 1] - offsets[i] for i in members]
-    first, keys = min(slots), max(starts[i] + n for i, n in zip(members, counts))
-    if queries is None:
-        queries = max(counts)
-    else:
-        keys = exact_key_length(keys)
+    first, queries = min(slots), max(counts)
+    keys = max(starts[i] + n for i, n in zip(members, counts))
+    if entries[members[0]].exact:
+        queries, keys = max(queries, EXACT_MIN_QUERY_ROWS), exact_key_length(keys)
     mask = torch.zeros(max(slots) - first + 1, 1, queries, keys, dtype=torch.bool)
     mask[..., 0] = True  # padded query rows attend to something (their output is dropped)
     for i, slot, n in zip(members, slots, counts):

@@ -18,9 +18,9 @@ Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching
    gather/scatter for the batch), applies its stop conditions and emits its own
    :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot.
 
-A failure while drafting or choosing for one request ends that request only (``fail`` callback), one of
-the shared forward ends that step's requests. A request's greedy output does not depend on its batch
-(``tests/test_batched_scheduler.py``).
+A failure while drafting or choosing for one request ends only that request (``fail`` callback); a
+failure of the shared forward ends that step's requests. A request's greedy output does not depend on
+its batch (``tests/test_batched_scheduler.py``), nor, bitwise, a sampled one's logits.
 """
 
 from __future__ import annotations
