@@ -15,13 +15,13 @@ from specpipe.errors import SpecpipeError
 from specpipe.serve import resolve_runtime, serve_repository
 from specpipe.serve.local import (
     LocalTritonServer,
-    check_ports,
     find_triton,
     model_load_failures,
     prepare_backends_dir,
     server_command,
     server_environment,
 )
+from specpipe.serve.ports import check_ports
 from specpipe.triton.repository import package_engine
 from conftest import free_port
 from tiny_engine import make_tiny_engine

@@ -26,6 +26,8 @@ from pydantic import ValidationError
 
 from specpipe.client.request import GenerationRequest, sampling_fields
 from specpipe.openai.schema import UNSUPPORTED_OFF, ChatCompletionRequest, CompletionRequest, UnsupportedOption
+from specpipe.triton.models.common import ENGINE_FAILED
+from specpipe.triton.models.draining import SERVER_STOPPING
 
 #: The gateway's fallback ``max_tokens`` when the context size is unknown (no tokenizer config).
 CHAT_DEFAULT_MAX_TOKENS = 512
@@ -51,10 +53,14 @@ SERVER_BUSY = "server busy"
 
 
 def api_error_for(message: str, connection_lost: bool = False) -> APIError:
-    """The gateway's answer to a failed request: 503 when Triton is unreachable or its engine's queue is
-    full ("server busy", which OpenAI clients retry with backoff), 400 otherwise (the request itself)."""
-    if SERVER_BUSY in message and not connection_lost:
+    """The gateway's answer to a failed request: 503 when Triton is unreachable, its engine's queue is
+    full ("server busy") or it is stopping ("server stopping"), which OpenAI clients retry with
+    backoff; 500 when the CPU engine failed on the request; 400 otherwise (the request itself). Triton's
+    stream responses carry the message only, not the gRPC status, so the message decides."""
+    if (SERVER_BUSY in message or SERVER_STOPPING in message) and not connection_lost:
         return APIError(503, message, kind="server_error")
+    if ENGINE_FAILED in message and not connection_lost:
+        return APIError(500, message, kind="server_error")
     if connection_lost or any(marker in message for marker in UNREACHABLE):
         return APIError(503, f"the Triton server is unreachable: {message}", kind="server_error")
     return APIError(400, message)

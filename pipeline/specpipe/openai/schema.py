@@ -199,7 +199,7 @@ def openapi_document(title: str = "specpipe OpenAI-compatible gateway") -> dict[
     def post(schema: str) -> dict[str, Any]:
         return {"post": {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
                          "responses": {"200": {"description": "a completion, or server-sent events when stream is true"},
-                                       "400": error, "503": error}}}
+                                       "400": error, "500": error, "503": error}}}
 
     return {
         "openapi": "3.1.0",

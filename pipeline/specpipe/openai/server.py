@@ -9,7 +9,8 @@ Order of work per request (issue 12): strict validation (:mod:`.schema`), prompt
 tokenization with the budget checks (:mod:`.prompting`), then the request to Triton; the HTTP status
 is sent only once Triton's first response (or error) arrived, so every refusal is an HTTP error with
 an OpenAI error object, and only failures during generation travel inside an event stream. Ensemble
-errors become HTTP 503 when Triton cannot be reached, 400 otherwise. ``stop`` is string-exact
+errors become HTTP 503 when Triton cannot be reached, is full or is stopping, 500 when the engine
+failed, 400 otherwise (:func:`~specpipe.openai.protocol.api_error_for`). ``stop`` is string-exact
 (:mod:`.stops`): when a stop string completes, the Triton request is cancelled. When the HTTP client
 goes away (closed transport; aiohttp cancels the handler), the gRPC stream is cancelled and, since
 Triton does not cancel an ensemble's running step, TensorRT-LLM's stop request is sent to the engine

@@ -7,20 +7,27 @@ container (:mod:`specpipe.serve.trtllm`).
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 
 from specpipe.errors import SpecpipeError
-from specpipe.progress import out
-from specpipe.serve.local import LocalTritonServer, check_ports
+from specpipe.progress import out, warn
+from specpipe.serve.local import LocalTritonServer, log_tail
+from specpipe.serve.ports import check_ports
 from specpipe.serve.model_processes import supervise
 from specpipe.serve.trtllm import check_engine_built, container_launch, run_container
 from specpipe.triton.repo_meta import read_meta
 from specpipe.triton.repository import repository_runtime
 
 __all__ = ["ServeRequest", "serve", "serve_repository", "resolve_runtime"]
+
+#: Seconds the running requests of a CPU deployment get to finish after Ctrl-C (Triton's exit timeout).
+DRAIN_S = 10.0
+#: What Triton logs when its exit timeout ran out (it then exits with status 1).
+EXIT_TIMEOUT_LINE = "Exit timeout expired"
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,9 @@ def serve(request: ServeRequest) -> None:
     """Serve ``request.repo_dir`` until Ctrl-C (a ``KeyboardInterrupt``) or, with ``print_only``, print how to.
 
     For the CPU runtime: start ``tritonserver``, wait until it is ready, print the endpoints, block,
-    then stop the server cleanly. With ``print_only``: print the environment and the exact command
+    then stop the server cleanly: new requests are refused at once, running ones get :data:`DRAIN_S`
+    seconds to finish (a second Ctrl-C ends them) and those still running then end with a "server
+    stopping" error (:meth:`LocalTritonServer.drain`). With ``print_only``: print the environment and the exact command
     line (stdout), start nothing. The caller turns SIGTERM into ``KeyboardInterrupt`` (the CLI does).
 
     TensorRT-LLM runtimes: the serving container (``container`` overrides the Triton TensorRT-LLM image
@@ -89,7 +98,8 @@ def serve(request: ServeRequest) -> None:
     (:mod:`specpipe.openai`).
 
     Raises:
-        SpecpipeError: no repository, a busy port, a server that fails to start or dies; for
+        SpecpipeError: no repository, a busy port, a server that fails to start, dies, or does not
+            exit cleanly when stopped (a crash, a status other than 0); for
             TensorRT-LLM: a container of another or unknown release, a GPU count other than TP x PP,
             an engine not built yet.
     """
@@ -111,7 +121,7 @@ def serve(request: ServeRequest) -> None:
         return
     if openai_port is not None:
         check_ports({"gRPC": grpc_port, "HTTP": request.http_port, "metrics": request.metrics_port, "openai": openai_port})
-    gateway = None
+    gateway, interrupted = None, False
     try:
         server.start()
         out.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
@@ -124,11 +134,26 @@ def serve(request: ServeRequest) -> None:
         _print_endpoints(server, gateway)
         supervise(server)
     except KeyboardInterrupt:
-        out.print("stopping Triton ...")
+        interrupted = True
+        out.print(f"stopping Triton: running requests get {DRAIN_S:g} s to finish (Ctrl-C again ends them now) ...",
+                  markup=False, highlight=False)
+        server.drain(DRAIN_S)
     finally:
         if gateway is not None:
             gateway.stop()
-        server.stop()
+        code = server.stop()
+    if interrupted and code:
+        _report_unclean_exit(server, code)
+
+
+def _report_unclean_exit(server: LocalTritonServer, code: int) -> None:
+    """After Ctrl-C: a crash or an unknown status is an error; Triton's own "Exit timeout expired"
+    (status 1: it still held a request, all of them having been answered) only a warning."""
+    if code == 1 and EXIT_TIMEOUT_LINE in log_tail(server.log_path, 5):
+        warn(f"Triton still held a finished request and waited its exit timeout (log: {server.log_path})")
+        return
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    raise server.failure(f"tritonserver {how} while stopping")
 
 
 def _serve_container(repo_dir: Path, runtime: str, ports: dict[str, int], print_only: bool,

@@ -34,10 +34,15 @@ from pathlib import Path
 from specpipe.errors import SpecpipeError
 from specpipe.paths import cache_dir
 from specpipe.serve.cold_start import ColdStart, model_load_times
+from specpipe.serve.ports import check_ports
+from specpipe.triton.models.draining import DRAIN_FILE_ENV, clear_drain, request_drain, wait_idle
 
 WHEEL = "nvidia-pytriton"
 STUB_NAME = "triton_python_backend_stub"
 BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+#: Seconds a drained CPU model gets past its deadline to end its requests and report (one batch step
+#: and the error responses).
+DRAIN_MARGIN_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -157,38 +162,6 @@ def server_command(install: TritonInstall, backends_dir: Path, repo_dir: Path, g
     ]
 
 
-def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
-    """Whether a TCP listener could bind ``host:port`` now (``SO_REUSEADDR``, as servers bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def check_ports(ports: dict[str, int]) -> None:
-    """Raise :class:`SpecpipeError` if two ports are equal or one is already in use.
-
-    Args:
-        ports: label (``"gRPC"``, ``"HTTP"``, ``"metrics"``) -> port.
-    """
-    seen: dict[int, str] = {}
-    for label, port in ports.items():
-        if not 0 < port < 65536:
-            raise SpecpipeError(f"the {label} port {port} is not a TCP port: choose one in 1..65535")
-        if port in seen:
-            raise SpecpipeError(f"the {seen[port]} and {label} ports are both {port}: give each its own port")
-        seen[port] = label
-    for label, port in ports.items():
-        if not port_is_free(port):
-            raise SpecpipeError(
-                f"the {label} port {port} is already in use (another server?): stop that process or choose "
-                f"another port with --{label.lower()}-port"
-            )
-
-
 def log_tail(path: Path | None, lines: int = 30) -> str:
     """The last ``lines`` lines of a log file ('' if there is none)."""
     if path is None or not Path(path).is_file():
@@ -273,7 +246,8 @@ class LocalTritonServer:
             raise SpecpipeError(f"no Triton model repository at {self.repo_dir}: run 'specpipe package' first")
         check_ports(self._ports())
         cmd, env_vars = self.command()
-        env = {**os.environ, **env_vars}
+        env = {**os.environ, **env_vars, DRAIN_FILE_ENV: str(self.drain_path)}
+        clear_drain(self.drain_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_path.is_file() and self.log_path.stat().st_size:  # a restart keeps the last run's log
             os.replace(self.log_path, self.previous_log_path)
@@ -343,16 +317,45 @@ class LocalTritonServer:
         text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
         return ColdStart(round(self.ready_after_s, 3), model_load_times(text))
 
-    def stop(self, grace_s: float = 20.0) -> int | None:
-        """Stop the server: SIGTERM, then SIGKILL to its process group after ``grace_s`` seconds.
+    @property
+    def drain_path(self) -> Path:
+        """The file through which :meth:`drain` asks the CPU model to finish (:mod:`specpipe.triton.models.draining`)."""
+        return self.log_path.with_suffix(".stopping")
+
+    def drain(self, within_s: float) -> bool:
+        """Let the running requests finish before the server stops: the CPU model refuses new requests
+        at once (``UNAVAILABLE``, "server stopping"), ends those still running after ``within_s``
+        seconds with that error, and reports when none is left. A ``KeyboardInterrupt`` while waiting
+        (a second Ctrl-C) ends them at once.
 
         Returns:
-            the exit status, or ``None`` if it was not running.
+            whether the model reported no request left (false for a server that is not running, or a
+            repository whose model does not take part).
+        """
+        process = self.process
+        if process is None or process.poll() is not None:
+            return False
+        alive = lambda: process.poll() is None  # noqa: E731
+        request_drain(self.drain_path, within_s)
+        try:
+            return wait_idle(self.drain_path, within_s + DRAIN_MARGIN_S, alive)
+        except KeyboardInterrupt:
+            request_drain(self.drain_path, 0.0)
+            return wait_idle(self.drain_path, DRAIN_MARGIN_S, alive)
+
+    def stop(self, grace_s: float = 20.0, drain_s: float = 0.0) -> int | None:
+        """Stop the server: :meth:`drain` it (``drain_s`` seconds for the running requests; with 0 they
+        end at once with a "server stopping" error rather than hang: Triton sends no response once it
+        has its signal), SIGTERM, then SIGKILL to its process group after ``grace_s`` seconds.
+
+        Returns:
+            the exit status (negative: killed by that signal), or ``None`` if it was not running.
         """
         process = self.process
         if process is None:
             return None
         if process.poll() is None:
+            self.drain(drain_s)
             try:
                 process.send_signal(signal.SIGTERM)
                 process.wait(grace_s)
@@ -362,6 +365,7 @@ class LocalTritonServer:
                 except ProcessLookupError:
                     pass
                 process.wait(10)
+        clear_drain(self.drain_path)
         return process.returncode
 
     def __enter__(self) -> "LocalTritonServer":

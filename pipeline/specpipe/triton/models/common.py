@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+#: How the error of a request that failed inside the CPU engine begins (``INTERNAL``; the gateway answers 500).
+ENGINE_FAILED = "the CPU engine failed on this request"
+
 
 def pb_utils():
     """The ``triton_python_backend_utils`` module of the running Triton Python-backend stub."""

@@ -40,17 +40,26 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from specpipe.triton.models.common import error_response, input_array, model_parameters, parse_bool, pb_utils, response
+from specpipe.triton.models.common import ENGINE_FAILED, error_response, input_array, model_parameters, parse_bool, pb_utils, response
+from specpipe.triton.models.draining import SERVER_STOPPING, DrainSignal
 from specpipe.triton.models.engine_request import EngineRequest, parse_request
 from specpipe.runtime.cpu.scheduler import BatchScheduler, ServerBusy
 from specpipe.runtime.cpu.scheduler import Cancelled as SchedulerCancelled
 from specpipe.triton.models.generation import Cancelled, StepResponder, run_request
 from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
 from specpipe.triton.models.warmup import warm_up_engine
+
+
+#: How often an idle worker looks for a drain request, seconds.
+IDLE_POLL_S = 0.2
+#: The errors of a request refused, or ended unfinished, because the server is stopping (``UNAVAILABLE``).
+REFUSED_WHILE_STOPPING = f"{SERVER_STOPPING}: it takes no new requests; send the request to another replica, or again once this one is back"
+ENDED_BY_STOP = f"{SERVER_STOPPING}: the request was ended before it finished; send it again once the server is back"
 
 
 class TritonSender:
@@ -126,15 +135,19 @@ class RequestWorker:
             about 1.5x slower on a thread other than the first one that used oneDNN (measured with
             SmolLM2 on 2 cores: 47 tokens/s on the loading thread, 32 on another).
         on_step: called with the scheduler after each batch step (metrics).
+        drain: how ``serve`` asks the worker to drain before the server stops (:mod:`.draining`);
+            none by default.
     """
 
     def __init__(self, engine=None, log_error=lambda message: None, *, load: Callable[[], object] | None = None,
-                 on_step: Callable[[BatchScheduler], None] | None = None):
+                 on_step: Callable[[BatchScheduler], None] | None = None, drain: DrainSignal | None = None):
         if (engine is None) == (load is None):
             raise ValueError("give exactly one of engine and load")
         self.engine = engine
         self.log_error = log_error
         self.on_step = on_step
+        self.drain = drain if drain is not None else DrainSignal(None)
+        self._ending = False
         self._queue: queue.Queue = queue.Queue()
         self._load_error: BaseException | None = None
         loaded = threading.Event()
@@ -174,17 +187,22 @@ class RequestWorker:
 
     def _batch_loop(self, scheduler: BatchScheduler) -> None:
         """In-flight batching: hand queued requests to the scheduler, step it while it has work, and
-        cancel the requests whose client has gone (checked once a step)."""
+        cancel the requests whose client has gone (checked once a step). While the server drains
+        (:mod:`.draining`), new requests are refused and, past the drain's deadline, running ones ended."""
         running: list[tuple[object, object]] = []  # (scheduler request, sender)
         closing = False
         while not (closing and not scheduler.has_work):
+            deadline = self.drain.deadline()
             try:
-                job = self._queue.get(block=not scheduler.has_work and not closing, timeout=None)
+                idle = not scheduler.has_work and not closing
+                job = self._queue.get(block=idle, timeout=IDLE_POLL_S if idle and self.drain.drain_file else None)
             except queue.Empty:
                 job = False
             while job is not False:
                 if job is None:
                     closing = True
+                elif deadline is not None:
+                    self._quietly(job[1].error, REFUSED_WHILE_STOPPING, "UNAVAILABLE")
                 else:
                     started = self._start(scheduler, *job)
                     if started is not None:
@@ -193,14 +211,17 @@ class RequestWorker:
                     job = self._queue.get_nowait()
                 except queue.Empty:
                     job = False
+            self._ending = deadline is not None and time.time() >= deadline
             for request, sender in running:
-                if not request.done and self._safely(sender.cancelled):
+                if not request.done and (self._ending or self._safely(sender.cancelled)):
                     request.cancel()
             running = [(r, s) for r, s in running if not r.done]
             if scheduler.has_work:
                 scheduler.step()
                 if self.on_step is not None:
                     self._safely(self.on_step, scheduler)
+            elif deadline is not None:
+                self.drain.report_idle()
 
     def _start(self, scheduler: BatchScheduler, request: EngineRequest, sender):
         """Submit one request to the scheduler; requests with external drafts are verified at once."""
@@ -212,11 +233,13 @@ class RequestWorker:
         responder = StepResponder(request, lambda outputs, final: self._quietly(sender.data, outputs, final))
 
         def fail(exc: BaseException) -> None:
-            if isinstance(exc, SchedulerCancelled):
+            if isinstance(exc, SchedulerCancelled) and self._ending:
+                self._quietly(sender.error, ENDED_BY_STOP, "UNAVAILABLE")
+            elif isinstance(exc, SchedulerCancelled):
                 self._quietly(sender.finish)
             else:
                 self.log_error(f"request failed in the CPU engine: {exc}")
-                self._quietly(sender.error, f"the CPU engine failed on this request: {type(exc).__name__}: {exc}", "INTERNAL")
+                self._quietly(sender.error, f"{ENGINE_FAILED}: {type(exc).__name__}: {exc}", "INTERNAL")
 
         try:
             return scheduler.submit(list(request.input_ids), request.params, responder.step, fail), sender
@@ -251,7 +274,7 @@ class RequestWorker:
             self._quietly(sender.error, str(exc), "INVALID_ARG")
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             self.log_error(f"request failed in the CPU engine: {exc}\n{traceback.format_exc()}")
-            self._quietly(sender.error, f"the CPU engine failed on this request: {type(exc).__name__}: {exc}", "INTERNAL")
+            self._quietly(sender.error, f"{ENGINE_FAILED}: {type(exc).__name__}: {exc}", "INTERNAL")
 
     def _quietly(self, send, *args) -> None:
         try:
@@ -333,7 +356,8 @@ class TritonPythonModel:
 
         self.metrics = SchedulerMetrics()
         self.stops = StopRequests()
-        self.worker = RequestWorker(load=load, log_error=logger.log_error, on_step=self.metrics.update)
+        self.worker = RequestWorker(load=load, log_error=logger.log_error, on_step=self.metrics.update,
+                                    drain=DrainSignal.from_environment())
         logger.log_info(f"specpipe CPU engine '{self.manifest.name}' loaded from {engine_dir}")
 
     def execute(self, requests):

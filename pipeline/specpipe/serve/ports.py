@@ -1,0 +1,40 @@
+"""The TCP ports a local server binds: checked before it starts, so a busy or repeated port fails with
+a message naming it instead of a server that dies while loading."""
+
+from __future__ import annotations
+
+import socket
+
+from specpipe.errors import SpecpipeError
+
+
+def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether a TCP listener could bind ``host:port`` now (``SO_REUSEADDR``, as servers bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(ports: dict[str, int]) -> None:
+    """Raise :class:`SpecpipeError` if two ports are equal or one is already in use.
+
+    Args:
+        ports: label (``"gRPC"``, ``"HTTP"``, ``"metrics"``) -> port.
+    """
+    seen: dict[int, str] = {}
+    for label, port in ports.items():
+        if not 0 < port < 65536:
+            raise SpecpipeError(f"the {label} port {port} is not a TCP port: choose one in 1..65535")
+        if port in seen:
+            raise SpecpipeError(f"the {seen[port]} and {label} ports are both {port}: give each its own port")
+        seen[port] = label
+    for label, port in ports.items():
+        if not port_is_free(port):
+            raise SpecpipeError(
+                f"the {label} port {port} is already in use (another server?): stop that process or choose "
+                f"another port with --{label.lower()}-port"
+            )
