@@ -26,8 +26,8 @@ class FakeServer:
         self.process = subprocess.Popen(["sh", "-c", f"{children} wait"], start_new_session=True)
         self.stopped = False
 
-    def stop(self, grace_s=20.0):
-        self.stopped, self.grace_s = True, grace_s
+    def stop(self, grace_s=20.0, drain_s=0.0):
+        self.stopped, self.grace_s, self.drain_s = True, grace_s, drain_s
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
@@ -79,6 +79,7 @@ def test_supervise_stops_the_server_and_names_the_model_when_a_stub_dies(server)
     os.kill(engine, signal.SIGKILL)
     thread.join(10)
     assert not thread.is_alive() and server.stopped and server.grace_s <= 2.0  # its requests can never finish
+    assert server.drain_s is None  # nor can the dead model drain them
     message = str(errors[0].value)
     assert f"'tensorrt_llm' (pid {engine})" in message and "start it again" in message
 

@@ -343,10 +343,11 @@ class LocalTritonServer:
             request_drain(self.drain_path, 0.0)
             return wait_idle(self.drain_path, DRAIN_MARGIN_S, alive)
 
-    def stop(self, grace_s: float = 20.0, drain_s: float = 0.0) -> int | None:
+    def stop(self, grace_s: float = 20.0, drain_s: float | None = 0.0) -> int | None:
         """Stop the server: :meth:`drain` it (``drain_s`` seconds for the running requests; with 0 they
         end at once with a "server stopping" error rather than hang: Triton sends no response once it
-        has its signal), SIGTERM, then SIGKILL to its process group after ``grace_s`` seconds.
+        has its signal; ``None``: no drain, for a model that cannot answer), SIGTERM, then SIGKILL to
+        its process group after ``grace_s`` seconds.
 
         Returns:
             the exit status (negative: killed by that signal), or ``None`` if it was not running.
@@ -355,7 +356,8 @@ class LocalTritonServer:
         if process is None:
             return None
         if process.poll() is None:
-            self.drain(drain_s)
+            if drain_s is not None:
+                self.drain(drain_s)
             try:
                 process.send_signal(signal.SIGTERM)
                 process.wait(grace_s)

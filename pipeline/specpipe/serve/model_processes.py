@@ -113,7 +113,7 @@ def supervise(server, poll_s: float = 0.5) -> None:
             watch.clean_up()
             raise server.failure(f"tritonserver exited unexpectedly with status {server.process.returncode}")
         if lost:
-            server.stop(grace_s=DEAD_MODEL_GRACE_S)
+            server.stop(grace_s=DEAD_MODEL_GRACE_S, drain_s=None)  # a dead model cannot drain
             watch.clean_up()
             names = ", ".join(f"'{model}' (pid {pid})" for pid, model in lost)
             raise server.failure(
