@@ -2,20 +2,26 @@
 file's protocol, the worker refusing new requests and ending running ones at the deadline with a
 "server stopping" error, the gateway's status for it, and how ``serve`` reports Triton's exit."""
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
 from specpipe.openai.protocol import api_error_for
 from specpipe.serve import _report_unclean_exit
-from specpipe.triton.models.draining import DrainSignal, clear_drain, idle_path, request_drain, wait_idle
+from specpipe.triton.models.draining import (ENDED_BY_STOP, REFUSED_WHILE_STOPPING, DrainSignal, clear_drain, idle_path,
+                                             request_drain, wait_idle)
 from specpipe.triton.models.engine_request import EngineRequest
-from specpipe.triton.models.tensorrt_llm_cpu import ENDED_BY_STOP, REFUSED_WHILE_STOPPING, RequestWorker
+from specpipe.triton.models.tensorrt_llm_cpu import ERROR_AFTER_DATA_S, RequestWorker, TritonSender
 from batch_helpers import make_engine, prompts, run_alone, scheduler_for
 from recording_sender import RecordingSender
-from triton_fakes import wait_for
+from triton_fakes import FAKE_PB, FINAL, FakeSender, wait_for
 
 
 def test_the_drain_file_carries_a_deadline_and_the_idle_answer(tmp_path):
@@ -104,3 +110,35 @@ def test_serve_reports_a_crash_at_exit_and_only_warns_of_triton_exit_timeout(tmp
     log.write_text("Signal (15) received.\n")
     with pytest.raises(SpecpipeError, match="exited with status 1 while stopping"):
         _report_unclean_exit(_StoppedServer(log), 1)
+
+
+def test_an_error_after_streamed_data_waits_for_the_ensembles_last_step(monkeypatch):
+    """Triton 2.51 never releases an ensemble request whose engine error arrives while a postprocessing
+    step of its last chunk still runs: the error waits ERROR_AFTER_DATA_S after the last data."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", FAKE_PB)
+    quiet, streamed = FakeSender(), FakeSender()
+    started = time.monotonic()
+    TritonSender(quiet).error("refused", "UNAVAILABLE")
+    assert time.monotonic() - started < ERROR_AFTER_DATA_S / 2
+    sender = TritonSender(streamed)
+    sender.data({"output_ids": np.array([[1]], np.int32)}, final=False)
+    sent = time.monotonic()
+    sender.error(ENDED_BY_STOP, "UNAVAILABLE")
+    assert time.monotonic() - sent >= ERROR_AFTER_DATA_S * 0.99
+    assert [flags for _, flags in streamed.sent] == [0, FINAL] and streamed.sent[-1][0].error.code == "UNAVAILABLE"
+
+
+def test_a_server_whose_serve_died_drains_at_once_and_is_signalled_when_idle(tmp_path):
+    """``tritonserver`` outlives a SIGKILLed ``serve`` (its own session): the model notices that its
+    server's parent changed, ends its requests and signals the server."""
+    server = subprocess.Popen(["sleep", "60"])  # its parent is this process
+    try:
+        watched = DrainSignal(None, serve_pid=os.getpid(), server_pid=server.pid)
+        assert watched.deadline() is None and not watched.orphaned
+        orphan = DrainSignal(tmp_path / "drain", serve_pid=os.getppid(), server_pid=server.pid)
+        assert orphan.deadline() == 0.0 and orphan.orphaned
+        orphan.report_idle()
+        assert server.wait(10) == -signal.SIGTERM
+        assert idle_path(tmp_path / "drain").exists()
+    finally:
+        server.kill()

@@ -16,12 +16,12 @@ from specpipe.serve import resolve_runtime, serve_repository
 from specpipe.serve.local import (
     LocalTritonServer,
     find_triton,
-    model_load_failures,
     prepare_backends_dir,
     server_command,
     server_environment,
 )
 from specpipe.serve.ports import check_ports
+from specpipe.serve.triton_log import model_load_failures
 from specpipe.triton.repository import package_engine
 from conftest import free_port
 from tiny_engine import make_tiny_engine

@@ -7,10 +7,12 @@ import sys
 import threading
 import time
 import types
+import weakref
 
 import numpy as np
 import pytest
 
+from specpipe.triton.models.scheduler_metrics import SchedulerMetrics
 from specpipe.triton.models.stop_requests import StopRequests
 from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker, TritonPythonModel
 from batch_helpers import make_engine, scheduler_for
@@ -38,9 +40,42 @@ class FakeError:
         self.message, self.code = message, code
 
 
+class FakeMetricFamily:
+    """Triton's ``pb_utils.MetricFamily`` as far as it matters here: every metric's value lands in
+    :attr:`values` (``(family name, sorted labels) -> value``), and a metric fails once its family object
+    has been garbage-collected (Triton: "the corresponding 'MetricFamily' has been deleted")."""
+
+    GAUGE, COUNTER = "gauge", "counter"
+    values: dict = {}
+
+    def __init__(self, name, description, kind):
+        self.name, self.kind = name, kind
+
+    def Metric(self, labels):  # noqa: N802 - Triton's spelling
+        return FakeMetric(weakref.ref(self), labels)
+
+
+class FakeMetric:
+    def __init__(self, family, labels):
+        self.family, self.labels = family, labels
+
+    def _key(self):
+        family = self.family()
+        if family is None:
+            raise RuntimeError("Invalid metric operation as the corresponding 'MetricFamily' has been deleted")
+        return family.name, tuple(sorted(self.labels.items()))
+
+    def set(self, value):
+        FakeMetricFamily.values[self._key()] = value
+
+    def increment(self, value):
+        key = self._key()
+        FakeMetricFamily.values[key] = FakeMetricFamily.values.get(key, 0.0) + value
+
+
 FAKE_PB = types.SimpleNamespace(
     Tensor=FakeTensor, InferenceResponse=FakeResponse, TritonError=FakeError, TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
-    get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
+    get_input_tensor_by_name=lambda request, name: request.inputs.get(name), MetricFamily=FakeMetricFamily,
 )
 
 
@@ -89,8 +124,10 @@ def model(monkeypatch, single_thread):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", FAKE_PB)
     engine = make_engine("ngram")
     instance = TritonPythonModel()
-    instance.exclude_input_default, instance.stops = True, StopRequests()
-    instance.worker = RequestWorker(load=lambda: scheduler_for(engine, max_batch_size=4))
+    FakeMetricFamily.values = {}
+    instance.exclude_input_default, instance.stops, instance.metrics = True, StopRequests(), SchedulerMetrics()
+    instance.worker = RequestWorker(load=lambda: scheduler_for(engine, max_batch_size=4),
+                                    on_step=instance.metrics.update)
     yield instance, engine
     instance.worker.close()
 

@@ -63,6 +63,10 @@ class Gateway:
             beside the tokenizer.
         client: an :class:`~specpipe.client.llm.LLMClient`-like object (tests pass a fake one);
             ``None`` connects to ``grpc_url`` on start.
+
+    Attributes:
+        stopping: set while the server behind it stops: ``/health`` answers 503, so that a load
+            balancer's readiness probe sends no more traffic (new requests get 503 anyway).
     """
 
     def __init__(self, grpc_url: str, name: str, tokenizer_dir: str | None = None, model: str = "ensemble",
@@ -72,6 +76,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.client = client
         self._own_client = client is None
+        self.stopping = False
         self._prompter: Prompter | None = None
         self._inputs: set[str] | None = None
 
@@ -188,6 +193,8 @@ class Gateway:
     async def health(self, request):
         from aiohttp import web
 
+        if self.stopping:
+            return web.json_response({"ready": False, "stopping": True}, status=503)
         try:
             ready = await self.client.raw.is_server_ready(client_timeout=5)
         except Exception:

@@ -15,8 +15,10 @@ from rich.table import Table
 
 from specpipe.errors import SpecpipeError
 from specpipe.progress import out, warn
-from specpipe.serve.local import LocalTritonServer, log_tail
+from specpipe.serve.local import LocalTritonServer
+from specpipe.serve.triton_log import EXIT_TIMEOUT_LINE, log_tail
 from specpipe.serve.ports import check_ports
+from specpipe.serve.stop_signals import StopSignals
 from specpipe.serve.model_processes import supervise
 from specpipe.serve.trtllm import check_engine_built, container_launch, run_container
 from specpipe.triton.repo_meta import read_meta
@@ -26,8 +28,6 @@ __all__ = ["ServeRequest", "serve", "serve_repository", "resolve_runtime"]
 
 #: Seconds the running requests of a CPU deployment get to finish after Ctrl-C (Triton's exit timeout).
 DRAIN_S = 10.0
-#: What Triton logs when its exit timeout ran out (it then exits with status 1).
-EXIT_TIMEOUT_LINE = "Exit timeout expired"
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,10 @@ def serve(request: ServeRequest) -> None:
     For the CPU runtime: start ``tritonserver``, wait until it is ready, print the endpoints, block,
     then stop the server cleanly: new requests are refused at once, running ones get :data:`DRAIN_S`
     seconds to finish (a second Ctrl-C ends them) and those still running then end with a "server
-    stopping" error (:meth:`LocalTritonServer.drain`). With ``print_only``: print the environment and the exact command
-    line (stdout), start nothing. The caller turns SIGTERM into ``KeyboardInterrupt`` (the CLI does).
+    stopping" error (:meth:`LocalTritonServer.drain`); the gateway's ``/health`` answers 503 meanwhile.
+    SIGTERM counts as Ctrl-C, and signals after the first only hurry the stop
+    (:class:`~specpipe.serve.stop_signals.StopSignals`). With ``print_only``: print the environment and
+    the exact command line (stdout), start nothing.
 
     TensorRT-LLM runtimes: the serving container (``container`` overrides the Triton TensorRT-LLM image
     recorded in the repository; ``gpus`` names the GPU ids, TP x PP of them).
@@ -122,28 +124,42 @@ def serve(request: ServeRequest) -> None:
     if openai_port is not None:
         check_ports({"gRPC": grpc_port, "HTTP": request.http_port, "metrics": request.metrics_port, "openai": openai_port})
     gateway, interrupted = None, False
-    try:
-        server.start()
-        out.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
-        server.wait_ready()
-        cold = server.cold_start()
-        if cold is not None:
-            out.print(f"Triton {cold.summary()}", markup=False, highlight=False)
-        if openai_port is not None:
-            gateway = _start_gateway(server.repo_dir.name, grpc_port, openai_port)
-        _print_endpoints(server, gateway)
-        supervise(server)
-    except KeyboardInterrupt:
-        interrupted = True
+    with StopSignals(hurry=server.hurry) as signals:
+        try:
+            server.start()
+            out.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
+            server.wait_ready()
+            cold = server.cold_start()
+            if cold is not None:
+                out.print(f"Triton {cold.summary()}", markup=False, highlight=False)
+            if openai_port is not None:
+                gateway = _start_gateway(server.repo_dir.name, grpc_port, openai_port)
+            _print_endpoints(server, gateway)
+            supervise(server)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            signals.hold()
+            code = _stop(server, gateway, interrupted)
+    if interrupted and code:
+        _report_unclean_exit(server, code)
+
+
+def _stop(server: LocalTritonServer, gateway, interrupted: bool) -> int | None:
+    """Stop the gateway and the server; after Ctrl-C a ready server drains first (:data:`DRAIN_S`),
+    one still starting has nothing to drain. Returns Triton's exit status."""
+    ready = server.ready_after_s is not None
+    if gateway is not None:
+        gateway.gateway.stopping = True  # its /health answers 503 while the server drains
+    if interrupted and ready:
         out.print(f"stopping Triton: running requests get {DRAIN_S:g} s to finish (Ctrl-C again ends them now) ...",
                   markup=False, highlight=False)
         server.drain(DRAIN_S)
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        code = server.stop()
-    if interrupted and code:
-        _report_unclean_exit(server, code)
+    elif interrupted:
+        out.print("stopping Triton (it was not ready yet) ...", markup=False, highlight=False)
+    if gateway is not None:
+        gateway.stop()
+    return server.stop(drain_s=0.0 if ready else None)
 
 
 def _report_unclean_exit(server: LocalTritonServer, code: int) -> None:

@@ -35,7 +35,9 @@ from specpipe.errors import SpecpipeError
 from specpipe.paths import cache_dir
 from specpipe.serve.cold_start import ColdStart, model_load_times
 from specpipe.serve.ports import check_ports
-from specpipe.triton.models.draining import DRAIN_FILE_ENV, clear_drain, request_drain, wait_idle
+from specpipe.serve.triton_log import log_tail, model_load_failures
+from specpipe.serve.process_group import wait_group_gone
+from specpipe.triton.models.draining import DRAIN_FILE_ENV, SERVE_PID_ENV, clear_drain, request_drain, wait_idle
 
 WHEEL = "nvidia-pytriton"
 STUB_NAME = "triton_python_backend_stub"
@@ -43,6 +45,8 @@ BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 #: Seconds a drained CPU model gets past its deadline to end its requests and report (one batch step
 #: and the error responses).
 DRAIN_MARGIN_S = 3.0
+#: Seconds the Python-backend stubs get to exit after ``tritonserver`` has (then SIGKILL).
+STUB_EXIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -162,19 +166,6 @@ def server_command(install: TritonInstall, backends_dir: Path, repo_dir: Path, g
     ]
 
 
-def log_tail(path: Path | None, lines: int = 30) -> str:
-    """The last ``lines`` lines of a log file ('' if there is none)."""
-    if path is None or not Path(path).is_file():
-        return ""
-    text = Path(path).read_text(errors="replace").splitlines()
-    return "\n".join(text[-lines:])
-
-
-def model_load_failures(log_text: str) -> list[str]:
-    """Lines of a Triton log that report a model failing to load."""
-    return [line for line in log_text.splitlines() if "failed to load" in line]
-
-
 class LocalTritonServer:
     """A ``tritonserver`` process serving one model repository on this machine.
 
@@ -199,6 +190,7 @@ class LocalTritonServer:
         self._install: TritonInstall | None = None
         self._started_at: float | None = None
         self.ready_after_s: float | None = None
+        self._draining = self._hurried = False
 
     # -- endpoints --------------------------------------------------------------------------------
     @property
@@ -246,7 +238,7 @@ class LocalTritonServer:
             raise SpecpipeError(f"no Triton model repository at {self.repo_dir}: run 'specpipe package' first")
         check_ports(self._ports())
         cmd, env_vars = self.command()
-        env = {**os.environ, **env_vars, DRAIN_FILE_ENV: str(self.drain_path)}
+        env = {**os.environ, **env_vars, DRAIN_FILE_ENV: str(self.drain_path), SERVE_PID_ENV: str(os.getpid())}
         clear_drain(self.drain_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_path.is_file() and self.log_path.stat().st_size:  # a restart keeps the last run's log
@@ -255,7 +247,7 @@ class LocalTritonServer:
             try:
                 self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 env=env, start_new_session=True)
-                self._started_at, self.ready_after_s = time.monotonic(), None
+                self._started_at, self.ready_after_s, self._hurried = time.monotonic(), None, False
             except OSError as exc:
                 raise SpecpipeError(f"cannot start {cmd[0]} ({exc}): reinstall '{WHEEL}'") from exc
 
@@ -336,12 +328,22 @@ class LocalTritonServer:
         if process is None or process.poll() is not None:
             return False
         alive = lambda: process.poll() is None  # noqa: E731
-        request_drain(self.drain_path, within_s)
+        request_drain(self.drain_path, 0.0 if self._hurried else within_s)
+        self._draining = True
+        if self._hurried:  # hurry() may have run between the two lines above
+            request_drain(self.drain_path, 0.0)
         try:
             return wait_idle(self.drain_path, within_s + DRAIN_MARGIN_S, alive)
         except KeyboardInterrupt:
             request_drain(self.drain_path, 0.0)
             return wait_idle(self.drain_path, DRAIN_MARGIN_S, alive)
+
+    def hurry(self) -> None:
+        """End the running requests now: a drain under way, or the next one, gets no more time (a
+        repeated Ctrl-C, :class:`~specpipe.serve.stop_signals.StopSignals`)."""
+        self._hurried = True
+        if self._draining:
+            request_drain(self.drain_path, 0.0)
 
     def stop(self, grace_s: float = 20.0, drain_s: float | None = 0.0) -> int | None:
         """Stop the server: :meth:`drain` it (``drain_s`` seconds for the running requests; with 0 they
@@ -367,6 +369,8 @@ class LocalTritonServer:
                 except ProcessLookupError:
                     pass
                 process.wait(10)
+        wait_group_gone(process.pid, STUB_EXIT_S)  # a restart on the same ports must find them free
+        self._draining = False
         clear_drain(self.drain_path)
         return process.returncode
 

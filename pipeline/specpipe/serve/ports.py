@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import psutil
+
 from specpipe.errors import SpecpipeError
 
 
@@ -17,6 +19,22 @@ def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
         except OSError:
             return False
     return True
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on TCP ``port`` (``"'tritonserver' (pid 123)"``), or ``None`` where that cannot be
+    seen (no listener, or another user's process without the right to list its sockets)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                return f"'{psutil.Process(conn.pid).name()}' (pid {conn.pid})"
+            except psutil.Error:
+                return f"pid {conn.pid}"
+    return None
 
 
 def check_ports(ports: dict[str, int]) -> None:
@@ -34,7 +52,9 @@ def check_ports(ports: dict[str, int]) -> None:
         seen[port] = label
     for label, port in ports.items():
         if not port_is_free(port):
+            holder = port_holder(port)
+            who = f"by {holder}" if holder else "(another server?)"
             raise SpecpipeError(
-                f"the {label} port {port} is already in use (another server?): stop that process or choose "
+                f"the {label} port {port} is already in use {who}: stop that process or choose "
                 f"another port with --{label.lower()}-port"
             )

@@ -19,14 +19,24 @@ thread next runs Python code, which it does only when Triton hands it a request.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
+
+import psutil
 
 #: Environment variable naming the drain file (set by ``specpipe serve`` for ``tritonserver``, whose
 #: Python model processes inherit it).
 DRAIN_FILE_ENV = "SPECPIPE_DRAIN_FILE"
+#: Environment variable holding the pid of the process that started ``tritonserver`` (``serve``).
+SERVE_PID_ENV = "SPECPIPE_SERVE_PID"
+#: How often the model looks whether that process is still ``tritonserver``'s parent, seconds.
+ORPHAN_CHECK_S = 0.5
 #: How the error of a request refused or ended by a draining server begins (the gateway answers 503).
 SERVER_STOPPING = "server stopping"
+#: The errors (``UNAVAILABLE``) of a request refused, or ended unfinished, because the server is stopping.
+REFUSED_WHILE_STOPPING = f"{SERVER_STOPPING}: it takes no new requests; send the request to another replica, or again once this one is back"
+ENDED_BY_STOP = f"{SERVER_STOPPING}: the request was ended before it finished; send it again once the server is back"
 
 
 def idle_path(drain_file: Path) -> Path:
@@ -70,24 +80,37 @@ def wait_idle(drain_file: Path, timeout_s: float, alive=lambda: True, poll_s: fl
 class DrainSignal:
     """The model's side: whether ``serve`` asked it to drain, and by when.
 
+    ``serve`` may also die without asking (SIGKILL, out of memory). ``tritonserver`` runs in a session
+    of its own and would outlive it: ready, holding its ports, refusing nothing and stopped by no one.
+    So when the process that started ``tritonserver`` is no longer its parent, the model drains at once
+    and, with no request left, signals ``tritonserver`` itself (SIGTERM): the stop ``serve`` would have
+    made. (Signalling Triton straight from the kernel when ``serve`` dies, ``PR_SET_PDEATHSIG``, was
+    tried: Triton stops its models first, so running streams stall, and its gRPC server then waits for
+    them forever.)
+
     Args:
         drain_file: the file ``serve`` writes; ``None`` when the server was not started by ``serve``
             (then :meth:`deadline` is always ``None``).
+        serve_pid: the pid of the process that started ``tritonserver``; ``None``: not watched.
+        server_pid: ``tritonserver``'s pid (the model process's parent).
     """
 
-    def __init__(self, drain_file: Path | None):
-        self.drain_file = drain_file
-        self._reported = False
+    def __init__(self, drain_file: Path | None, serve_pid: int | None = None, server_pid: int | None = None):
+        self.drain_file, self.serve_pid, self.server_pid = drain_file, serve_pid, server_pid
+        self._reported = self.orphaned = self._server_signalled = False
+        self._next_check = 0.0
 
     @classmethod
     def from_environment(cls) -> "DrainSignal":
-        """The signal named by :data:`DRAIN_FILE_ENV` (none when unset)."""
-        name = os.environ.get(DRAIN_FILE_ENV, "")
-        return cls(Path(name) if name else None)
+        """The signal named by :data:`DRAIN_FILE_ENV` (none when unset), watching :data:`SERVE_PID_ENV`."""
+        name, serve_pid = os.environ.get(DRAIN_FILE_ENV, ""), os.environ.get(SERVE_PID_ENV, "")
+        return cls(Path(name) if name else None, int(serve_pid) if serve_pid.isdigit() else None, os.getppid())
 
     def deadline(self) -> float | None:
         """The time (seconds since the epoch) by which every request must have ended, or ``None`` when
-        no drain was asked. A file that cannot be parsed means at once."""
+        no drain was asked. A file that cannot be parsed, or a server whose ``serve`` is gone, means at once."""
+        if self._serve_gone():
+            return 0.0
         if self.drain_file is None:
             return None
         try:
@@ -100,12 +123,32 @@ class DrainSignal:
             return 0.0
 
     def report_idle(self) -> None:
-        """Tell ``serve`` that no request is left (once per drain; a failure to write is ignored, the
-        server is stopped at its deadline anyway)."""
-        if self._reported or self.drain_file is None:
+        """Tell ``serve`` that no request is left (again if the answer was removed; a failure to write is
+        ignored, the server is stopped at its deadline anyway)."""
+        if self.orphaned and not self._server_signalled:
+            self._server_signalled = True
+            try:
+                os.kill(self.server_pid, signal.SIGTERM)
+            except OSError:
+                pass
+        if self.drain_file is None or self._reported and idle_path(self.drain_file).exists():
             return
         try:
             idle_path(self.drain_file).touch()
             self._reported = True
         except OSError:
             pass
+
+    def _serve_gone(self) -> bool:
+        """Whether ``tritonserver``'s parent is no longer :attr:`serve_pid` (looked at every
+        :data:`ORPHAN_CHECK_S` seconds; a reparented process keeps its new parent)."""
+        if self.serve_pid is None or self.server_pid is None or self.orphaned:
+            return self.orphaned
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + ORPHAN_CHECK_S
+            try:
+                self.orphaned = psutil.Process(self.server_pid).ppid() != self.serve_pid
+            except psutil.Error:
+                self.orphaned = False
+        return self.orphaned
