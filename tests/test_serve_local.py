@@ -70,7 +70,7 @@ def test_environment_and_command(tmp_path):
     cmd = server_command(install, tmp_path / "b", tmp_path / "r", 1, 2, 3)
     assert cmd[0] == str(install.binary)
     assert cmd[1:] == [f"--model-repository={tmp_path / 'r'}", f"--backend-directory={tmp_path / 'b'}",
-                       "--grpc-port=1", "--http-port=2", "--metrics-port=3", "--exit-timeout-secs=10"]
+                       "--grpc-port=1", "--http-port=2", "--metrics-port=3", "--exit-timeout-secs=5"]
 
 
 def test_busy_port_is_refused_before_starting(repo, listening_socket):

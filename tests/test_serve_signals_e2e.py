@@ -38,7 +38,7 @@ def repo_root(tmp_path_factory):
 class Serve:
     """``specpipe serve`` in a subprocess, with the gateway; ready when constructed."""
 
-    def __init__(self, root):
+    def __init__(self, root, wait_ready: bool = True):
         self.ports = {"grpc": free_port(), "http": free_port(), "metrics": free_port(), "openai": free_port()}
         self.log_path = root / f"serve-{self.ports['grpc']}.log"
         self.log = open(self.log_path, "wb")
@@ -46,6 +46,13 @@ class Serve:
             [sys.executable, "-m", "specpipe.cli", "serve", NAME, "--repo-dir", str(root / "repo"),
              *[arg for name, port in self.ports.items() for arg in (f"--{name}-port", str(port))]],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if not wait_ready:
+            deadline = time.monotonic() + 30
+            while not (children := [p for p in psutil.Process(self.process.pid).children() if "tritonserver" in p.name()]):
+                assert time.monotonic() < deadline, self.output()
+                time.sleep(0.1)
+            self.triton = children[0]
+            return
         deadline = time.monotonic() + 300
         while not self.health(timeout=2) == 200:
             assert self.process.poll() is None and time.monotonic() < deadline, self.output()
@@ -133,3 +140,28 @@ def test_a_killed_serve_takes_tritonserver_with_it(repo_root):
                 process.kill()
             except psutil.Error:
                 pass
+
+
+def test_a_stop_during_startup_is_quick_and_not_a_failure(repo_root):
+    """Triton installs its signal handler only once ready: before, the SIGTERM kills it, which is what
+    was asked (it used to exit 1 with "killed by SIGTERM", after a 13 s drain of nothing)."""
+    serve = Serve(repo_root, wait_ready=False)
+    try:
+        time.sleep(1.0)
+        serve.process.send_signal(signal.SIGTERM)
+        assert serve.process.wait(30) == 0, serve.output()
+        assert "not ready yet" in serve.output() and "error" not in serve.output(), serve.output()
+        serve.assert_gone(within_s=5)
+    finally:
+        serve.process.kill()
+
+
+def test_a_closed_terminal_drains_like_ctrl_c(repo_root):
+    serve = Serve(repo_root)
+    try:
+        serve.process.send_signal(signal.SIGHUP)
+        assert serve.process.wait(30) == 0, serve.output()
+        assert "running requests get" in serve.output(), serve.output()
+        serve.assert_gone(within_s=5)
+    finally:
+        serve.process.kill()

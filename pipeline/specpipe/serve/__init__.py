@@ -141,8 +141,8 @@ def serve(request: ServeRequest) -> None:
         finally:
             signals.hold()
             code = _stop(server, gateway, interrupted)
-    if interrupted and code:
-        _report_unclean_exit(server, code)
+    if interrupted and code and not (code == -signal.SIGTERM and server.ready_after_s is None):
+        _report_unclean_exit(server, code)  # Triton dies of SIGTERM while loading: not a failure
 
 
 def _stop(server: LocalTritonServer, gateway, interrupted: bool) -> int | None:
@@ -152,14 +152,21 @@ def _stop(server: LocalTritonServer, gateway, interrupted: bool) -> int | None:
     if gateway is not None:
         gateway.gateway.stopping = True  # its /health answers 503 while the server drains
     if interrupted and ready:
-        out.print(f"stopping Triton: running requests get {DRAIN_S:g} s to finish (Ctrl-C again ends them now) ...",
-                  markup=False, highlight=False)
+        _say(f"stopping Triton: running requests get {DRAIN_S:g} s to finish (Ctrl-C again ends them now) ...")
         server.drain(DRAIN_S)
     elif interrupted:
-        out.print("stopping Triton (it was not ready yet) ...", markup=False, highlight=False)
+        _say("stopping Triton (it was not ready yet) ...")
     if gateway is not None:
         gateway.stop()
     return server.stop(drain_s=0.0 if ready else None)
+
+
+def _say(message: str) -> None:
+    """Print a line while stopping; a terminal already gone (SIGHUP) must not interrupt the stop."""
+    try:
+        out.print(message, markup=False, highlight=False)
+    except OSError:
+        pass
 
 
 def _report_unclean_exit(server: LocalTritonServer, code: int) -> None:

@@ -14,11 +14,12 @@ import signal
 import threading
 from collections.abc import Callable
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Ctrl-C, ``kill`` / orchestrators, and a closed terminal or dropped ssh session.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class StopSignals:
-    """Context manager installing the handlers for SIGINT and SIGTERM (module doc), restoring the
+    """Context manager installing the handlers for :data:`SIGNALS` (module doc), restoring the
     previous ones on exit. Off the main thread, where Python cannot install handlers, it does nothing.
 
     Args:

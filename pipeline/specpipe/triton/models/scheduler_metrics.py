@@ -5,8 +5,9 @@ Gauges, updated after each batch step: ``specpipe_batch_size`` (requests in the 
 ``specpipe_waiting_requests`` and ``specpipe_draft_length`` (label ``stat``: ``mean`` / ``max`` of the
 draft lengths the load-adaptive rule chose in the latest step). Counters: ``specpipe_decode_steps_total``
 (label ``draft_length``: request-steps decoded with each draft length) and
-``specpipe_request_errors_total`` (label ``reason``, :func:`error_reason`: requests that ended with an
-error response).
+``specpipe_request_errors_total`` (label ``reason``, :func:`error_reason`: requests of this model that
+ended with an error response; those the ``preprocessing`` model rejects, such as ``max_tokens`` < 1,
+never reach it, and a client's cancellation is not an error).
 
 Triton's own per-model counters cannot tell these errors apart: a decoupled Python model's request
 counts as a success of ``tensorrt_llm`` once ``execute`` has returned, whatever response it later
