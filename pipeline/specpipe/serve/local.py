@@ -158,8 +158,8 @@ def server_command(install: TritonInstall, backends_dir: Path, repo_dir: Path, g
 
     ``exit_timeout_s``: how long Triton waits at exit for its models to unload (``--exit-timeout-secs``,
     default 30). A CPU deployment is drained before Triton is signalled (:meth:`LocalTritonServer.drain`),
-    so the wait covers only Triton's own unloading, about a second; Triton 2.51 still kept its ensemble
-    "live" to the end of it in 6 of 17 stops measured after serving traffic, with no trigger found.
+    so the wait covers only Triton's own unloading, about a second; Triton 2.51 still kept a model "live"
+    to the end of it in 6 of 17 stops measured after serving traffic (``tensorrt_llm``, never finalized).
     """
     return [
         str(install.binary),
