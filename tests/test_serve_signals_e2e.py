@@ -19,7 +19,7 @@ from conftest import free_port
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.serve.ports import port_is_free
-from specpipe.serve.process_group import group_members
+from specpipe.serve.process_group import group_members, is_live
 from specpipe.triton.repository import package_engine
 from tiny_engine import make_tiny_engine
 
@@ -89,18 +89,11 @@ class Serve:
     def assert_gone(self, within_s: float) -> None:
         """tritonserver, its stubs and every port are gone within ``within_s`` seconds."""
         deadline = time.monotonic() + within_s
-        while left := [p for p in [self.triton, *group_members(self.triton.pid)] if _alive(p)]:
+        while left := [p for p in [self.triton, *group_members(self.triton.pid)] if is_live(p)]:
             assert time.monotonic() < deadline, f"still running: {[(p.pid, p.name()) for p in left]}\n{self.output()}"
             time.sleep(0.2)
         for name, port in self.ports.items():
             assert port_is_free(port), f"the {name} port {port} is still held"
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def test_a_burst_of_signals_still_stops_tritonserver(repo_root):

@@ -196,7 +196,7 @@ class LocalTritonServer:
         self._install: TritonInstall | None = None
         self._started_at: float | None = None
         self.ready_after_s: float | None = None
-        self._draining = self._hurried = False
+        self._hurried = False
 
     # -- endpoints --------------------------------------------------------------------------------
     @property
@@ -335,7 +335,6 @@ class LocalTritonServer:
             return False
         alive = lambda: process.poll() is None  # noqa: E731
         request_drain(self.drain_path, 0.0 if self._hurried else within_s)
-        self._draining = True
         if self._hurried:  # hurry() may have run between the two lines above
             request_drain(self.drain_path, 0.0)
         try:
@@ -348,7 +347,7 @@ class LocalTritonServer:
         """End the running requests now: a drain under way, or the next one, gets no more time (a
         repeated Ctrl-C, :class:`~specpipe.serve.stop_signals.StopSignals`)."""
         self._hurried = True
-        if self._draining:
+        if self.drain_path.exists():  # a drain is under way (the file goes when the server stops)
             request_drain(self.drain_path, 0.0)
 
     def stop(self, grace_s: float = 20.0, drain_s: float | None = 0.0) -> int | None:
@@ -378,7 +377,6 @@ class LocalTritonServer:
         # A restart on the same ports must find them free. Stubs whose server died of a signal (one
         # stopped while loading: Triton installs its handler once ready) crash or hang: no wait then.
         wait_group_gone(process.pid, STUB_EXIT_S if process.returncode >= 0 else 0.0)
-        self._draining = False
         clear_drain(self.drain_path)
         return process.returncode
 

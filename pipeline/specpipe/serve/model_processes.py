@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from specpipe.errors import SpecpipeError
+from specpipe.serve.process_group import is_live
 
 STUB = "triton_python_backend_stub"
 #: Seconds a server whose model process died gets to exit before SIGKILL. Its requests in flight can
@@ -56,13 +57,6 @@ def model_processes(server_pid: int) -> dict[int, str]:
     return {process.pid: _model_of(args) for process, args in _stubs(server_pid)}
 
 
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 class ModelProcessWatch:
     """The stubs of a ready server, checked for exits. The processes are held as ``psutil.Process``
     objects, which know their start time: a pid the system reuses later is never taken for a stub.
@@ -83,7 +77,7 @@ class ModelProcessWatch:
 
     def lost(self) -> list[tuple[int, str]]:
         """``(pid, model)`` of each watched stub that has exited."""
-        return [(process.pid, model) for process, model in self.processes.items() if not _running(process)]
+        return [(process.pid, model) for process, model in self.processes.items() if not is_live(process)]
 
     def clean_up(self) -> None:
         """After the server exited: kill the stubs it left running (a SIGKILLed ``tritonserver`` cannot

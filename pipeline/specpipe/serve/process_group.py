@@ -10,12 +10,20 @@ import time
 import psutil
 
 
+def is_live(process: psutil.Process) -> bool:
+    """Whether ``process`` still runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def group_members(pgid: int) -> list[psutil.Process]:
-    """The live processes (zombies left out) of process group ``pgid``."""
+    """The live processes (:func:`is_live`) of process group ``pgid``."""
     members = []
     for process in psutil.process_iter():
         try:
-            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+            if os.getpgid(process.pid) == pgid and is_live(process):
                 members.append(process)
         except (ProcessLookupError, psutil.Error):
             continue

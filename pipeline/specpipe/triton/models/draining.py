@@ -97,7 +97,7 @@ class DrainSignal:
 
     def __init__(self, drain_file: Path | None, serve_pid: int | None = None, server_pid: int | None = None):
         self.drain_file, self.serve_pid, self.server_pid = drain_file, serve_pid, server_pid
-        self._reported = self.orphaned = self._server_signalled = False
+        self.orphaned = self._server_signalled = False
         self._next_check = 0.0
 
     @classmethod
@@ -131,11 +131,10 @@ class DrainSignal:
                 os.kill(self.server_pid, signal.SIGTERM)
             except OSError:
                 pass
-        if self.drain_file is None or self._reported and idle_path(self.drain_file).exists():
+        if self.drain_file is None or idle_path(self.drain_file).exists():
             return
         try:
             idle_path(self.drain_file).touch()
-            self._reported = True
         except OSError:
             pass
 
