@@ -1,5 +1,6 @@
 """Stand-in ``tensorrt_llm`` packages of two generations, with the entry points the first-contact check
-uses: ``__version__``, ``commands.build.parse_arguments`` (flags from the vendored ``trtllm-build`` table),
+uses: ``__version__``, ``commands.build.parse_arguments`` (flags from the vendored ``trtllm-build`` table;
+returning the parser unparsed, as upstream does),
 ``llmapi.llm_args.update_llm_args_with_extra_dict`` and ``TorchLlmArgs`` (strict keys; the generation's
 ``decoding_type`` spellings and draft-checkpoint key), and example scripts of both parser styles."""
 
@@ -17,6 +18,11 @@ GENERATIONS = {
     "1.2": ("1.2.1", ["Eagle3", "NGram", "Draft_Target"], "speculative_model"),
 }
 
+#: ``trtllm-build``'s ``parse_arguments()`` in each shape: ``parser`` as upstream (returns the parser
+#: unparsed: tensorrt_llm/commands/build.py @ 65f1d15 ends with ``return parser``), ``namespace`` (parses
+#: sys.argv), ``none`` (returns nothing: a shape the check must refuse).
+BUILD_RETURNS = {"parser": "parser", "namespace": "parser.parse_args()", "none": "None"}
+
 BUILD = '''
 import argparse, json
 def parse_arguments():
@@ -26,8 +32,15 @@ def parse_arguments():
             parser.add_argument(flag, action="store_true")
         else:
             parser.add_argument(flag, choices=spec.get("choices"))
-    return parser.parse_args()
+    return {returns}
 '''
+
+#: ``tensorrt_llm/__init__.py`` of a container whose import fails, by cause (the texts the loader gives).
+IMPORT_FAILURES = {
+    "no-driver": "raise ImportError('libcuda.so.1: cannot open shared object file: No such file or directory')",
+    "broken": "raise ImportError('/usr/local/lib/python3.12/dist-packages/tensorrt_llm/libs/libth_common.so: "
+              "undefined symbol: _ZN3c1017RegisterOperatorsD1Ev')",
+}
 
 LLM_ARGS = '''
 TYPES, MODEL_KEY = {types!r}, {key!r}
@@ -71,15 +84,18 @@ if __name__ == "__main__":
 '''
 
 
-def write_fake(root: Path, generation: str) -> tuple[Path, Path]:
-    """Write the stand-in package under ``root/site`` and examples under ``root/examples``."""
+def write_fake(root: Path, generation: str, *, build_returns: str = "parser",
+               import_failure: str | None = None) -> tuple[Path, Path]:
+    """Write the stand-in package under ``root/site`` and examples under ``root/examples``
+    (``build_returns``: a :data:`BUILD_RETURNS` shape; ``import_failure``: an :data:`IMPORT_FAILURES` cause)."""
     version, types, key = GENERATIONS[generation]
     pkg = root / "site" / "tensorrt_llm"
     for sub in ("commands", "llmapi"):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    (pkg / "commands" / "build.py").write_text(BUILD.format(flags=str(FLAGS_DIR / "trtllm-build.json")))
+    (pkg / "__init__.py").write_text(IMPORT_FAILURES[import_failure] + "\n" if import_failure else f"__version__ = {version!r}\n")
+    (pkg / "commands" / "build.py").write_text(BUILD.format(flags=str(FLAGS_DIR / "trtllm-build.json"),
+                                                            returns=BUILD_RETURNS[build_returns]))
     (pkg / "llmapi" / "llm_args.py").write_text(LLM_ARGS.format(types=types, key=key))
     examples = root / "examples"
     (examples / "models/core/llama").mkdir(parents=True)

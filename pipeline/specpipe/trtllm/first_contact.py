@@ -8,22 +8,34 @@ imports only the standard library, ``tensorrt_llm`` and (for ``model.yaml``) PyY
 What it checks (the input is written by :func:`specpipe.trtllm.doctor.check_input`):
 
 1. ``tensorrt_llm.__version__`` equals the pin (engines load only in the release that built them).
-2. Every planned argv parses with the real tool's own argparse parser, without running the tool:
-   ``trtllm-build`` with ``tensorrt_llm.commands.build.parse_arguments`` (TensorRT-LLM
-   ``tensorrt_llm/commands/build.py`` @ 65f1d15); example scripts that define ``parse_arguments()``
-   (``examples/eagle/convert_checkpoint.py`` @ 04a2cac, the llama and medusa converters) are imported
-   under another module name, so their ``__main__`` block does not run, and that function is called;
-   scripts that build their parser inside ``if __name__ == "__main__"`` (``examples/quantization/quantize.py``
-   @ 059c97c) run under :mod:`runpy` with ``ArgumentParser.parse_args`` stopping right after parsing.
-3. ``model.yaml`` (LLM API flow): every key except ``triton_config`` is merged with
+2. Every planned argv parses with the real tool's own argparse parser, without running the tool.
+   ``parse_arguments()`` comes in two shapes, both handled (:func:`_parse_with`); anything else is a
+   failure, never a pass:
+
+   * it returns the ``ArgumentParser`` unparsed, which is then parsed with the argv: ``trtllm-build``'s
+     ``tensorrt_llm.commands.build.parse_arguments`` (TensorRT-LLM ``tensorrt_llm/commands/build.py``
+     @ 65f1d15 ends with ``return parser``; its ``main()`` calls ``parser.parse_args()``);
+   * it parses ``sys.argv`` and returns the Namespace: the example converters, imported under another
+     module name so that their ``__main__`` block does not run (``examples/eagle/convert_checkpoint.py``
+     @ 65b31db, ``examples/models/core/llama/convert_checkpoint.py`` @ fd96a08,
+     ``examples/medusa/convert_checkpoint.py`` @ b93e14c: ``args = parser.parse_args(); return args``).
+
+   Scripts that build their parser inside ``if __name__ == "__main__"`` (``examples/quantization/quantize.py``
+   @ c8c6df0) run under :mod:`runpy` with ``ArgumentParser.parse_args`` stopping right after parsing; one
+   that runs to its end without parsing fails.
+3. ``model.yaml`` (LLM API flow; the very content ``specpipe package`` writes, from
+   :func:`specpipe.trtllm.llmapi_args.model_yaml`): every key except ``triton_config`` is merged with
    ``tensorrt_llm.llmapi.llm_args.update_llm_args_with_extra_dict`` and validated by ``TorchLlmArgs``
    (what the container's Triton model does before ``LLM(**args)``: TensorRT-LLM
    ``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py``), so a wrong ``decoding_type`` or key fails here.
 4. Each Triton backend the repository names exists under the backends root
    (``/opt/tritonserver/backends/<name>``).
 
-Output: one line per artifact, ``[checked] ...`` or ``[FAILED] ...: why``; exit status 0 when all
-are checked, 1 otherwise, 2 for unusable input.
+Output: one line per artifact, ``[checked] ...`` or ``[FAILED] ...: why``, and ``[not checked] ...: why``
+for what the document says cannot be checked yet (a model.yaml without a GPU named); exit status 0 when
+nothing failed, 1 otherwise, 2 for unusable input. A failed ``import tensorrt_llm`` is classified
+(:func:`classify_import_failure`): a missing driver library (no GPU passed, no NVIDIA Container Toolkit),
+a missing package, or a broken container.
 """
 
 from __future__ import annotations
@@ -70,12 +82,28 @@ def _stop_after_parse():
         argparse.ArgumentParser.parse_args = original
 
 
+def _outcome(result):
+    """``None`` when ``result`` (what a tool's ``parse_arguments()`` returned) shows the argv parsed, else why not."""
+    if isinstance(result, argparse.Namespace):
+        return None
+    return (f"parse_arguments() returned {type(result).__name__}, neither a parsed Namespace nor an ArgumentParser: "
+            f"this TensorRT-LLM's parser is not one specpipe can check; report it with this TensorRT-LLM's version")
+
+
 def _parse_with(call, argv):
-    """Run ``call`` (which parses ``sys.argv``) with ``argv``; returns ``None`` or the parser's complaint."""
+    """Run ``call`` with ``sys.argv`` = ``argv``; ``None`` when ``argv`` parsed, else the parser's complaint.
+
+    ``call`` is a tool's ``parse_arguments``, of either shape upstream has: one that parses ``sys.argv`` and
+    returns the Namespace (the example converters), or one that returns its ``ArgumentParser`` unparsed
+    (``trtllm-build``: ``tensorrt_llm/commands/build.py`` @ 65f1d15 ends with ``return parser``; its ``main()``
+    calls ``parser.parse_args()``), which is then parsed here. Anything else is a failure, never a pass.
+    """
     err = io.StringIO()
     try:
         with _argv(argv), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            call()
+            result = call()
+            if isinstance(result, argparse.ArgumentParser):
+                result = result.parse_args(argv[1:])
     except _Parsed:
         return None
     except SystemExit as exc:
@@ -83,14 +111,23 @@ def _parse_with(call, argv):
         return lines[-1] if lines else f"the parser exited with status {exc.code}"
     except Exception as exc:  # a script that fails while importing or parsing
         return f"{type(exc).__name__}: {exc}"
-    return None
+    return _outcome(result)
+
+
+def _run_main(script):
+    runpy.run_path(script, run_name="__main__")
+    raise RuntimeError("the script ran to its end without parsing its arguments")
 
 
 def check_argv(argv):
     """``None`` when ``argv`` parses with its tool's own parser, else why not."""
     if argv[0] == "trtllm-build":
-        module = importlib.import_module("tensorrt_llm.commands.build")
-        return _parse_with(module.parse_arguments, ["trtllm-build", *argv[1:]])
+        try:
+            module = importlib.import_module("tensorrt_llm.commands.build")
+            parse_arguments = module.parse_arguments
+        except Exception as exc:
+            return f"{type(exc).__name__} while loading tensorrt_llm.commands.build: {exc}"
+        return _parse_with(parse_arguments, ["trtllm-build", *argv[1:]])
     if argv[0].startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
         script = argv[1]
         if not os.path.isfile(script):
@@ -103,12 +140,41 @@ def check_argv(argv):
             if callable(getattr(module, "parse_arguments", None)):
                 return _parse_with(module.parse_arguments, [script, *argv[2:]])
             with _stop_after_parse():
-                return _parse_with(lambda: runpy.run_path(script, run_name="__main__"), [script, *argv[2:]])
+                return _parse_with(lambda: _run_main(script), [script, *argv[2:]])
         except Exception as exc:
             return f"{type(exc).__name__} while loading {script}: {exc}"
         finally:
             sys.path.remove(os.path.dirname(script))
     return f"no parser known for program {argv[0]!r}"
+
+
+#: Import errors that name an NVIDIA driver library: what a container lacks when it was started without
+#: a GPU (``docker run`` without ``--gpus``) or on a host without the NVIDIA Container Toolkit, which
+#: mounts these libraries into the container.
+DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-", "NVML Shared Library Not Found",
+                    "CUDA driver version is insufficient", "no CUDA-capable device", "Found no NVIDIA driver")
+
+
+def classify_import_failure(exc, checks):
+    """One line saying why ``import tensorrt_llm`` failed with ``exc`` and what to do: a missing driver
+    library (no GPU passed to the container, or no NVIDIA Container Toolkit), a missing package, or a
+    broken container (the error text)."""
+    text = f"{type(exc).__name__}: {exc}"
+    image = checks.get("image", "the pinned container")
+    if any(marker in str(exc) for marker in DRIVER_LIBRARIES):
+        if checks.get("gpus_passed") is False:
+            why = ("no GPU was passed to the container (this machine showed none to nvidia-smi, so docker ran "
+                   "without --gpus): run the check on a machine with an NVIDIA GPU")
+        elif checks.get("gpus_passed"):
+            why = ("the container got --gpus all but no driver libraries: install the NVIDIA Container Toolkit on "
+                   "this host (nvidia-ctk runtime configure --runtime=docker) and restart docker")
+        else:
+            why = ("run where the NVIDIA driver is installed (in a container: docker run --gpus all, with the NVIDIA "
+                   "Container Toolkit)")
+        return f"a driver library is missing, the container is not broken ({text}): {why}"
+    if isinstance(exc, ModuleNotFoundError) and getattr(exc, "name", None) == "tensorrt_llm":
+        return f"tensorrt_llm is not installed here ({text}): run the check in {image}"
+    return f"the container's TensorRT-LLM is broken ({text}): pull {image} again, or use another release of it"
 
 
 def check_model_yaml(text):
@@ -134,9 +200,8 @@ def run(checks, out):
         import tensorrt_llm
 
         version = str(tensorrt_llm.__version__)
-    except Exception as exc:
-        out.write(f"[FAILED] tensorrt_llm import: {type(exc).__name__}: {exc}: run the check in "
-                  f"{checks.get('image', 'the pinned container')}\n")
+    except Exception as exc:  # OSError too: a shared library that does not load
+        out.write(f"[FAILED] tensorrt_llm import: {classify_import_failure(exc, checks)}\n")
         return 1
     pin = checks["pin"]
     results.append((f"tensorrt_llm {version}", None if version == pin else
@@ -151,8 +216,12 @@ def run(checks, out):
         results.append((f"Triton backend {name}", None if os.path.isdir(path) else f"{path} does not exist in this image"))
     for what, problem in results:
         out.write(f"[checked] {what}\n" if problem is None else f"[FAILED] {what}: {problem}\n")
+    skipped = checks.get("not_checked", [])
+    for item in skipped:
+        out.write(f"[not checked] {item['what']}: {item['why']}\n")
     failed = sum(1 for _, p in results if p is not None)
-    out.write(f"first contact: {len(results) - failed} checked, {failed} failed\n")
+    out.write(f"first contact: {len(results) - failed} checked, {failed} failed"
+              f"{f', {len(skipped)} not checked' if skipped else ''}\n")
     return 1 if failed else 0
 
 
