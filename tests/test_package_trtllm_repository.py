@@ -11,7 +11,7 @@ from specpipe.cli import main
 from specpipe.errors import SpecpipeError
 from specpipe.triton.backend_parameters import DECODING_MODES, PARAMETERS, REQUIRED, value_problems
 from specpipe.triton.config import ensemble_problems, find_placeholders, read_config
-from specpipe.triton.kv_fraction import kv_cache_fractions
+from specpipe.trtllm.kv_fraction import kv_cache_fractions
 from specpipe.triton.repository import package_engine, package_plan
 from specpipe.tree import MC_SIM_7B_63, Tree, TreeError
 from tritonclient.grpc import model_config_pb2 as mc

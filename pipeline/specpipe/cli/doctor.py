@@ -21,7 +21,9 @@ from specpipe.trtllm.doctor import doctor as run_doctor
               help="Without --plan: whose Triton backends must exist (trtllm: tensorrtllm and python).")
 def doctor(container: str | None, local: bool, plan_file: Path | None, runtime: str) -> None:
     """Check the TensorRT-LLM a build would use: its version against the pin, every planned command against
-    its own parsers, the LLM API model.yaml against its argument classes, the Triton backends.
+    its own parsers, the LLM API model.yaml (the one 'specpipe package' writes) against its argument classes,
+    the Triton backends. A container gets --gpus all when nvidia-smi shows a GPU here; a failed import says
+    whether a driver library is missing (no GPU passed, no NVIDIA Container Toolkit) or the container is broken.
 
     Exit status 0 when every check passes, 1 otherwise.
     """

@@ -12,8 +12,9 @@ Layout (TensorRT-LLM's ``triton_backend/all_models/llmapi``; in the container ``
                                      container's own LLM-API Python model (one implementation)
       trtllm-serve.yaml              the same LLM arguments for ``trtllm-serve --extra_llm_api_options``
 
-``speculative_config`` is built by :func:`specpipe.trtllm.llmapi_schema.build_speculative_config`, spelled
-for the deployment's TensorRT-LLM release: every key except ``triton_config`` is passed to ``LLM(...)``
+model.yaml's content comes from THE builder :func:`specpipe.trtllm.llmapi_args.model_yaml` (the same
+function the first-contact check validates before anything is downloaded); ``speculative_config`` is built by
+:func:`specpipe.trtllm.llmapi_schema.build_speculative_config`, spelled for the deployment's TensorRT-LLM release: every key except ``triton_config`` is passed to ``LLM(...)``
 (the container's model.py reads ``model.yaml`` from its model version directory and merges it with
 ``update_llm_args_with_extra_dict``; tensorrtllm_backend ``all_models/llmapi/tensorrt_llm/1/model.py``
 @ c2e65b8). ``triton_config.max_batch_size`` must be 0 (that model does not batch);
@@ -31,18 +32,16 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe import __version__
-from specpipe.errors import CompatibilityError, SpecpipeError
-from specpipe.speculative import Method, Runtime
+from specpipe.errors import SpecpipeError
+from specpipe.speculative import Runtime
 from specpipe.triton.config import model_input, model_output
 from specpipe.triton.deployment import Deployment
 from specpipe.triton.interface import ModelInterface, _t
-from specpipe.triton.kv_fraction import kv_cache_fractions
 from specpipe.triton.models.llmapi_shim import MODEL_DIR_PARAMETER
 from specpipe.triton.repo_meta import META_NAME, deployment_meta, meta_text
 from specpipe.triton.writer import MODULES, VERSION_DIR, Repository
 from specpipe.trtllm import release
-from specpipe.trtllm.llmapi_schema import build_speculative_config
-from specpipe.trtllm.preflight import check_pipeline_parallel
+from specpipe.trtllm import llmapi_args
 
 MODEL = "tensorrt_llm"
 MODEL_YAML = "model.yaml"
@@ -88,55 +87,31 @@ LLMAPI = ModelInterface(
 )
 
 
+def _facts(deployment: Deployment) -> dict[str, Any]:
+    return {"name": deployment.name, "engines_root": deployment.engines_root, "target_path": deployment.target_path,
+            "draft_path": deployment.draft_path, "tp": deployment.tp, "pp": deployment.pp, "limits": deployment.limits,
+            "memory": deployment.memory, "speculative": deployment.speculative, "version": deployment.trtllm_version}
+
+
 def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
     """The ``speculative_config`` mapping for the deployment's method (``None`` without speculation).
 
     Raises:
-        CompatibilityError: a method the LLM API does not run (Medusa, lookahead), drafting with PP > 1 (:data:`~specpipe.trtllm.preflight.PP_REFUSED`),
-            or a method that needs a draft checkpoint without one.
+        CompatibilityError: see :func:`specpipe.trtllm.llmapi_args.speculative_config`.
     """
-    spec = deployment.speculative
-    method = spec.spec
-    if spec.method is Method.NONE:
-        return None
-    if not method.runs_on(Runtime.TRTLLM_LLMAPI) or method.decoding_type is None:
-        raise CompatibilityError(
-            f"{spec.method.value} does not run on TensorRT-LLM's LLM API (PyTorch backend) in {release.TRTLLM_VERSION}: "
-            f"build with --runtime trtllm for the engine flow"
-        )
-    check_pipeline_parallel(Runtime.TRTLLM_LLMAPI, spec.method, deployment.pp)
-    draft = None
-    if method.weights is not None:
-        if deployment.draft_path is None:
-            raise CompatibilityError(f"{spec.method.value} needs a draft checkpoint, engine {deployment.name} has none: "
-                                     f"rebuild with --draft-model")
-        draft = deployment.container_path(deployment.draft_path)
-    return build_speculative_config(spec, draft, deployment.trtllm_version)
+    draft = deployment.container_path(deployment.draft_path) if deployment.draft_path is not None else None
+    return llmapi_args.speculative_config(deployment.speculative, draft=draft, pp=deployment.pp,
+                                          version=deployment.trtllm_version, name=deployment.name)
 
 
 def llm_arguments(deployment: Deployment) -> dict[str, Any]:
-    """The ``LLM(...)`` arguments (model.yaml without ``triton_config``)."""
-    fraction, _ = kv_cache_fractions(deployment.memory, False)
-    args: dict[str, Any] = {
-        "model": deployment.container_path(deployment.target_path),
-        "backend": "pytorch",
-        "tensor_parallel_size": deployment.tp,
-        "pipeline_parallel_size": deployment.pp,
-        "max_batch_size": int(deployment.limits["max_batch_size"]),
-        "max_seq_len": int(deployment.limits["max_seq_len"]),
-        "kv_cache_config": {"free_gpu_memory_fraction": fraction, "enable_block_reuse": True},
-    }
-    spec = speculative_config(deployment)
-    if spec is not None:
-        args["speculative_config"] = spec
-        if deployment.speculative.method is Method.DRAFT_MODEL:
-            args["disable_overlap_scheduler"] = True  # two-model speculation
-    return args
+    """The ``LLM(...)`` arguments (model.yaml without ``triton_config``): :func:`specpipe.trtllm.llmapi_args.llm_arguments`."""
+    return llmapi_args.llm_arguments(**_facts(deployment))
 
 
 def model_yaml(deployment: Deployment) -> dict[str, Any]:
-    """model.yaml: the LLM arguments + ``triton_config``."""
-    return {**llm_arguments(deployment), "triton_config": {"max_batch_size": 0, "decoupled": True}}
+    """model.yaml: THE builder :func:`specpipe.trtllm.llmapi_args.model_yaml`, the one the first-contact check validates."""
+    return llmapi_args.model_yaml(**_facts(deployment))
 
 
 def serve_options(deployment: Deployment) -> dict[str, Any]:
@@ -172,7 +147,7 @@ def llmapi_repository(deployment: Deployment) -> Repository:
 
     Raises:
         SpecpipeError: not an LLM API deployment; see :func:`speculative_config` and
-            :func:`~specpipe.triton.kv_fraction.kv_cache_fractions`.
+            :func:`~specpipe.trtllm.kv_fraction.kv_cache_fractions`.
     """
     if deployment.runtime != Runtime.TRTLLM_LLMAPI:
         raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the engine-flow repository writer")

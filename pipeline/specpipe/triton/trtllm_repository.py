@@ -16,7 +16,7 @@ Every ``tensorrt_llm*`` parameter is set explicitly, and only keys the backend r
 ``decoding_mode`` (the registry's :attr:`~specpipe.speculative.MethodSpec.decoding_mode`), the tree
 (:meth:`specpipe.tree.Tree.to_backend_text` under the registry's ``choices_key``) and lookahead sizes
 come from the engine's manifest (or plan), the KV-cache fraction from its memory plan
-(:mod:`specpipe.triton.kv_fraction`). Backend parameter values are checked here; :mod:`specpipe.triton.writer`
+(:mod:`specpipe.trtllm.kv_fraction`). Backend parameter values are checked here; :mod:`specpipe.triton.writer`
 writes the repository (configs parsed back strictly, ensemble wiring, no ``${``).
 """
 
@@ -37,7 +37,7 @@ from specpipe.triton.interface import (
     TENSORRT_LLM_BLS,
     TENSORRT_LLM_ENGINE,
 )
-from specpipe.triton.kv_fraction import kv_cache_fractions
+from specpipe.trtllm.kv_fraction import kv_cache_fractions
 from specpipe.triton.repo_meta import LAUNCH_ORCHESTRATOR, META_NAME, deployment_meta, launch_mode, meta_text
 from specpipe.triton.warmup_config import add_engine_warmup
 from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
@@ -135,7 +135,7 @@ def engine_repository(deployment: Deployment) -> Repository:
 
     Raises:
         SpecpipeError: not an engine-flow deployment; parameters the backend would reject; see
-            :func:`~specpipe.triton.kv_fraction.kv_cache_fractions`.
+            :func:`~specpipe.trtllm.kv_fraction.kv_cache_fractions`.
     """
     if deployment.runtime != Runtime.TRTLLM:
         raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the LLM API repository writer")

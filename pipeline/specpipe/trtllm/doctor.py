@@ -10,7 +10,8 @@ it is run, as the first step of every TensorRT-LLM plan or on its own (``specpip
 * :func:`materialize`: writes the script and the document into the work directory (``build`` does it
   just before running the steps; dry runs write nothing).
 * :func:`invocation` / :func:`doctor`: the stand-alone run, in a container image (``docker run`` of the
-  image with the files mounted read-only) or locally (``python -m specpipe.trtllm.first_contact``).
+  image with the files mounted read-only, ``--gpus all`` when this machine has a GPU) or locally
+  (``python -m specpipe.trtllm.first_contact``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import yaml
 
 from specpipe.errors import SpecpipeError
 from specpipe.speculative import Runtime
-from specpipe.trtllm import first_contact, release
-from specpipe.trtllm.plan import Plan, StepBuilder, llmapi_settings
+from specpipe.trtllm import first_contact, llmapi_args, release
+from specpipe.trtllm.plan import Plan, StepBuilder
 
 STEP = "first-contact"
 SCRIPT = Path(first_contact.__file__)
@@ -38,8 +39,27 @@ SCRIPT = Path(first_contact.__file__)
 BACKENDS = {Runtime.TRTLLM.value: ["tensorrtllm", "python"], Runtime.TRTLLM_LLMAPI.value: ["python"]}
 
 
+MODEL_YAML_CHECK = "model.yaml (LLM API arguments)"
+
+
+def _add_model_yaml(doc: dict[str, Any], plan_doc: dict[str, Any]) -> None:
+    """Put the very model.yaml the repository writer will package (THE builder,
+    :func:`specpipe.trtllm.llmapi_args.model_yaml`, on the plan's facts) into ``doc``; where it cannot be
+    made yet (no GPU named, so no KV-cache fraction), say why under ``not_checked``."""
+    try:
+        content = llmapi_args.model_yaml(**llmapi_args.plan_facts(plan_doc))
+    except SpecpipeError as exc:
+        doc["not_checked"] = [{"what": MODEL_YAML_CHECK, "why": str(exc)}]
+        return
+    doc["model_yaml"] = yaml.safe_dump(content, sort_keys=False, default_flow_style=False)
+
+
 def check_input(plan: Plan, steps=None) -> dict[str, Any]:
-    """The checks document of ``plan`` (``steps``: the steps to check, default all but the check itself)."""
+    """The checks document of ``plan`` (``steps``: the steps to check, default all but the check itself).
+
+    For the LLM API flow it holds the model.yaml that ``specpipe package`` will write for this plan
+    (same builder, same facts), or under ``not_checked`` why it cannot be made yet.
+    """
     steps = [s for s in (plan.steps if steps is None else steps) if s.name != STEP]
     doc: dict[str, Any] = {
         "pin": release.TRTLLM_VERSION,
@@ -48,8 +68,7 @@ def check_input(plan: Plan, steps=None) -> dict[str, Any]:
         "backends": BACKENDS[plan.runtime],
     }
     if plan.runtime == Runtime.TRTLLM_LLMAPI.value:
-        doc["model_yaml"] = yaml.safe_dump({**llmapi_settings(plan), "triton_config": {"max_batch_size": 0, "decoupled": True}},
-                                           sort_keys=False)
+        _add_model_yaml(doc, plan.as_dict())
     return doc
 
 
@@ -67,7 +86,7 @@ def add_first_contact_step(plan: Plan) -> None:
     script, document = _paths(plan, doc)
     step = StepBuilder(plan.work_dir, plan.examples_root).add(STEP, ["python3", str(script), "--input", str(document), "--report", "{out}/report.txt"], [], "trtllm",
                 f"first contact: TensorRT-LLM is {release.TRTLLM_VERSION}; {len(doc['argvs'])} commands parse with its own "
-                f"parsers{'; model.yaml validates' if 'model_yaml' in doc else ''}; backends {', '.join(doc['backends'])} exist")
+                f"parsers{'; the packaged model.yaml validates' if 'model_yaml' in doc else ''}; backends {', '.join(doc['backends'])} exist")
     plan.steps.insert(0, step)
 
 
@@ -83,8 +102,23 @@ def materialize(plan: Plan) -> Path | None:
     return document
 
 
-def invocation(document: Path, *, container: str | None = None, local: bool = False) -> list[str]:
+def gpu_present(run=subprocess.run) -> bool:
+    """Whether this machine shows an NVIDIA GPU: ``nvidia-smi -L`` exists, exits 0 and lists a ``GPU``."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        proc = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0 and "GPU" in (proc.stdout or "")
+
+
+def invocation(document: Path, *, container: str | None = None, local: bool = False, gpus: bool = False) -> list[str]:
     """The command that runs the check of ``document`` in ``container`` (docker) or here (``local``).
+
+    ``gpus``: pass every GPU to the container (``docker run --gpus all``): the NVIDIA Container Toolkit
+    then mounts the driver libraries (``libcuda.so.1``, ``libnvidia-ml.so.1``) that importing
+    ``tensorrt_llm``'s bindings loads; without them the import fails in any container.
 
     Raises:
         ValueError: neither or both of ``container`` and ``local``.
@@ -94,7 +128,7 @@ def invocation(document: Path, *, container: str | None = None, local: bool = Fa
     document = Path(document).absolute()
     if local:
         return [sys.executable, "-m", "specpipe.trtllm.first_contact", "--input", str(document)]
-    return ["docker", "run", "--rm", "-v", f"{SCRIPT}:/specpipe/first_contact.py:ro",
+    return ["docker", "run", "--rm", *(["--gpus", "all"] if gpus else []), "-v", f"{SCRIPT}:/specpipe/first_contact.py:ro",
             "-v", f"{document}:/specpipe/checks.json:ro", container,
             "python3", "/specpipe/first_contact.py", "--input", "/specpipe/checks.json"]
 
@@ -115,9 +149,8 @@ def checks_from_document(doc: dict[str, Any]) -> dict[str, Any]:
                   if s.get("runs_in") == "trtllm" and s.get("tool") and s["name"] != STEP],
         "backends": BACKENDS[runtime],
     }
-    if doc.get("llmapi") is not None:
-        checks["model_yaml"] = yaml.safe_dump({**doc["llmapi"], "triton_config": {"max_batch_size": 0, "decoupled": True}},
-                                              sort_keys=False)
+    if runtime == Runtime.TRTLLM_LLMAPI.value:
+        _add_model_yaml(checks, doc)
     return checks
 
 
@@ -135,12 +168,16 @@ def read_plan_file(path: Path) -> dict[str, Any]:
 
 
 def doctor(*, container: str | None = None, local: bool = False, plan: Plan | None = None, plan_file: Path | None = None,
-           runtime: str = "trtllm", run=subprocess.run) -> int:
+           runtime: str = "trtllm", run=subprocess.run, gpus: bool | None = None) -> int:
     """``specpipe doctor --container IMAGE | --local [--plan PLAN.json]``: run the first-contact check; returns
     its exit status (0: every check passed). Its report goes to the terminal.
 
     Without a plan it checks the release and the backends of ``runtime``'s repositories only; with one
     (``plan``, or ``plan_file`` from ``build --dry-run --json``) also every command and the model.yaml.
+    A container gets ``--gpus all`` when this machine has a GPU (``gpus``; default: :func:`gpu_present`); the document
+    records whether it did, so that a failed import is told apart: a driver library missing (no GPU
+    passed, or no NVIDIA Container Toolkit) or a broken container
+    (:func:`specpipe.trtllm.first_contact.classify_import_failure`).
 
     Raises:
         SpecpipeError: an unreadable ``plan_file``.
@@ -152,7 +189,10 @@ def doctor(*, container: str | None = None, local: bool = False, plan: Plan | No
         doc = read_plan_file(plan_file)
     else:
         doc = {"pin": release.TRTLLM_VERSION, "image": release.CONTAINER_IMAGE, "argvs": [], "backends": BACKENDS[runtime]}
+    gpus = container is not None and (gpu_present() if gpus is None else gpus)
+    if container is not None:
+        doc = {**doc, "gpus_passed": gpus}
     with tempfile.TemporaryDirectory(prefix="specpipe-doctor-") as tmp:
         document = Path(tmp) / "checks.json"
         document.write_text(json.dumps(doc, indent=1))
-        return run(invocation(document, container=container, local=local)).returncode
+        return run(invocation(document, container=container, local=local, gpus=gpus)).returncode
