@@ -26,7 +26,8 @@ def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
 
 
 def throughput_table(bench: dict[str, Any]) -> str:
-    """Markdown: one row per deployment, one column per concurrency, cells ``tok/s (gain×)``.
+    """Markdown: one row per deployment, one column per concurrency, cells ``tok/s (gain×)``; the gain reads
+    ``busy`` where the run's control found the machine too busy for it (``"verdict"``).
 
     Args:
         bench: a parsed ``bench.json``.
@@ -45,7 +46,8 @@ def throughput_table(bench: dict[str, Any]) -> str:
                 continue
             tps = level["aggregate"]["output_token_throughput"]
             gain = level.get("speedup_vs_baseline")
-            cells.append(f"{_fmt(tps)} ({_fmt(gain, 2, '×')})")
+            shown = "busy" if level.get("verdict") == "busy" else _fmt(gain, 2, "×")  # not a result (specpipe.bench.noise)
+            cells.append(f"{_fmt(tps)} ({shown})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

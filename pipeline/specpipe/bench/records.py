@@ -37,6 +37,8 @@ class RequestRecord:
         accepted_draft_tokens, draft_tokens: the server's counters for this request.
         text: the generated text.
         error: the error message; ``None`` for a completed request.
+        round: the round (0-based) the request was sent in when the deployments took turns
+            (``rounds`` > 1, :mod:`specpipe.bench.runner`); 0 otherwise.
     """
 
     deployment: str
@@ -55,6 +57,7 @@ class RequestRecord:
     draft_tokens: int | None = None
     text: str = ""
     error: str | None = None
+    round: int = 0
 
     @property
     def ok(self) -> bool:

@@ -10,7 +10,10 @@ Files written to the output folder:
 - ``bench.png``: output token throughput and median TTFT against concurrency, one line per deployment.
 
 Speed-up is a deployment's output token throughput divided by the baseline deployment's at the
-same concurrency.
+same concurrency. With a control (``BenchSettings.control``) every speed-up also gets a verdict from
+:mod:`specpipe.bench.noise`: the table shows ``busy`` instead of a figure the machine's noise made
+meaningless and ``~`` before one within the control's spread; the files keep every raw figure with
+its verdict and the rule's findings (``bench.json`` ``"noise"``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specpipe.bench.noise import BUSY, NOISE, NoiseReport, assess
 from specpipe.bench.runner import BenchRun
 from specpipe.bench.stats import Aggregate, level_aggregate, speedup
 
@@ -36,6 +40,9 @@ METRIC_DEFINITIONS = {
     "mean_accepted_length": "sum(N - 1) / sum(N - 1 - A): tokens per target decoding step after the first token",
     "speedup": "output token throughput / the baseline deployment's at the same concurrency (none where either level "
                "is incomplete)",
+    "verdict": "with a control (a second server of the baseline): ok, noise (no farther from 1 than the control's ratio), "
+               "busy (not a result: the control beyond 10 % of the baseline, or the deployment's rounds spread beyond 4x), "
+               "unchecked (no usable control), control; null without a control (specpipe.bench.noise)",
     "memory_peak_bytes": "highest nv_gpu_memory_used_bytes (summed over GPUs); else, for a server on this machine, the PSS "
                          "of its process tree (server + Python backend stubs; memory_kind 'process'); else "
                          "nv_cpu_memory_used_bytes (host-wide); sampled every second during the level",
@@ -48,25 +55,44 @@ CSV_COLUMNS = (
     "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "itl_ms_p99", "itl_ms_mean",
     "e2e_ms_p50", "e2e_ms_p90", "e2e_ms_p99", "e2e_ms_mean", "output_tokens_mean",
     "acceptance_rate", "acceptance_rate_mean", "mean_accepted_length", "mean_accepted_length_mean", "acceptance_source",
-    "memory_peak_bytes", "memory_kind", "incomplete", "reason",
+    "memory_peak_bytes", "memory_kind", "incomplete", "reason", "verdict",
 )
 REQUEST_COLUMNS = (
-    "deployment", "concurrency", "index", "prompt_id", "start_s", "end_s", "latency_s", "ttft_s", "itl_s",
+    "deployment", "concurrency", "index", "round", "prompt_id", "start_s", "end_s", "latency_s", "ttft_s", "itl_s",
     "output_tokens", "output_tokens_source", "input_tokens", "chunks", "acceptance_rate",
     "accepted_draft_tokens", "draft_tokens", "mean_accepted_length", "error",
 )
 
 
-def rows(run: BenchRun) -> list[dict[str, Any]]:
-    """One summary per level: ``level`` (the :class:`LevelResult`), ``aggregate`` and ``speedup``."""
+def noise_report(run: BenchRun) -> NoiseReport:
+    """The control rule of :mod:`specpipe.bench.noise` on ``run`` (no verdicts without a control)."""
+    return assess(run.levels, run.settings.baseline, run.settings.control)
+
+
+def rows(run: BenchRun, noise: NoiseReport | None = None) -> list[dict[str, Any]]:
+    """One summary per level: ``level`` (the :class:`LevelResult`), ``aggregate``, ``speedup`` and the
+    figure's ``verdict`` (:meth:`~specpipe.bench.noise.NoiseReport.figure`; ``noise`` defaults to
+    :func:`noise_report`)."""
+    noise = noise_report(run) if noise is None else noise
     aggregates = [(level, level_aggregate(level)) for level in run.levels]
     base = {level.concurrency: None if level.incomplete else agg.output_token_throughput
             for level, agg in aggregates if level.deployment == run.settings.baseline}
-    return [
-        {"level": level, "aggregate": agg,
-         "speedup": None if level.incomplete else speedup(agg.output_token_throughput, base.get(level.concurrency))}
-        for level, agg in aggregates
-    ]
+    found = []
+    for level, agg in aggregates:
+        gain = None if level.incomplete else speedup(agg.output_token_throughput, base.get(level.concurrency))
+        found.append({"level": level, "aggregate": agg, "speedup": gain,
+                      "verdict": noise.figure(level.deployment, level.concurrency, gain)})
+    return found
+
+
+def format_speedup(value: float | None, verdict: str | None) -> str:
+    """A speed-up cell: ``1.25x``, ``~1.02x`` within the control's spread, ``busy`` for a figure that is not a
+    result, ``-`` for none."""
+    if value is None:
+        return "-"
+    if verdict == BUSY:
+        return "busy"
+    return f"{'~' if verdict == NOISE else ''}{value:.2f}x"
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -95,10 +121,11 @@ def comparison_table(run: BenchRun):
     from rich.table import Table
 
     s = run.settings
-    summary = rows(run)
+    noise = noise_report(run)
+    summary = rows(run, noise)
     has_baseline = any(r["level"].deployment == s.baseline for r in summary)
     title = f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens, greedy, streamed"
-    table = Table(title=title, caption=_caption(run))
+    table = Table(title=title, caption=_caption(run, noise))
     columns = ["deployment", "conc.", "ok/err", "out tok/s"] + (["speed-up"] if has_baseline else []) + [
         "req/s", "TTFT ms p50/p90/p99", "ITL ms p50/p99", "e2e ms p50/p99", "tok/req", "accept.", "acc. len", "memory"]
     for column in columns:
@@ -108,7 +135,7 @@ def comparison_table(run: BenchRun):
         name = level.deployment + (" [red](incomplete)[/red]" if level.incomplete else "")
         cells = [name, str(level.concurrency), f"{agg.completed}/{agg.errors}", _num(agg.output_token_throughput)]
         if has_baseline:
-            cells.append("-" if row["speedup"] is None else f"{row['speedup']:.2f}x")
+            cells.append(format_speedup(row["speedup"], row["verdict"]))
         cells += [
             _num(agg.request_throughput, 2),
             _triple(agg.ttft_ms.p50, agg.ttft_ms.p90, agg.ttft_ms.p99),
@@ -131,8 +158,19 @@ def first_ttft_line(run: BenchRun) -> str | None:
     return "first request TTFT ms (table: steady state): " + ", ".join(cells) if cells else None
 
 
-def _caption(run: BenchRun) -> str:
+def control_line(run: BenchRun, noise: NoiseReport) -> str | None:
+    """``control/baseline tok/s: 1.02x @1, 0.97x @4 (~: within that spread)``, or ``None`` without a control."""
+    if noise.control is None:
+        return None
+    cells = [f"{'-' if n.control_ratio is None else f'{n.control_ratio:.2f}x'} @{c}" for c, n in sorted(noise.levels.items())]
+    return f"{noise.control}/{noise.baseline} tok/s: {', '.join(cells)} (~: a speed-up within that spread)"
+
+
+def _caption(run: BenchRun, noise: NoiseReport) -> str:
     parts = [line] if (line := first_ttft_line(run)) else []
+    if line := control_line(run, noise):
+        parts.append(line)
+    parts += noise.messages()
     if run.incomplete:
         parts.append("INCOMPLETE: " + "; ".join(run.reasons))
     if not any(level.deployment == run.settings.baseline for level in run.levels):
@@ -155,7 +193,7 @@ def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
         "mean_accepted_length": agg.mean_accepted_length, "mean_accepted_length_mean": agg.mean_accepted_length_mean,
         "acceptance_source": agg.acceptance_source,
         "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
-        "incomplete": level.incomplete, "reason": level.reason,
+        "incomplete": level.incomplete, "reason": level.reason, "verdict": row["verdict"],
     }
 
 
@@ -166,14 +204,15 @@ def to_json(run: BenchRun) -> dict[str, Any]:
     from specpipe import __version__
 
     results = []
-    for row in rows(run):
+    noise = noise_report(run)
+    for row in rows(run, noise):
         level, agg = row["level"], row["aggregate"]
         results.append({
             "deployment": level.deployment, "concurrency": level.concurrency,
             "incomplete": level.incomplete, "reason": level.reason,
             "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
             "counters": asdict(level.counters) if level.counters else None,
-            "speedup_vs_baseline": row["speedup"], "aggregate": agg.to_dict(),
+            "speedup_vs_baseline": row["speedup"], "verdict": row["verdict"], "aggregate": agg.to_dict(),
         })
     return {
         "specpipe_version": __version__,
@@ -183,6 +222,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
         "settings": asdict(run.settings),
         "metric_definitions": METRIC_DEFINITIONS,
         "deployments": run.deployments,
+        "noise": noise.to_dict(),
         "results": results,
         "records": [record.to_dict() for level in run.levels for record in level.records],
     }

@@ -39,7 +39,11 @@ class BenchSettings:
             ``/chat/completions``).
         timeout_s: per-request timeout, seconds.
         baseline: name of the deployment speed-ups are computed against.
-        rounds: >= 1; above 1 the deployments take turns, each level in this many rounds (module doc).
+        rounds: >= 1; above 1 the deployments take turns, each level in this many rounds (module doc);
+            each record keeps its round (``RequestRecord.round``).
+        control: name of a second deployment of the baseline's repository, measured like the others so
+            that its spread against the baseline shows how noisy the run was (:mod:`specpipe.bench.noise`);
+            ``None``: no control.
     """
 
     prompts: str
@@ -53,6 +57,7 @@ class BenchSettings:
     baseline: str = "baseline"
     tokenizer: str | None = None
     rounds: int = 1
+    control: str | None = None
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests in a counted level: ``num_requests``, or by default 4 per concurrent slot (at least 8)."""
@@ -216,10 +221,10 @@ async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: l
             levels[endpoint.name] = LevelResult(endpoint.name, concurrency)
             run.levels.append(levels[endpoint.name])
             tasks[endpoint.name] = progress.add_task(f"{endpoint.name} @ concurrency {concurrency}", total=total) if progress else None
-        for plan in settings.round_plans(concurrency):
+        for number, plan in enumerate(settings.round_plans(concurrency)):
             for endpoint, backend in list(live):
                 level, task = levels[endpoint.name], tasks[endpoint.name]
-                on_record = (lambda record, task=task: progress.advance(task)) if progress else (lambda record: None)
+                on_record = _round_marker(number, progress, task)
                 await run_level(backend, prompts, plan, level, on_record)
                 if level.incomplete:
                     run.mark_incomplete(f"{endpoint.name}: {level.reason}; its later rounds and levels were not run")
@@ -227,3 +232,12 @@ async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: l
         for endpoint in endpoints:
             if endpoint.name in levels:
                 _note_first_request(run, endpoint, levels[endpoint.name])
+
+
+def _round_marker(number: int, progress, task):
+    """The ``on_record`` of round ``number``: stamps the record with its round and advances the progress bar."""
+    def on_record(record) -> None:
+        record.round = number
+        if progress:
+            progress.advance(task)
+    return on_record
