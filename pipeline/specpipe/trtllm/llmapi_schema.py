@@ -5,8 +5,8 @@ index (its commit is not shown there; it is the version between the 1.2.0 releas
 speculative configs form a pydantic union discriminated on ``decoding_type``, ``Eagle3DecodingConfig``
 exists, and ``MTPDecodingConfig`` warns that a flag "will do nothing in release 1.3"). The
 tensorrtllm_backend history dates that window: submodule ``a65b0d4e`` for 1.2.0rc7 (2026-01-08),
-``release/1.2@36e34eef`` (2026-03-17; Dockerfile @ 9e828d3 builds ``release/1.2`` = 1.2.0rc8),
-``release/1.2.1`` first in its Dockerfile @ 8addf2fdc58a (2026-04-21).
+``release/1.2@36e34eef`` (2026-03-17; the Dockerfile builds ``release/1.2`` = 1.2.0rc8 up to 98bfe1d,
+the parent of 8addf2f), ``release/1.2.1`` first in its Dockerfile @ 8addf2fdc58a (2026-04-21).
 
 What that file defines, and specpipe relies on:
 

@@ -5,13 +5,13 @@ vectors, the container that runs them, the flag tables in ``flags/*.json``) foll
 
 Sources:
     * Release and container pairing: triton-inference-server/server
-      ``docs/introduction/compatibility.md`` @ 0f963c9a8c6913aa4cd9b57ee04f9c2b76ee8d2a: the
-      ``26.04``–``26.07`` ``trtllm-python-py3`` images ship TensorRT-LLM 1.2.1 (TensorRT 10.14.1.48);
-      ``26.03`` ships 1.2.0.
+      ``docs/introduction/compatibility.md`` @ 4b54459107911180d3c3b24cea1c5bc832563c0a (on ``main``,
+      2026-07-29, "Update default branches post-26.07"): the ``26.04``–``26.07`` ``trtllm-python-py3``
+      images ship TensorRT-LLM 1.2.1 (TensorRT 10.14.1.48); ``26.03`` ships 1.2.0.
     * The Triton TensorRT-LLM backend builds against ``release/1.2.1`` (``TENSORRTLLM_VER=1.2.1``) from
       triton-inference-server/tensorrtllm_backend ``dockerfile/Dockerfile.triton.trt_llm_backend``
-      @ 8addf2fdc58ac63cc6bfceded34e0960d241791f (#853, the first commit naming ``release/1.2.1``; the
-      parent 9e828d3 still builds ``release/1.2`` = 1.2.0rc8) and copies TensorRT-LLM's ``examples`` to
+      @ 8addf2fdc58ac63cc6bfceded34e0960d241791f (#853, the first commit naming ``release/1.2.1``; its
+      parent 98bfe1d1cd72fcaba53eebf35529f545c50c49dd still builds ``release/1.2`` = 1.2.0rc8) and copies TensorRT-LLM's ``examples`` to
       ``/app/examples`` (same file @ e1611ce8612ae4973a45f2bdc5e928061ff7d7e2, ``WORKDIR /app``).
     * The engine flow (``convert_checkpoint.py`` + ``trtllm-build``) is removed upstream after 1.2.x;
       1.2.x is the last line that ships it, hence the pin.
@@ -57,13 +57,26 @@ def summary() -> dict[str, str]:
     }
 
 
+#: Commits cited above, as read: repository -> full sha -> what it was read for. Kept consistent with the
+#: docstrings by ``tests/test_release_citations.py``.
+VERIFIED_COMMITS: dict[str, dict[str, str]] = {
+    "triton-inference-server/server": {
+        "4b54459107911180d3c3b24cea1c5bc832563c0a": "docs/introduction/compatibility.md, trtllm-python-py3 table",
+    },
+    "triton-inference-server/tensorrtllm_backend": {
+        "8addf2fdc58ac63cc6bfceded34e0960d241791f": "Dockerfile: TENSORRTLLM_REPO_TAG=release/1.2.1 (#853)",
+        "98bfe1d1cd72fcaba53eebf35529f545c50c49dd": "parent of 8addf2f: still release/1.2, 1.2.0rc8",
+        "e1611ce8612ae4973a45f2bdc5e928061ff7d7e2": "Dockerfile: WORKDIR /app, examples and all_models copied",
+    },
+}
+
 # --- Triton container tags and the TensorRT-LLM release each ships -----------------------------------
 
 CONTAINER_REPOSITORY = "nvcr.io/nvidia/tritonserver"
 CONTAINER_FLAVOUR = "trtllm-python-py3"
 
 #: Triton release (``YY.MM``) -> TensorRT-LLM release in its ``trtllm-python-py3`` image. Source:
-#: triton-inference-server/server ``docs/introduction/compatibility.md`` @ 0f963c9a8c6913aa4cd9b57ee04f9c2b76ee8d2a
+#: triton-inference-server/server ``docs/introduction/compatibility.md`` @ 4b54459107911180d3c3b24cea1c5bc832563c0a
 #: ("Container Name: trtllm-python-py3" table, column "TensorRT-LLM version"), every row of it.
 CONTAINER_RELEASES: dict[str, str] = {
     "24.04": "0.9.0", "24.05": "0.9.0", "24.06": "0.10.0", "24.07": "0.11.0", "24.08": "0.12.0",
