@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from specpipe.build_request import BuildRequest
 from specpipe.trtllm.build import plan_build
@@ -51,13 +51,19 @@ def prepare_as_the_step_does(src: Path, dst: Path) -> subprocess.CompletedProces
                           capture_output=True, text=True, env=dict(os.environ), timeout=300)
 
 
+def prepared(dst: Path) -> dict:
+    """What the converter's loader reads from ``dst``: its safetensors files (model_weights_loader.py @ 7eb710f)."""
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "model.safetensors"]
+    return load_file(str(dst / "model.safetensors"))
+
+
 def test_a_pickled_head_without_bias_gets_a_zero_fc_bias(tmp_path):
     original = head_tensors(torch.float16)
     src = write_head(tmp_path / "src", original, fmt="bin")
     proc = prepare_as_the_step_does(src, tmp_path / "dst")
     assert proc.returncode == 0, proc.stderr
     assert "added a zero fc.bias" in proc.stderr
-    state = torch.load(tmp_path / "dst" / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    state = prepared(tmp_path / "dst")
     assert state["fc.bias"].shape == (HIDDEN,) and state["fc.bias"].dtype == torch.float16
     assert torch.count_nonzero(state["fc.bias"]) == 0
     assert all(torch.equal(state[k], v) for k, v in original.items())
@@ -65,12 +71,12 @@ def test_a_pickled_head_without_bias_gets_a_zero_fc_bias(tmp_path):
     assert sorted(p.name for p in src.iterdir()) == ["config.json", "pytorch_model.bin"]  # the download is untouched
 
 
-def test_a_safetensors_only_head_is_written_as_pytorch_model_bin(tmp_path):
+def test_a_safetensors_head_stays_safetensors(tmp_path):
     original = head_tensors(torch.bfloat16)
     src = write_head(tmp_path / "src", original, fmt="safetensors")
     done = prepare(src, tmp_path / "dst")
     assert done["added"] == ["a zero fc.bias"] and done["dtype"] == "bfloat16"
-    state = torch.load(tmp_path / "dst" / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    state = prepared(tmp_path / "dst")
     assert state["fc.bias"].dtype == torch.bfloat16 and not state["fc.bias"].any()
     assert set(state) == set(original) | {"fc.bias"}
 
@@ -79,7 +85,7 @@ def test_a_head_with_its_bias_keeps_it(tmp_path):
     original = head_tensors(torch.float16, bias=True)
     src = write_head(tmp_path / "src", original, fmt="safetensors", bias=True)
     assert prepare(src, tmp_path / "dst")["added"] == []
-    state = torch.load(tmp_path / "dst" / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    state = prepared(tmp_path / "dst")
     assert torch.equal(state["fc.bias"], original["fc.bias"])
 
 
@@ -91,6 +97,9 @@ def test_the_zero_bias_leaves_the_head_output_unchanged():
 
 @pytest.mark.parametrize("drop, config, message", [
     (("fc.weight",), {}, "has no fc.weight, which TensorRT-LLM's EAGLE converter reads unconditionally"),
+    (("embed_tokens.weight",), {}, "has no embed_tokens.weight, which TensorRT-LLM's EAGLE converter reads from the head "
+                                   "(it does not take the target's): re-export the head with the target's embedding"),
+    ((), {"vocab_size": 512}, "has embed_tokens.weight [256, 64], TensorRT-LLM's EAGLE converter needs [512, 64]"),
     (("layers.0.mlp.down_proj.weight",), {}, "lacks layers.0.mlp.down_proj.weight of its 1 decoder layer"),
     ((), {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "has a qwen2 config, TensorRT-LLM's EAGLE converter loads"),
 ])
@@ -145,11 +154,14 @@ def test_preflight_reports_what_preparation_adds(tmp_path, target):
     head = write_head(tmp_path / "head", head_tensors(), fmt="safetensors")
     plan, _, _ = plan_for(tmp_path, target, head)
     check = next(c for c in plan.preflight.checks if c.name == "EAGLE head vs TensorRT-LLM's converter")
-    assert check.status == "ok" and "adds a zero fc.bias, pytorch_model.bin from model.safetensors" in check.detail
+    assert check.status == "ok" and ("adds a zero fc.bias, max_position_embeddings 2048 -> 16384 (the target's; the "
+                                     "engine serves up to it)") in check.detail
+    assert "embed_tokens [256, 64]" in check.detail and "model.safetensors from" not in check.detail
     pickled = write_head(tmp_path / "pickled", head_tensors(), fmt="bin")
     plan, _, _ = plan_for(tmp_path, target, pickled)
     check = next(c for c in plan.preflight.checks if c.name == "EAGLE head vs TensorRT-LLM's converter")
-    assert check.status == "ok" and "prepare-eagle-head checks fc.weight/layers before conversion" in check.detail
+    assert check.status == "ok" and "prepare-eagle-head checks embed_tokens/fc/layers before conversion" in check.detail
+    assert "model.safetensors from pytorch_model.bin" in check.detail
     assert not (tmp_path / "engines").exists()
 
 
@@ -160,7 +172,30 @@ def test_the_default_llama3_heads_are_prepared_in_the_plan(tmp_path):
     assert names == ["first-contact", "download-draft", "prepare-eagle-head", "download-target", "convert-target", "build-target"]
     prepare_step, convert = plan.step("prepare-eagle-head"), plan.step("convert-target").argv
     assert prepare_step.argv == ["python3", "-m", "specpipe.trtllm.prepare_eagle", plan.step("download-draft").output,
-                                 prepare_step.output]
+                                 prepare_step.output, "--max-position-embeddings", "8192"]  # llama3-70b's positions
     assert convert[convert.index("--eagle_model_dir") + 1] == prepare_step.output
     assert plan.step("download-draft").argv[2] == "yuhuili/EAGLE-LLaMA3-Instruct-70B"
     assert not (tmp_path / "e").exists()
+
+
+def test_a_head_with_both_formats_is_read_as_the_converter_reads_it_safetensors_first(tmp_path):
+    """ModelWeightsLoader.detect_format takes *.safetensors whenever the folder holds one; a .bin beside it is
+    never read, so its tensors must not count (here only the .bin has the bias)."""
+    src = write_head(tmp_path / "src", head_tensors(torch.float16), fmt="safetensors")
+    torch.save(head_tensors(torch.float16, bias=True), src / "pytorch_model.bin")
+    done = prepare(src, tmp_path / "dst")
+    assert done["added"] == ["a zero fc.bias"]
+    assert not prepared(tmp_path / "dst")["fc.bias"].any()
+
+
+@pytest.mark.parametrize("head_positions, target_positions, written", [(2048, 8192, 8192), (8192, 8192, 8192),
+                                                                        (16384, 8192, 16384)])
+def test_the_head_is_given_the_targets_positions_when_it_has_fewer(tmp_path, head_positions, target_positions, written):
+    src = write_head(tmp_path / "src", head_tensors(), fmt="safetensors", max_position_embeddings=head_positions)
+    proc = subprocess.run([sys.executable, "-m", "specpipe.trtllm.prepare_eagle", str(src), str(tmp_path / "dst"),
+                           "--max-position-embeddings", str(target_positions)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((tmp_path / "dst" / "config.json").read_text())
+    assert config["max_position_embeddings"] == written and config["bias"] is True
+    assert (f"max_position_embeddings {head_positions} -> {target_positions}" in proc.stderr) == (head_positions < target_positions)
+    assert json.loads((src / "config.json").read_text())["max_position_embeddings"] == head_positions

@@ -90,8 +90,9 @@ def test_local_eagle1_head_plans(tmp_path, target):
     # local: no downloads; the head is prepared for the converter into the work directory
     assert [s.name for s in plan.steps] == ["first-contact", "prepare-eagle-head", "convert-target", "build-target"]
     prepare = plan.step("prepare-eagle-head")
-    assert prepare.argv[1:] == ["-m", "specpipe.trtllm.prepare_eagle", str(head.resolve()), prepare.output]
-    assert prepare.runs_in == "host" and "a zero fc.bias, pytorch_model.bin from model.safetensors" in prepare.description
+    assert prepare.argv[1:] == ["-m", "specpipe.trtllm.prepare_eagle", str(head.resolve()), prepare.output,
+                                "--max-position-embeddings", "16384"]
+    assert prepare.runs_in == "host" and "add a zero fc.bias, max_position_embeddings 2048 -> 16384" in prepare.description
     argv = plan.step("convert-target").argv
     assert argv[argv.index("--eagle_model_dir") + 1] == prepare.output
     assert argv[argv.index("--num_eagle_layers") + 1] == "2" and argv[argv.index("--max_draft_len") + 1] == "63"

@@ -7,8 +7,9 @@ Steps (engine flow, ``--runtime trtllm``)::
                       TensorRT-LLM's version, parsers, LLM-API classes and backends, before any download)
     download-target   hf download <repo> --revision <rev> --exclude original/* --local-dir <out>
     download-draft    the same for EAGLE/Medusa heads or the draft model (EAGLE: before the target)
-    prepare-eagle-head  python3 -m specpipe.trtllm.prepare_eagle <head> <out>: the head as TensorRT-LLM's
-                      EAGLE converter reads it (zero fc.bias, pytorch_model.bin; :mod:`specpipe.trtllm.eagle_head`)
+    prepare-eagle-head  python3 -m specpipe.trtllm.prepare_eagle <head> <out> --max-position-embeddings <N>: the
+                      head as TensorRT-LLM's EAGLE converter reads it (zero fc.bias, model.safetensors, the
+                      target's positions; :mod:`specpipe.trtllm.eagle_head`)
     convert-target    examples/models/core/llama/convert_checkpoint.py | quantization/quantize.py |
                       eagle/convert_checkpoint.py | medusa/convert_checkpoint.py  -> TensorRT-LLM checkpoint
     convert-draft     the draft model's checkpoint (draft-target only)
@@ -35,7 +36,7 @@ from typing import Any
 from specpipe.build_request import BuildRequest
 from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
-from specpipe.trtllm.eagle_head import CONVERTER_WEIGHTS, PREPARE_MODULE, PREPARE_STEP, preparation
+from specpipe.trtllm.eagle_head import PREPARE_STEP, prepare_argv, preparation_for
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.gpus import GIB
 from specpipe.trtllm.llmapi_schema import build_speculative_config
@@ -223,15 +224,6 @@ def _build_argv(checkpoint: str, req: BuildRequest, extra: list[str]) -> list[st
             "--workers", str(req.tp * req.pp), *extra]
 
 
-def _preparation(draft: Draft) -> list[str]:
-    """What ``prepare-eagle-head`` adds to ``draft``'s head (known exactly for a local head)."""
-    info = draft.checkpoint
-    if info is None:
-        return ["a zero fc.bias if absent", f"{CONVERTER_WEIGHTS} from safetensors if absent"]
-    files = [p.name for p in Path(info.path).iterdir()] if Path(info.path).is_dir() else []
-    return preparation([f for f in files if f.endswith((".safetensors", ".bin"))], info.tensors or None)
-
-
 def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: PreflightResult, *, engine_name: str,
               engines_dir: Path, executor: str, examples_root: str) -> Plan:
     """The ordered steps for ``request`` (see module docstring); every argv is flag-checked.
@@ -251,9 +243,9 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
     heads = None
     if draft.source is not None and eagle_engine:
         heads = _download(b, "download-draft", draft.source, WEIGHTS_WHAT[Method.EAGLE])
-        b.add(PREPARE_STEP, ["python3", "-m", PREPARE_MODULE, heads, "{out}"],
+        b.add(PREPARE_STEP, prepare_argv(heads, target),
               ["download-draft"] if draft.source["kind"] == "hf" else [], "host",
-              f"prepare the EAGLE head for TensorRT-LLM's converter: check it, add {', '.join(_preparation(draft))}")
+              f"prepare the EAGLE head for TensorRT-LLM's converter: check it, add {', '.join(preparation_for(draft, target))}")
     model = _download(b, "download-target", target.source, "target")
     if draft.source is not None and not eagle_engine:
         what = WEIGHTS_WHAT.get(Method(draft.method), "draft")

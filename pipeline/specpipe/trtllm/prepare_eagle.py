@@ -1,12 +1,16 @@
-"""``python -m specpipe.trtllm.prepare_eagle SRC DST``: an EAGLE-1/2 head as TensorRT-LLM's converter reads it.
+"""``python -m specpipe.trtllm.prepare_eagle SRC DST [--max-position-embeddings N]``: an EAGLE-1/2 head as
+TensorRT-LLM's converter reads it.
 
 The plan's ``prepare-eagle-head`` step (a host step, run with the interpreter running specpipe) before
-``convert-target``. It reads the head in ``SRC`` (``*.safetensors``, else ``pytorch_model*.bin``), checks
-the converter's contract (:mod:`specpipe.trtllm.eagle_head`) on the real tensors, and writes ``DST``:
+``convert-target``. It reads the head in ``SRC`` as the converter's loader does (``*.safetensors`` when
+the folder holds any, else ``pytorch_model*.bin``), checks the converter's contract
+(:mod:`specpipe.trtllm.eagle_head`) on the real tensors, and writes ``DST``:
 
-* ``pytorch_model.bin``: every tensor of the head, plus ``fc.bias`` = zeros of shape ``[hidden]`` in
+* ``model.safetensors``: every tensor of the head, plus ``fc.bias`` = zeros of shape ``[hidden]`` in
   ``fc.weight``'s dtype when the head has none (the head's output is unchanged: ``x W^T + 0``);
-* ``config.json``: the head's config, with ``"bias": true`` to describe the written weights.
+* ``config.json``: the head's config, with ``"bias": true`` to describe the written weights and
+  ``max_position_embeddings`` raised to ``N`` (the target's positions) when smaller
+  (:func:`specpipe.trtllm.eagle_head.positions_override` says why).
 
 Exit status 0, or 1 with one ``error: ...`` line (the head would be rejected by the converter).
 """
@@ -20,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from specpipe.progress import note
 from specpipe.trtllm.checkpoint_flavour import CheckpointFlavourError, read_config
-from specpipe.trtllm.eagle_head import CONVERTER_WEIGHTS, EagleHeadError, check_config, check_tensors
+from specpipe.trtllm.eagle_head import CONVERTER_WEIGHTS, EagleHeadError, check_config, check_tensors, positions_override
 
 #: Pickled files in a Hugging Face folder that are not weights (training state).
 _NOT_WEIGHTS = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")
@@ -51,8 +55,9 @@ def load_head(src: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def prepare(src: Path | str, dst: Path | str) -> dict[str, Any]:
+def prepare(src: Path | str, dst: Path | str, max_position_embeddings: int | None = None) -> dict[str, Any]:
     """Write the converter's input for the head in ``src`` into ``dst``; returns what was done.
+    ``max_position_embeddings``: the target's positions (tokens), written when the head's is smaller.
 
     Raises:
         EagleHeadError: the head breaks the converter's contract (names the tensor or key and the fix).
@@ -66,9 +71,15 @@ def prepare(src: Path | str, dst: Path | str) -> dict[str, Any]:
     fc = state["fc.weight"]
     if "fc.bias" not in state:
         state["fc.bias"] = torch.zeros(fc.shape[0], dtype=fc.dtype)
+    written = {**config, "bias": True}
+    raised = positions_override(config.get("max_position_embeddings"), max_position_embeddings) \
+        if max_position_embeddings is not None else None
+    if raised is not None:
+        written["max_position_embeddings"] = raised
+        added.append(f"max_position_embeddings {config.get('max_position_embeddings')} -> {raised}")
     dst.mkdir(parents=True, exist_ok=True)
-    torch.save(state, dst / CONVERTER_WEIGHTS)
-    (dst / "config.json").write_text(json.dumps({**config, "bias": True}, indent=2))
+    save_file({name: t.contiguous() for name, t in state.items()}, str(dst / CONVERTER_WEIGHTS))
+    (dst / "config.json").write_text(json.dumps(written, indent=2))
     return {"source": str(src), "tensors": len(state), "added": added, "dtype": str(fc.dtype).removeprefix("torch.")}
 
 
@@ -76,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specpipe.trtllm.prepare_eagle",
                                      description="Write an EAGLE-1/2 head as TensorRT-LLM's EAGLE converter reads it.")
     parser.add_argument("src", type=Path, help="the head's directory (config.json and weights)")
-    parser.add_argument("dst", type=Path, help="the directory to write (config.json, pytorch_model.bin)")
+    parser.add_argument("dst", type=Path, help=f"the directory to write (config.json, {CONVERTER_WEIGHTS})")
+    parser.add_argument("--max-position-embeddings", type=int, default=None, metavar="N",
+                        help="the target's positions (tokens): written into the head's config when its own are fewer")
     args = parser.parse_args(argv)
     try:
-        done = prepare(args.src, args.dst)
+        done = prepare(args.src, args.dst, args.max_position_embeddings)
     except (EagleHeadError, CheckpointFlavourError) as exc:
         note(f"error: {exc}")
         return 1
