@@ -129,8 +129,10 @@ def test_docker_executor_wraps_trtllm_steps(tmp_path, standins):
     calls.pop(0)  # the first-contact check runs in the pinned container too
     root = str((tmp_path / "engines").absolute())
     prefix = ["docker", "run", "--gpus", "all", "--rm", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+              "--user", f"{os.getuid()}:{os.getgid()}", "-e", f"HOME={root}/.trtllm-work/home",
               "-v", f"{root}:{root}", "-w", root, release.CONTAINER_IMAGE]
-    assert calls[1][:len(prefix)] == prefix
+    assert calls[1][:len(prefix)] == prefix == executor.docker_prefix(root)
+    assert (tmp_path / "engines" / ".trtllm-work" / "home").is_dir()  # created by the host, as the calling user
     inner = calls[1][len(prefix):]
     assert inner[:2] == ["python3", "/app/examples/models/core/llama/convert_checkpoint.py"]
     build = calls[2][len(prefix):]
@@ -219,5 +221,8 @@ def test_a_container_of_another_release_stops_the_build_before_any_download_nami
     message = str(info.value)
     assert message.startswith("step first-contact failed with exit status 1: [FAILED] tensorrt_llm 1.1.0: this "
                               "TensorRT-LLM is 1.1.0, the plan is pinned to 1.2.1: use " + release.CONTAINER_IMAGE + "; see ")
-    assert "\n" not in message and standins() == []  # no download ran
+    first, *tail = message.split("\n")  # the reason on the first line, then the log's last lines
+    assert first.endswith(".log") and tail[0] == f"  last {len(tail) - 1} lines of the log:"
+    assert f"    [FAILED] tensorrt_llm 1.1.0: this TensorRT-LLM is 1.1.0" in "\n".join(tail)
+    assert standins() == []  # no download ran
     assert not (tmp_path / "engines" / "llama3.1-8b-lookahead").exists()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
+from rich.text import Text
 
 console = Console(stderr=True)
 out = Console()
@@ -23,6 +24,19 @@ def status(message: str) -> Iterator[None]:
     with console.status(message):
         yield
     console.print(f"[green]✓[/green] {message}")
+
+
+def is_terminal() -> bool:
+    """Whether progress (stderr) goes to a terminal, where a live line can be rewritten in place."""
+    return console.is_terminal
+
+
+@contextmanager
+def live_line(message: str) -> Iterator[Callable[[str], None]]:
+    """One status line (a spinner and ``message``) rewritten in place while the block runs; the block gets
+    a function that replaces the text. Texts are shown as given (no markup: log lines have brackets)."""
+    with console.status(Text(message), refresh_per_second=4) as shown:
+        yield lambda text: shown.update(Text(text))
 
 
 def done(message: str) -> None:

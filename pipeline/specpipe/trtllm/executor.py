@@ -3,9 +3,10 @@
 * ``local``: each step's argv runs as is; the examples root comes from ``$SPECPIPE_TRTLLM_EXAMPLES``
   (a TensorRT-LLM checkout's ``examples/``, or ``/app/examples`` inside the container).
 * ``docker``: steps that need TensorRT-LLM run as ``docker run --gpus all --rm --ipc=host --ulimit
-  memlock=-1 --ulimit stack=67108864 -v ROOT:ROOT -w ROOT [-e HF_TOKEN] IMAGE <argv>`` (the flags the
-  TensorRT-LLM/Triton docs use for these containers), with the engines root mounted at the same path
-  so every path in the argv is valid inside; downloads run on the host.
+  memlock=-1 --ulimit stack=67108864 --user UID:GID -e HOME=ROOT/.trtllm-work/home -v ROOT:ROOT -w ROOT
+  [-e HF_TOKEN] IMAGE <argv>`` (the flags the TensorRT-LLM/Triton docs use for these containers, as the
+  calling user: :mod:`specpipe.trtllm.docker_run`), with the engines root mounted at the same path so
+  every path in the argv is valid inside; downloads run on the host.
 
 Host steps need no program on ``PATH``: downloads (shown as the equivalent ``hf download`` command) run
 through huggingface_hub's Python API, :func:`huggingface_hub.snapshot_download` with the same repository,
@@ -16,7 +17,8 @@ environment need not be activated.
 Each step writes into ``<output>.partial`` (its output path in the argv is replaced), logs to
 ``<work>/logs/<step>-<hash>.log`` and is moved into place only when it succeeds, with a marker
 holding its hash: a rerun skips finished steps and an interrupted build resumes at the first
-unfinished one.
+unfinished one. While a step runs, its status (elapsed time, the tool's progress, the log's last line)
+is shown by :mod:`specpipe.trtllm.step_monitor`; a failed step's error quotes the log's last lines.
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from specpipe.errors import SpecpipeError
-from specpipe.trtllm import release
+from specpipe.trtllm import release, step_monitor
+from specpipe.trtllm.docker_run import docker_run_prefix, prepare_home
 from specpipe.trtllm.plan import Plan, Step
+from specpipe.trtllm.step_monitor import log_tail, run_monitored
 
 MARKER = ".specpipe-step.json"
 
@@ -69,24 +72,24 @@ class Executor:
     image: str = release.CONTAINER_IMAGE
     env_passthrough: tuple[str, ...] = ("HF_TOKEN",)
     log: Callable[[str], None] = field(default=print)
+    heartbeat_s: float = step_monitor.HEARTBEAT_S
+    """Seconds between two status lines of a running step when progress is not a terminal."""
+
+    def in_container(self, step: Step) -> bool:
+        """Whether ``step`` runs in the TensorRT-LLM container (docker executor, a ``trtllm`` step)."""
+        return self.name == "docker" and step.runs_in == "trtllm"
 
     def command(self, step: Step, argv: list[str]) -> list[str]:
-        """The vector actually executed for ``step`` (``argv`` with its output redirected)."""
-        if self.name == "docker" and step.runs_in == "trtllm":
-            root = str(self.root)
-            prefix = ["docker", "run", "--gpus", "all", "--rm", "--ipc=host", "--ulimit", "memlock=-1",
-                      "--ulimit", "stack=67108864", "-v", f"{root}:{root}", "-w", root]
-            for var in self.env_passthrough:
-                if os.environ.get(var):
-                    prefix += ["-e", var]
-            return [*prefix, self.image, *argv]
+        """The vector actually executed for ``step`` (``argv`` with its output redirected): in the container,
+        :func:`specpipe.trtllm.docker_run.docker_run_prefix` (the calling user, ``HOME`` in the work dir)."""
+        if self.in_container(step):
+            return [*docker_run_prefix(self.root, image=self.image, env_passthrough=self.env_passthrough), *argv]
         return argv
 
 
 def docker_prefix(root: Path) -> list[str]:
-    """The docker wrapper, for display."""
-    return ["docker", "run", "--gpus", "all", "--rm", "--ipc=host", "--ulimit", "memlock=-1", "--ulimit",
-            "stack=67108864", "-v", f"{root}:{root}", "-w", str(root), release.CONTAINER_IMAGE]
+    """The docker wrapper, for display: the prefix :meth:`Executor.command` puts before a step's argv."""
+    return docker_run_prefix(root, image=release.CONTAINER_IMAGE, env_passthrough=Executor.env_passthrough)
 
 
 def choose_executor(requested: str, *, importable: Callable[[], bool] = trtllm_importable) -> tuple[str | None, str]:
@@ -195,13 +198,18 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
             else:
                 if step.runs_in == "host" and command[0] == "python3":
                     command = [sys.executable, *command[1:]]
-                code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+                if executor.in_container(step):
+                    prepare_home(executor.root)
+                code = run_monitored(command, log, label=step.name, report=executor.log, interval_s=executor.heartbeat_s)
         except FileNotFoundError as exc:
             raise StepFailedError(f"step {step.name}: program {command[0]!r} not found ({exc}): install it or use another --executor") from exc
     if code != 0:
         shutil.rmtree(partial, ignore_errors=True)
         reason = failure_line(log_path)
-        raise StepFailedError(f"step {step.name} failed with exit status {code}: {reason + '; ' if reason else ''}see {log_path}")
+        tail = log_tail(log_path)
+        quoted = f"\n  last {len(tail)} lines of the log:\n" + "\n".join(f"    {line}" for line in tail) if tail else ""
+        raise StepFailedError(f"step {step.name} failed with exit status {code}: {reason + '; ' if reason else ''}"
+                              f"see {log_path}{quoted}")
     if not partial.is_dir():
         raise StepFailedError(f"step {step.name} exited 0 but wrote nothing to its output directory: see {log_path}")
     (partial / MARKER).write_text(json.dumps({"step": step.name, "hash": step.hash, "argv": step.argv}, indent=1))
