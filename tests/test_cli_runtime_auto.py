@@ -9,7 +9,7 @@ from unittest.mock import patch
 import pytest
 from click.testing import CliRunner
 
-from specpipe.build_request import BuildRequest
+from specpipe.build_request import BuildRequest, GpuCount
 from specpipe.cli import main
 from specpipe.trtllm import environment, executor
 
@@ -79,7 +79,9 @@ def test_the_gpu_comes_from_nvidia_smi_and_the_build_proceeds(machine):
     with patch("specpipe.trtllm.build.build_trtllm") as build_trtllm:
         result = CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "eagle"])
     assert result.exit_code == 0, result.output
-    build_trtllm.assert_called_once_with(BuildRequest(target="llama3-8b", draft="eagle", runtime="trtllm", gpu="h100-80gb"))
+    build_trtllm.assert_called_once_with(BuildRequest(
+        target="llama3-8b", draft="eagle", runtime="trtllm", gpu="h100-80gb", tp="auto", pp="auto",
+        gpus=GpuCount(1, "nvidia-smi: 1 x NVIDIA H100 80GB HBM3")))
     with patch("specpipe.trtllm.build.build_trtllm") as build_trtllm:  # an explicit --gpu wins
         CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "eagle", "--gpu", "h200-141gb"])
     assert build_trtllm.call_args.args[0].gpu == "h200-141gb"

@@ -45,8 +45,7 @@ _TRTLLM = "--runtime trtllm or trtllm-llmapi"
 #: BuildRequest fields the CPU runtime does not take: field -> (flag, the runtimes that take it).
 TRTLLM_ONLY_FIELDS = {
     "gpu": ("--gpu", _TRTLLM),
-    "tp": ("--tp", _TRTLLM),
-    "pp": ("--pp", _TRTLLM),
+    "tp": ("--tp", _TRTLLM), "pp": ("--pp", _TRTLLM), "gpus": ("--gpus", _TRTLLM),
     "quantization": ("-q/--quantization", _TRTLLM),
     "max_input_len": ("--max-input-len", _TRTLLM),
     "max_seq_len": ("--max-seq-len", _TRTLLM),

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from specpipe.speculative import Runtime
 from specpipe.tree import Tree
 
 RUNTIMES = tuple(r.value for r in Runtime)
+#: ``--tp auto`` / ``--pp auto``: the TensorRT-LLM build chooses the size by memory
+#: (:mod:`specpipe.trtllm.parallelism`); the CPU runtime reads it as 1.
+AUTO = "auto"
+#: A parallel size: GPUs (>= 1), or :data:`AUTO` until the plan resolves it.
+ParallelSize = int | Literal["auto"]
+
+
+@dataclass(frozen=True)
+class GpuCount:
+    """How many GPUs a TensorRT-LLM deployment may spread over (``count`` >= 1) and where that number came
+    from (``source``: ``--gpus``, or what ``nvidia-smi`` reported, e.g. ``nvidia-smi: 8 x NVIDIA H100 80GB HBM3``)."""
+
+    count: int
+    source: str
 
 
 @dataclass(frozen=True)
@@ -25,7 +40,10 @@ class BuildRequest:
         draft_model: local directory or Hugging Face id of draft weights (Medusa/EAGLE heads or a
             causal LM) replacing the preset's source.
         gpu: GPU name from the GPU table (``h100-80gb`` ...), TensorRT-LLM runtimes only.
-        tp, pp: tensor- and pipeline-parallel sizes.
+        tp, pp: tensor- and pipeline-parallel sizes (GPUs), or :data:`AUTO`: chosen by the memory plan
+            (TensorRT-LLM runtimes; the resolved plan carries ints), 1 on the CPU runtime.
+        gpus: the GPUs ``tp`` x ``pp`` auto may use (:class:`GpuCount`); ``None``: none detected and no
+            ``--gpus``, so auto assumes a node of 8 and says so.
         quantization: ``auto`` | ``bf16`` | ``fp16`` | ``fp8`` | ``int4-awq`` | ``int8-wo`` | ``int4-wo``.
         max_batch_size, max_input_len, max_seq_len: engine limits (requests, tokens, tokens).
         lookahead: (window W, n-gram N, verification set G) for lookahead decoding, or ``None``.
@@ -45,8 +63,9 @@ class BuildRequest:
     max_draft_len: int | None = None
     draft_model: str | None = None
     gpu: str | None = None
-    tp: int = 1
-    pp: int = 1
+    tp: ParallelSize = 1
+    pp: ParallelSize = 1
+    gpus: GpuCount | None = None
     quantization: str = "auto"
     max_batch_size: int = 8
     max_input_len: int = 4096

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import click
 
-from specpipe.build_request import RUNTIMES, BuildRequest
+from specpipe.build_request import AUTO, RUNTIMES, BuildRequest, GpuCount
 from specpipe.errors import SpecpipeError
 from specpipe.speculative import Runtime
-from specpipe.trtllm.environment import cannot_run_here, detect_gpu, resolve_runtime, what_is_missing
-from specpipe.cli.options import POSITIVE, QUANTIZATION, LookaheadType, engines_dir_option
+from specpipe.trtllm.environment import cannot_run_here, detect_gpus, resolve_runtime, what_is_missing
+from specpipe.cli.options import PARALLEL_SIZE, POSITIVE, QUANTIZATION, LookaheadType, engines_dir_option
 
 
 @click.command()
@@ -30,8 +30,14 @@ from specpipe.cli.options import POSITIVE, QUANTIZATION, LookaheadType, engines_
 @click.option("--draft-model", default=None, help="Local directory or Hugging Face id of the draft weights (heads or a causal LM).")
 @click.option("--gpu", default=None,
               help="TensorRT-LLM runtimes: GPU for the memory plan, e.g. h100-80gb (default: GPU 0 from nvidia-smi, if any).")
-@click.option("--tp", type=POSITIVE, default=1, show_default=True, help="TensorRT-LLM runtimes: tensor-parallel size (GPUs).")
-@click.option("--pp", type=POSITIVE, default=1, show_default=True, help="TensorRT-LLM runtimes: pipeline-parallel size (GPUs).")
+@click.option("--tp", type=PARALLEL_SIZE, default=AUTO, show_default=True,
+              help="TensorRT-LLM runtimes: tensor-parallel size (GPUs); auto: the smallest that the memory plan fits on "
+                   "the GPU within the GPUs available (the plan lists the sizes tried).")
+@click.option("--pp", type=PARALLEL_SIZE, default=AUTO, show_default=True,
+              help="TensorRT-LLM runtimes: pipeline-parallel size (GPUs); auto: 1, or the smallest that fits when TP "
+                   "alone cannot and the method allows pipeline parallelism.")
+@click.option("--gpus", type=POSITIVE, default=None,
+              help="TensorRT-LLM runtimes: GPUs --tp/--pp auto may use (default: those nvidia-smi lists, else a node of 8).")
 @click.option("--quantization", "-q", type=QUANTIZATION, default="auto", show_default=True,
               help="TensorRT-LLM runtimes: weight/activation quantization (auto: the best the method and GPU allow).")
 @click.option("--max-batch-size", type=POSITIVE, default=8, show_default=True,
@@ -54,8 +60,11 @@ def build(**options) -> None:
     """Resolve presets, check compatibility, fetch and convert weights, and build an engine directory."""
     requested = options.pop("runtime")
     runtime = resolve_runtime(options["target"], requested)
-    if runtime is not Runtime.CPU and options["gpu"] is None:
-        options["gpu"] = detect_gpu()
+    if runtime is Runtime.CPU:  # auto means 1 there; other sizes and --gpus are refused by the CPU build
+        options.update({k: 1 for k in ("tp", "pp") if options[k] == AUTO})
+        options["gpus"] = None if options["gpus"] is None else GpuCount(options["gpus"], "--gpus")
+    else:
+        options["gpu"], options["gpus"] = detect_gpus(options["gpu"], options["gpus"])
     request = BuildRequest(runtime=runtime.value, **options)
     if request.json_output and not request.dry_run:
         raise click.BadParameter("--json goes with --dry-run", param_hint="--json")

@@ -1,5 +1,5 @@
 """Options and parameter types shared by the commands: ``--engines-dir``, ``--repo-dir``, lists of
-positive integers, ``W,N,G`` triples, and the registry's methods and quantizations as choices."""
+positive integers, ``auto``-or-size, ``W,N,G`` triples, and the registry's methods and quantizations as choices."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specpipe.build_request import AUTO
 from specpipe.paths import default_engines_dir, default_repo_dir
 from specpipe.speculative import ALL_QUANTIZATIONS, METHODS
 
@@ -27,8 +28,25 @@ class PositiveInt(click.IntRange):
         return number
 
 
+class AutoOrPositiveInt(PositiveInt):
+    """``auto`` (kept as the string) or an integer of at least 1, refused as "must be auto or a positive integer"."""
+
+    name = "auto|N"
+
+    def convert(self, value, param, ctx) -> int | str:
+        if isinstance(value, str) and value.strip().lower() == AUTO:
+            return AUTO
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"must be auto or a positive integer, got {value!r}", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 #: A count of at least one (requests, tokens, steps ...).
 POSITIVE = PositiveInt()
+#: ``--tp`` / ``--pp``: a parallel size, or ``auto`` (chosen by the memory plan).
+PARALLEL_SIZE = AutoOrPositiveInt()
 #: A token count sent in an INT32 tensor (``max_tokens``).
 TOKEN_COUNT = PositiveInt(2**31 - 1, "a 32-bit count")
 #: A sampling seed (the ensemble's UINT64 ``seed``).

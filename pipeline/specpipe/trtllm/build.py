@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -65,6 +66,7 @@ def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | N
     target = resolve_target(request.target)
     draft = resolve_draft(request.draft, request.draft_model, target, allow_network)
     pre = run_preflight(request, target, draft)
+    request = replace(request, tp=pre.parallel.tp, pp=pre.parallel.pp)  # --tp/--pp auto resolved
     tok = _tokenizer_check(target, draft, allow_network)
     if tok is not None:
         pre.checks.append(tok)

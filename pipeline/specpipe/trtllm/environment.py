@@ -5,10 +5,14 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
+from specpipe.build_request import GpuCount
 from specpipe.presets import load_target
 from specpipe.speculative import Runtime
 from specpipe.trtllm import release
@@ -17,31 +21,92 @@ from specpipe.trtllm.gpus import GPUS, MIB
 
 #: ``nvidia-smi`` query: board name and total memory in MiB, one GPU per line.
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
+#: Total memory (fraction) by which a board may differ from its table row and still match it.
+MEMORY_TOLERANCE = 0.02
 
 
-def detect_gpu(run=subprocess.run) -> str | None:
-    """The :data:`~specpipe.trtllm.gpus.GPUS` name of GPU 0 from ``nvidia-smi``, or ``None`` (no
-    ``nvidia-smi``, no GPU, or a board the table lacks). Matched by total memory within 2% among
-    boards whose table description contains the reported model (e.g. ``H100``)."""
+@dataclass(frozen=True)
+class Board:
+    """One GPU as ``nvidia-smi`` reports it: ``name`` (``NVIDIA A100-SXM4-80GB``), ``memory_mib`` (total,
+    MiB) and ``gpu``, the :data:`~specpipe.trtllm.gpus.GPUS` row it matches (``None``: no row)."""
+
+    name: str
+    memory_mib: float
+    gpu: str | None
+
+
+def match_board(name: str, memory_mib: float) -> str | None:
+    """The :data:`~specpipe.trtllm.gpus.GPUS` row of a board ``nvidia-smi`` names ``name`` with ``memory_mib``
+    MiB: the row whose ``model`` is one of the name's tokens (split on ``-`` and spaces, case-insensitive)
+    and whose memory is within :data:`MEMORY_TOLERANCE`; ``None`` when no row matches."""
+    tokens = {token for token in re.split(r"[\s-]+", name.lower()) if token}
+    for gpu in GPUS.values():
+        if gpu.model.lower() in tokens and abs(gpu.memory_bytes / MIB - memory_mib) <= MEMORY_TOLERANCE * memory_mib:
+            return gpu.name
+    return None
+
+
+def query_boards(run=subprocess.run) -> list[Board]:
+    """Every GPU ``nvidia-smi`` lists, in its order; ``[]`` without ``nvidia-smi``, when it fails, or when it
+    reports no GPU. Lines that are not ``name, MiB`` are skipped."""
     if shutil.which("nvidia-smi") is None:
-        return None
+        return []
     try:
         proc = run(NVIDIA_SMI_QUERY, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
+        return []
+    if proc.returncode != 0:
+        return []
+    boards = []
+    for line in (proc.stdout or "").splitlines():
+        if "," not in line:
+            continue
+        name, memory = (part.strip() for part in line.rsplit(",", 1))
+        try:
+            mib = float(memory)
+        except ValueError:
+            continue
+        boards.append(Board(name, mib, match_board(name, mib)))
+    return boards
+
+
+def detect_gpu(run=subprocess.run) -> str | None:
+    """The :data:`~specpipe.trtllm.gpus.GPUS` name of GPU 0 from ``nvidia-smi`` (:func:`query_boards`), or
+    ``None`` (no ``nvidia-smi``, no GPU, or a board the table lacks)."""
+    boards = query_boards(run)
+    return boards[0].gpu if boards else None
+
+
+def count_boards(boards: list[Board], planned: str | None) -> GpuCount | None:
+    """How many of ``boards`` a deployment planned for the GPU ``planned`` may use, saying where the number
+    came from: all of them when they are one model; with mixed boards, those of the planned model (the
+    source names the mix). ``None`` when there are no boards."""
+    if not boards:
         return None
-    line = (proc.stdout or "").strip().splitlines()[:1]
-    if proc.returncode != 0 or not line or "," not in line[0]:
-        return None
-    board, memory = (part.strip() for part in line[0].rsplit(",", 1))
-    try:
-        mib = float(memory)
-    except ValueError:
-        return None
-    model = next((word for word in board.replace("NVIDIA", "").split() if any(c.isdigit() for c in word)), "")
-    for gpu in GPUS.values():
-        if model and model.lower() in gpu.description.lower() and abs(gpu.memory_bytes / MIB - mib) <= 0.02 * mib:
-            return gpu.name
-    return None
+    names = Counter(board.name for board in boards)
+    mix = ", ".join(f"{n} x {name}" for name, n in names.items())
+    if len(names) == 1:
+        name, n = next(iter(names.items()))
+        note = "" if planned is None or boards[0].gpu == planned else (
+            f" (not the {planned} planned for: give --gpus N for the machine it is meant for)")
+        return GpuCount(n, f"nvidia-smi: {n} x {name}{note}")
+    same = [board for board in boards if planned is not None and board.gpu == planned]
+    if same:
+        return GpuCount(len(same), f"nvidia-smi: {len(same)} x {same[0].name} of {len(boards)} GPUs "
+                                   f"(mixed boards: {mix}; counting the {planned} boards)")
+    return GpuCount(len(boards), f"nvidia-smi: {len(boards)} GPUs of mixed boards ({mix}), none of them "
+                                 f"{planned or 'a known GPU'}: give --gpus N and --gpu")
+
+
+def detect_gpus(gpu: str | None, gpus: int | None, run=subprocess.run) -> tuple[str | None, GpuCount | None]:
+    """The GPU to plan for and the GPUs available: ``gpu`` (``--gpu``) or GPU 0's row from ``nvidia-smi``;
+    ``gpus`` (``--gpus``) or the count :func:`count_boards` makes of what ``nvidia-smi`` lists (``None``:
+    nothing detected). Runs ``nvidia-smi`` only when one of the two is not given."""
+    if gpu is not None and gpus is not None:
+        return gpu, GpuCount(gpus, "--gpus")
+    boards = query_boards(run)
+    planned = gpu if gpu is not None else (boards[0].gpu if boards else None)
+    return planned, GpuCount(gpus, "--gpus") if gpus is not None else count_boards(boards, planned)
 
 
 def what_is_missing(run=subprocess.run) -> list[str]:

@@ -40,6 +40,7 @@ from specpipe.trtllm.eagle_head import PREPARE_STEP, prepare_argv, preparation_f
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.gpus import GIB
 from specpipe.trtllm.llmapi_schema import build_speculative_config
+from specpipe.trtllm.parallelism import render_parallel
 from specpipe.trtllm.preflight import PreflightResult
 from specpipe.trtllm.resolve import Draft, Target
 
@@ -116,7 +117,7 @@ class Plan:
                       "source": self.draft.source, "path": self.draft_path},
             "speculative": pre.speculative.to_json(),
             "quantization": pre.scheme.name,
-            "parallel": {"tp": req.tp, "pp": req.pp, "gpus": req.tp * req.pp},
+            "parallel": pre.parallel.as_dict() if pre.parallel else {"tp": req.tp, "pp": req.pp, "gpus": req.tp * req.pp},
             "limits": {"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len, "max_seq_len": req.max_seq_len},
             "gpu": pre.gpu.name if pre.gpu else None,
             "checks": [vars(c) for c in pre.checks],
@@ -306,7 +307,8 @@ def render_text(plan: Plan, docker_prefix: list[str] | None = None) -> str:
         f"  target   {plan.target.name}  [{_src(plan.target.source)}]",
         f"  draft    {plan.draft.name} ({plan.draft.method}{', ' + plan.draft.flavour if plan.draft.flavour else ''})"
         + (f"  [{_src(plan.draft.source)}]" if plan.draft.source else ""),
-        f"  settings {pre.scheme.name}, TP {req.tp} x PP {req.pp}, batch {req.max_batch_size}, input {req.max_input_len}, "
+        f"  settings {pre.scheme.name}, TP {req.tp} x PP {req.pp}"
+        f"{' (auto)' if pre.parallel and pre.parallel.chosen == 'auto' else ''}, batch {req.max_batch_size}, input {req.max_input_len}, "
         f"seq {req.max_seq_len} tokens, " + ", ".join(f"{k}={v}" for k, v in pre.speculative.to_json().items()
                                                        if k not in ("choices", "method")),
         f"  executor {plan.executor}" + (f" (each TensorRT-LLM step runs as: {shlex.join(docker_prefix)} ...)" if docker_prefix else ""),
@@ -344,4 +346,6 @@ def render_memory(pre: PreflightResult) -> str:
         verdict = "fits" if m.fits else "DOES NOT FIT"
         lines.append(f"  {m.gpu:<24}{m.gpu_memory / GIB:>9.2f} GiB ({m.usable / GIB:.2f} usable): {verdict}")
     lines += [f"  note: {n}" for n in m.notes]
+    if pre.parallel is not None:
+        lines += ["", render_parallel(pre.parallel, m.gpu)]
     return "\n".join(lines)

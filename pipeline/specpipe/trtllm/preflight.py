@@ -6,7 +6,8 @@ names both sides and the fix. Checks that cannot run (offline) are reported as "
 
 Sources: see :mod:`specpipe.trtllm.quant` (support matrices), :mod:`specpipe.tree` (trees),
 :mod:`specpipe.speculative` (which method runs on which flow),
-:mod:`specpipe.trtllm.memory` (memory plan); EAGLE limits from ``examples/eagle/convert_checkpoint.py``
+:mod:`specpipe.trtllm.memory` (memory plan), :mod:`specpipe.trtllm.parallelism` (TP/PP rules and
+``--tp/--pp auto``); EAGLE limits from ``examples/eagle/convert_checkpoint.py``
 @ 65b31db (``pp_size == 1``, ``max_draft_len <= 256``) and ``tensorrt_llm/builder.py`` ``build()``
 (EAGLE ``max_batch_size <= 512``); lookahead's ``max_draft_len`` formula from
 ``examples/lookahead/README.md`` @ 83ab45a.
@@ -16,14 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specpipe.build_request import BuildRequest
+from specpipe.build_request import AUTO, BuildRequest
 from specpipe.errors import CompatibilityError, PresetError, SpecpipeError
-from specpipe.presets import Architecture
 from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, Runtime, SpeculativeSettings, methods_for, spec_of
 from specpipe.tree import Tree
 from specpipe.trtllm import eagle_head
 from specpipe.trtllm.gpus import GIB, Gpu, lookup_gpu
 from specpipe.trtllm.memory import MemoryPlan, plan_memory
+from specpipe.trtllm.parallelism import (ParallelChoice, ParallelismError, check_parallelism, check_pipeline_parallel,
+                                         choose_parallelism)
 from specpipe.trtllm.quant import Scheme, check_support, engine_quantizations, resolve_scheme
 from specpipe.trtllm.resolve import Draft, Target
 
@@ -37,41 +39,6 @@ LLMAPI_EAGLE_CHAIN = 3
 DEFAULT_TREE = "mc_sim_7b_63"
 #: TensorRT-LLM's EAGLE ``max_non_leaves_per_layer`` when the preset names none.
 EAGLE_NON_LEAVES_DEFAULT = 10
-
-
-class ParallelismError(CompatibilityError):
-    """Tensor/pipeline parallel sizes the model or method cannot use."""
-
-
-#: (runtime, method) -> why TensorRT-LLM refuses pipeline parallelism (PP > 1) there, with its source.
-#: Every refusal of ``--pp > 1`` reads this table (:func:`check_pipeline_parallel`); the fix is always TP.
-PP_REFUSED: dict[tuple[Runtime, Method], str] = {
-    (Runtime.TRTLLM, Method.EAGLE):
-        "TensorRT-LLM's EAGLE converter asserts pp_size == 1 (examples/eagle/convert_checkpoint.py @ 65b31db)",
-    (Runtime.TRTLLM_LLMAPI, Method.EAGLE):
-        "EAGLE-3 does not support pipeline parallelism on the LLM API (docs/source/features/"
-        "feature-combination-matrix.md @ 4d942aa; PyExecutor refuses a drafter in its PP loop)",
-    (Runtime.TRTLLM_LLMAPI, Method.NGRAM):
-        "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
-        "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
-    (Runtime.TRTLLM_LLMAPI, Method.DRAFT_MODEL):
-        "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
-        "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
-}
-
-
-def check_pipeline_parallel(runtime: Runtime | str, method: Method | str, pp: int) -> None:
-    """Refuse ``pp > 1`` where :data:`PP_REFUSED` says TensorRT-LLM cannot run it.
-
-    Raises:
-        ParallelismError: naming the method, the runtime, the reason and the fix (PP 1, more TP).
-    """
-    why = PP_REFUSED.get((Runtime(runtime), Method(method)))
-    if pp > 1 and why is not None:
-        raise ParallelismError(
-            f"--pp {pp} with {Method(method).value} on --runtime {Runtime(runtime).value}: {why}: "
-            f"use --pp 1 and raise --tp instead"
-        )
 
 
 class MemoryPlanError(SpecpipeError):
@@ -100,6 +67,8 @@ class PreflightResult:
     checks: list[Check] = field(default_factory=list)
     memory_error: str | None = None
     """Why the plan does not fit the GPU (with fixes), or ``None``; see :func:`raise_if_unfit`."""
+    parallel: ParallelChoice | None = None
+    """The TP x PP the plan uses and how it was chosen (set by :func:`run_preflight`)."""
 
 
 def raise_if_unfit(result: PreflightResult) -> None:
@@ -146,25 +115,6 @@ def check_runtime_method(runtime: str, draft: Draft) -> None:
                 "EAGLE-1/2 heads run only on the TensorRT engine flow (the LLM API's 'Eagle' decoding is EAGLE-3): "
                 "use --runtime trtllm, or pass an EAGLE-3 head with --draft-model"
             )
-
-
-def check_parallelism(name: str, arch: Architecture, tp: int, pp: int, method: str) -> None:
-    """TP must divide the attention heads; KV heads must divide by TP (or TP by them); PP <= layers.
-
-    Raises:
-        ParallelismError: naming the sizes and the valid values.
-    """
-    if arch.num_attention_heads % tp:
-        valid = [t for t in (1, 2, 4, 8, 16) if arch.num_attention_heads % t == 0]
-        raise ParallelismError(
-            f"--tp {tp} does not divide the {arch.num_attention_heads} attention heads of {name}: use --tp "
-            f"{' or '.join(map(str, valid))}"
-        )
-    kv = arch.num_kv_heads
-    if kv % tp and tp % kv:
-        raise ParallelismError(f"--tp {tp} and the {kv} KV heads of {name} do not divide each other: use a --tp that divides {kv}")
-    if pp > arch.num_layers:
-        raise ParallelismError(f"--pp {pp} exceeds the {arch.num_layers} layers of {name}: use --pp <= {arch.num_layers}")
 
 
 def check_heads_match(target: Target, draft: Draft) -> list[Check]:
@@ -278,17 +228,25 @@ def _memory(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Sch
     )
 
 
-def suggest_fixes(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, request: BuildRequest, gpu: Gpu) -> list[str]:
-    """Changes that make the plan fit ``gpu``, tried in order: more TP, a smaller scheme, smaller batch/length."""
+def suggest_fixes(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, request: BuildRequest, gpu: Gpu,
+                  parallel: ParallelChoice | None = None) -> list[str]:
+    """Changes that make the plan fit ``gpu``, tried in order: more TP, a smaller scheme, smaller batch/length.
+
+    ``parallel``: the sizes to start from (default: the request's, which must then be ints); when it was
+    chosen automatically, more TP means more GPUs than the ``parallel.available`` ones, and is said so.
+    """
     fixes: list[str] = []
-    tp = request.tp * 2
-    while tp <= 8:
+    tp0, pp0 = (parallel.tp, parallel.pp) if parallel else (request.tp, request.pp)
+    auto = parallel is not None and parallel.chosen == "auto"
+    tp = tp0 * 2
+    while tp <= (max(8, 2 * parallel.available) if auto else 8):
         try:
-            check_parallelism(target.name, target.arch, tp, request.pp, spec.method.value)
+            check_parallelism(target.name, target.arch, tp, pp0, spec.method.value)
         except ParallelismError:
             break
-        if _memory(target, draft, spec, scheme, tp, request.pp, request.max_batch_size, request.max_seq_len, gpu).fits:
-            fixes.append(f"--tp {tp}")
+        if _memory(target, draft, spec, scheme, tp, pp0, request.max_batch_size, request.max_seq_len, gpu).fits:
+            fixes.append(f"more GPUs (TP {tp} x PP {pp0} fits on {tp * pp0}, {parallel.available} available: "
+                         f"--gpus {tp * pp0})" if auto else f"--tp {tp}")
             break
         tp *= 2
     for name in ("fp8", "int4-awq"):
@@ -299,12 +257,12 @@ def suggest_fixes(target: Target, draft: Draft, spec: SpeculativeSettings, schem
             check_support(candidate, spec.method.value, gpu)
         except CompatibilityError:
             continue
-        if _memory(target, draft, spec, candidate, request.tp, request.pp, request.max_batch_size, request.max_seq_len, gpu).fits:
+        if _memory(target, draft, spec, candidate, tp0, pp0, request.max_batch_size, request.max_seq_len, gpu).fits:
             fixes.append(f"--quantization {name}")
             break
     batch = request.max_batch_size // 2
     while batch >= 1:
-        if _memory(target, draft, spec, scheme, request.tp, request.pp, batch, request.max_seq_len, gpu).fits:
+        if _memory(target, draft, spec, scheme, tp0, pp0, batch, request.max_seq_len, gpu).fits:
             fixes.append(f"--max-batch-size {batch}")
             break
         batch //= 2
@@ -313,9 +271,26 @@ def suggest_fixes(target: Target, draft: Draft, spec: SpeculativeSettings, schem
     return fixes
 
 
-def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> PreflightResult:
-    """All checks in order; returns the resolved settings, memory plan and the check report.
+def _memory_error(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, request: BuildRequest, gpu: Gpu,
+                  parallel: ParallelChoice, memory: MemoryPlan) -> str:
+    """Why the plan does not fit ``gpu`` and the fixes (one line); for an automatic choice, the best option tried."""
+    fixes = " or ".join(suggest_fixes(target, draft, spec, scheme, request, gpu, parallel))
+    limits = f"batch {request.max_batch_size} x {request.max_seq_len} tokens"
+    has = f"{gpu.name} has {gpu.memory_bytes / GIB:.1f} GiB ({memory.usable / GIB:.1f} usable)"
+    if parallel.chosen == "explicit":
+        return (f"the plan needs {memory.total / GIB:.1f} GiB per GPU ({scheme.name}, TP {parallel.tp}, {limits}), "
+                f"{has}: try {fixes}")
+    return (f"no TP x PP fits {gpu.name} within the {parallel.available} GPUs available ({parallel.available_from}): "
+            f"the best tried, TP {parallel.tp} x PP {parallel.pp}, needs {memory.total / GIB:.1f} GiB per GPU "
+            f"({scheme.name}, {limits}), {has}: try {fixes}")
 
+
+def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> PreflightResult:
+    """All checks in order; returns the resolved settings, parallel sizes, memory plan and the check report.
+
+    ``request.tp`` / ``request.pp`` may be :data:`~specpipe.build_request.AUTO`: the sizes are chosen by
+    :func:`specpipe.trtllm.parallelism.choose_parallelism` (``PreflightResult.parallel``); given sizes are
+    checked before anything else that needs the speculative settings.
     A plan that does not fit the GPU is returned with ``memory_error`` set (so a dry run can still
     print it); :func:`raise_if_unfit` raises it.
 
@@ -335,11 +310,13 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> Prefli
         )
     checks.append(Check("quantization x method x GPU", "ok",
                         f"{scheme.name} with {draft.method} on {gpu.name + ' (SM ' + str(gpu.sm) + ')' if gpu else 'any GPU (no --gpu)'}"))
-    check_pipeline_parallel(request.runtime, draft.method, request.pp)
-    check_parallelism(target.name, target.arch, request.tp, request.pp, draft.method)
+    models = [(target.name, target.arch, draft.method)]
     if draft.arch is not None:
-        check_parallelism(f"draft {draft.name}", draft.arch, request.tp, request.pp, "draft-model")
-    checks.append(Check("parallelism", "ok", f"TP {request.tp} x PP {request.pp} = {request.tp * request.pp} GPUs"))
+        models.append((f"draft {draft.name}", draft.arch, "draft-model"))
+    if request.pp != AUTO:
+        check_pipeline_parallel(request.runtime, draft.method, request.pp)
+    for name, arch, method in models:
+        check_parallelism(name, arch, 1 if request.tp == AUTO else request.tp, 1 if request.pp == AUTO else request.pp, method)
     if request.max_input_len > request.max_seq_len:
         raise CompatibilityError(
             f"--max-input-len {request.max_input_len} exceeds --max-seq-len {request.max_seq_len}: raise --max-seq-len "
@@ -358,20 +335,25 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> Prefli
         raise CompatibilityError(f"--max-batch-size {request.max_batch_size} exceeds EAGLE's limit of {EAGLE_MAX_BATCH} in TensorRT-LLM: use <= 512")
     if spec.method is not Method.NONE:
         checks.append(Check("draft length vs tree/method", "ok", _describe(spec)))
-    memory = _memory(target, draft, spec, scheme, request.tp, request.pp, request.max_batch_size, request.max_seq_len, gpu)
+
+    def plan(tp: int, pp: int) -> MemoryPlan:
+        return _memory(target, draft, spec, scheme, tp, pp, request.max_batch_size, request.max_seq_len, gpu)
+
+    parallel = choose_parallelism(runtime=request.runtime, method=draft.method, models=models, tp=request.tp,
+                                  pp=request.pp, gpu=gpu, gpus=request.gpus, plan=plan)
+    checks.append(Check("parallelism", "ok", f"TP {parallel.tp} x PP {parallel.pp} = {parallel.tp * parallel.pp} GPUs "
+                        + ("(as given)" if parallel.chosen == "explicit" else
+                           f"(auto, of {parallel.available} GPUs: {parallel.available_from})")))
+    memory = plan(parallel.tp, parallel.pp)
     memory_error = None
     if gpu is None:
         memory.notes.append("fit not checked: name the GPU with --gpu")
     elif not memory.fits:
-        fixes = suggest_fixes(target, draft, spec, scheme, request, gpu)
-        memory_error = (
-            f"the plan needs {memory.total / GIB:.1f} GiB per GPU ({scheme.name}, TP {request.tp}, batch "
-            f"{request.max_batch_size} x {request.max_seq_len} tokens), {gpu.name} has {gpu.memory_bytes / GIB:.1f} GiB "
-            f"({memory.usable / GIB:.1f} usable): try {' or '.join(fixes)}"
-        )
+        memory_error = _memory_error(target, draft, spec, scheme, request, gpu, parallel, memory)
     checks.append(Check("memory plan", "ok" if memory.fits else ("not checked" if gpu is None else "failed"),
                         f"{memory.total / GIB:.1f} GiB per GPU" + (f" of {memory.usable / GIB:.1f} usable on {gpu.name}" if gpu else "")))
-    return PreflightResult(scheme=scheme, speculative=spec, gpu=gpu, memory=memory, checks=checks, memory_error=memory_error)
+    return PreflightResult(scheme=scheme, speculative=spec, gpu=gpu, memory=memory, checks=checks, memory_error=memory_error,
+                           parallel=parallel)
 
 
 def _describe(spec: SpeculativeSettings) -> str:
