@@ -14,7 +14,7 @@ import sys
 import click
 
 from specpipe import __version__
-from specpipe.cli import bench, build, client, demo, deploy, doctor, package, serve, train
+from specpipe.cli import bench, build, client, demo, deploy, doctor, gateway, package, serve, train
 from specpipe.errors import FlagError, SpecpipeError
 
 
@@ -43,7 +43,7 @@ def main() -> None:
 
 
 for command in (build.build, package.package, serve.serve, client.generate, client.validate, demo.demo,
-                train.train_draft, deploy.deploy, bench.bench, bench.tune, doctor.doctor):
+                train.train_draft, deploy.deploy, bench.bench, bench.tune, doctor.doctor, gateway.gateway):
     main.add_command(command)
 
 

@@ -7,7 +7,9 @@ import signal
 import click
 
 from specpipe.build_request import RUNTIMES
+from specpipe.cli.gateway import api_key_options
 from specpipe.cli.options import PORT, repo_dir_option
+from specpipe.openai import LOCAL_HOST
 
 
 def _terminate(signum, frame):
@@ -27,11 +29,15 @@ def _terminate(signum, frame):
 @click.option("--gpus", default=None, help="TensorRT-LLM runtimes: GPU ids, TP x PP of them (default 0..TPxPP-1), e.g. 0,1,2,3.")
 @click.option("--openai-port", type=PORT, default=None,
               help="Also serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions, /metrics) on this port.")
-def serve(name, repo_dir, **options) -> None:
+@click.option("--openai-host", default=LOCAL_HOST, show_default=True,
+              help="Address the OpenAI API binds; 0.0.0.0: every interface (give it an API key).")
+@api_key_options
+def serve(name, repo_dir, api_key, api_key_file, **options) -> None:
     """Start Triton on triton_repo/NAME and wait until it is ready; Ctrl-C stops it."""
+    from specpipe.openai.auth import resolve_api_key
     from specpipe.serve import ServeRequest, serve as run_server
 
-    request = ServeRequest(repo_dir / name, **options)
+    request = ServeRequest(repo_dir / name, api_key=resolve_api_key(api_key, api_key_file), **options)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run_server(request)

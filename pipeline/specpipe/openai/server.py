@@ -28,6 +28,8 @@ from typing import Any
 
 from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
+from specpipe.openai import LOCAL_HOST
+from specpipe.openai.auth import api_key_middleware
 from specpipe.openai.metrics import GatewayMetrics
 from specpipe.openai.prompting import PreparedPrompt, Prompter
 from specpipe.openai.protocol import (
@@ -47,7 +49,6 @@ from specpipe.openai.protocol import (
 )
 from specpipe.openai.schema import openapi_document
 from specpipe.openai.relay import Generation
-
 
 
 class Gateway:
@@ -316,11 +317,13 @@ def _json_errors():
     return middleware
 
 
-def make_app(gateway: Gateway):
-    """The aiohttp application of ``gateway`` (routes in the module doc of :mod:`specpipe.openai`)."""
+def make_app(gateway: Gateway, api_key: str | None = None):
+    """The aiohttp application of ``gateway`` (routes in the module doc of :mod:`specpipe.openai`);
+    with ``api_key``, requests need ``Authorization: Bearer api_key`` (:mod:`specpipe.openai.auth`)."""
     from aiohttp import web
 
-    app = web.Application(client_max_size=16 * 2**20, middlewares=[_json_errors()])
+    guard = [api_key_middleware(api_key)] if api_key else []
+    app = web.Application(client_max_size=16 * 2**20, middlewares=[*guard, _json_errors()])
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
     app.router.add_get("/v1/models", gateway.models)
@@ -334,16 +337,13 @@ def make_app(gateway: Gateway):
 
 
 class GatewayServer:
-    """Serves a :class:`Gateway` on ``host:port`` from a background thread (its own event loop).
+    """Serves a :class:`Gateway` on ``host:port`` (``host`` loopback by default, ``0.0.0.0``: every
+    interface) from a background thread (its own event loop); ``api_key``: see :func:`make_app`.
+    ``start()`` returns once the port is listening (or raises SpecpipeError: the port cannot be
+    bound); ``stop()`` closes it. Also a context manager."""
 
-    ``start()`` returns once the port is listening; ``stop()`` closes it. Also a context manager.
-
-    Raises (``start``):
-        SpecpipeError: the port cannot be bound.
-    """
-
-    def __init__(self, gateway: Gateway, port: int, host: str = "0.0.0.0"):
-        self.gateway, self.port, self.host = gateway, int(port), host
+    def __init__(self, gateway: Gateway, port: int, host: str = LOCAL_HOST, api_key: str | None = None):
+        self.gateway, self.port, self.host, self.api_key = gateway, int(port), host, api_key
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner = None
         self._thread: threading.Thread | None = None
@@ -361,7 +361,7 @@ class GatewayServer:
 
         async def serve() -> None:
             # handler_cancellation: a handler whose client disconnected is cancelled (its Triton request too)
-            self._runner = web.AppRunner(make_app(self.gateway), access_log=None, handler_cancellation=True)
+            self._runner = web.AppRunner(make_app(self.gateway, self.api_key), access_log=None, handler_cancellation=True)
             await self._runner.setup()
             await web.TCPSite(self._runner, self.host, self.port).start()
 
@@ -383,7 +383,7 @@ class GatewayServer:
         self._thread.start()
         ready.wait()
         if failure:
-            raise SpecpipeError(f"cannot serve the OpenAI API on port {self.port} ({failure[0]}): choose another --openai-port") from failure[0]
+            raise SpecpipeError(f"cannot serve the OpenAI API on {self.host}:{self.port} ({failure[0]}): choose another port or host") from failure[0]
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None and self._thread.is_alive():

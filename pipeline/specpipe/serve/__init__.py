@@ -15,6 +15,8 @@ from rich.table import Table
 
 from specpipe.errors import SpecpipeError
 from specpipe.progress import out, warn
+from specpipe.openai import LOCAL_HOST
+from specpipe.serve.gateway import GatewayRequest, start_gateway
 from specpipe.serve.local import LocalTritonServer
 from specpipe.serve.triton_log import EXIT_TIMEOUT_LINE, log_tail
 from specpipe.serve.ports import check_ports
@@ -42,6 +44,8 @@ class ServeRequest:
         container: TensorRT-LLM runtimes: the Triton TensorRT-LLM image (``None``: the engine's).
         gpus: TensorRT-LLM runtimes: GPU ids, TP x PP of them (``None``: 0..TPxPP-1).
         openai_port: also serve the OpenAI-compatible API on this port.
+        openai_host: the address the OpenAI API binds (loopback by default; ``0.0.0.0``: every interface).
+        api_key: the key OpenAI clients must send (``Authorization: Bearer KEY``); ``None``: no key.
     """
 
     repo_dir: Path
@@ -53,6 +57,8 @@ class ServeRequest:
     container: str | None = None
     gpus: str | None = None
     openai_port: int | None = None
+    openai_host: str = LOCAL_HOST
+    api_key: str | None = None
 
 
 def resolve_runtime(repo_dir: Path, runtime: str) -> str:
@@ -96,8 +102,8 @@ def serve(request: ServeRequest) -> None:
     recorded in the repository; ``gpus`` names the GPU ids, TP x PP of them).
 
     ``openai_port``: also serve the OpenAI-compatible API (``/v1/models``, ``/v1/completions``,
-    ``/v1/chat/completions``, ``/metrics``) on that port, translating to the ensemble over gRPC
-    (:mod:`specpipe.openai`).
+    ``/v1/chat/completions``, ``/metrics``) on that port of ``openai_host``, translating to the
+    ensemble over gRPC (:mod:`specpipe.openai`); with ``api_key``, clients must send it.
 
     Raises:
         SpecpipeError: no repository, a busy port, a server that fails to start, dies, or does not
@@ -108,7 +114,7 @@ def serve(request: ServeRequest) -> None:
     repo_dir, grpc_port, openai_port = Path(request.repo_dir), request.grpc_port, request.openai_port
     runtime = resolve_runtime(repo_dir, request.runtime)
     if runtime != "cpu":
-        gateway = None if request.print_only or openai_port is None else _start_gateway(repo_dir.name, grpc_port, openai_port)
+        gateway = None if request.print_only or openai_port is None else _start_gateway(repo_dir.name, request)
         try:
             _serve_container(repo_dir, runtime, {"http": request.http_port, "grpc": grpc_port, "metrics": request.metrics_port},
                              request.print_only, request.container, request.gpus)
@@ -133,7 +139,7 @@ def serve(request: ServeRequest) -> None:
             if cold is not None:
                 out.print(f"Triton {cold.summary()}", markup=False, highlight=False)
             if openai_port is not None:
-                gateway = _start_gateway(server.repo_dir.name, grpc_port, openai_port)
+                gateway = _start_gateway(server.repo_dir.name, request)
             _print_endpoints(server, gateway)
             supervise(server)
         except KeyboardInterrupt:
@@ -198,15 +204,10 @@ def _serve_container(repo_dir: Path, runtime: str, ports: dict[str, int], print_
         raise SpecpipeError(f"the serving container exited with status {code}: see its output above")
 
 
-def _start_gateway(name: str, grpc_port: int, openai_port: int):
-    """Start the OpenAI-compatible gateway for deployment ``name`` (see :mod:`specpipe.openai`)."""
-    from specpipe.openai.server import Gateway, GatewayServer
-
-    gateway = GatewayServer(Gateway(f"localhost:{grpc_port}", name), openai_port)
-    gateway.start()
-    out.print(f"OpenAI-compatible API for {name}: {gateway.url} (metrics: http://localhost:{openai_port}/metrics)",
-                  markup=False, highlight=False)
-    return gateway
+def _start_gateway(name: str, request: ServeRequest):
+    """Start the OpenAI-compatible gateway for deployment ``name`` (:mod:`specpipe.serve.gateway`)."""
+    return start_gateway(GatewayRequest(f"localhost:{request.grpc_port}", name, request.openai_port,
+                                        request.openai_host, request.api_key))
 
 
 def _print_endpoints(server, gateway=None) -> None:
