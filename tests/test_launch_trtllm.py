@@ -97,7 +97,7 @@ def test_draft_target_tp4_launches_in_orchestrator_mode(tmp_path):
     assert run[run.index("specpipe-triton:0.1.0-26.04") + 1:] == command
     # compose (the image's entry point) and Kubernetes get the same command and environment
     assert entry_command(repo) == command
-    k8s = write_k8s(repo, tmp_path / "k8s")
+    k8s = write_k8s(repo, tmp_path / "k8s", storage_size="100Gi")
     pod = yaml.safe_load((k8s / "deployment.yaml").read_text())["spec"]["template"]["spec"]["containers"][0]
     assert pod["command"] == command and pod["env"] == [{"name": "TRTLLM_ORCHESTRATOR", "value": "1"},
                                                         {"name": "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES", "value": "1"}]
@@ -205,8 +205,11 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
     text = (DOCKER / "compose.yaml").read_text()
     with pytest.raises(KeyError, match="SPECPIPE_REPO"):
         _interpolate(text, {})
-    resolved = _interpolate(text, {"SPECPIPE_REPO": str(tmp_path / "repo"), "SPECPIPE_ENGINES": str(tmp_path / "engines"),
-                                   "SPECPIPE_GPUS": "4"})
+    env = {"SPECPIPE_REPO": str(tmp_path / "repo"), "SPECPIPE_ENGINES": str(tmp_path / "engines"), "SPECPIPE_GPUS": "4",
+           "SPECPIPE_NAME": "llama3-8b-eagle"}
+    with pytest.raises(KeyError, match="SPECPIPE_NAME"):
+        _interpolate(text, {k: v for k, v in env.items() if k != "SPECPIPE_NAME"})
+    resolved = _interpolate(text, env)
     PyCompose.from_yaml(resolved)  # raises on anything outside the specification
     with pytest.raises(ValueError):
         PyCompose.from_yaml(resolved.replace("shm_size:", "shm_sizes:"))
@@ -218,3 +221,28 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
     assert device == {"driver": "nvidia", "count": 4, "capabilities": ["gpu"]}
     assert "http://localhost:8000/v2/health/ready" in service["healthcheck"]["test"][-1]
     assert service["shm_size"] == "16gb"
+
+
+def test_compose_runs_the_gateway_beside_triton(tmp_path):
+    from specpipe.cli.gateway import gateway
+    from specpipe.openai import CONTAINER_HOST, CONTAINER_PORT
+    from specpipe.openai.auth import API_KEY_ENV
+
+    text = (DOCKER / "compose.yaml").read_text()
+    services = yaml.safe_load(_interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"}))["services"]
+    service = services["openai"]
+    assert service["image"] == services["triton"]["image"]
+    assert service["depends_on"] == {"triton": {"condition": "service_healthy"}}
+    assert service["ports"] == [f"{CONTAINER_PORT}:{CONTAINER_PORT}"]
+    assert service["environment"] == [API_KEY_ENV]  # passed through from the shell, never a value in the file
+    assert service["volumes"] == [{"type": "bind", "source": "/e", "target": "/engines", "read_only": True}]
+    assert service["command"][:4] == ["python3", "-m", "specpipe.cli", "gateway"]
+    params = gateway.make_context("gateway", service["command"][4:]).params
+    assert (params["triton_url"], params["name"], params["host"], params["port"]) == ("triton:8001", "tiny", CONTAINER_HOST, CONTAINER_PORT)
+    assert f"http://localhost:{CONTAINER_PORT}/health" in service["healthcheck"]["test"][-1]
+
+
+def test_dockerfile_installs_what_the_gateway_imports():
+    text = (DOCKER / "Dockerfile").read_text()
+    assert '-c /tmp/installed.txt' in text and '"tritonclient[grpc]>=2.50"' in text
+    assert 'python3 -c "import aiohttp, tritonclient.grpc.aio, specpipe.cli, specpipe.serve.gateway"' in text

@@ -1,18 +1,20 @@
-"""``specpipe deploy k8s NAME``: a Kubernetes Deployment and Service for a TensorRT-LLM repository.
+"""``specpipe deploy k8s NAME``: Kubernetes manifests for a TensorRT-LLM repository.
 
-One pod serves one copy of the engine: it requests TP x PP GPUs (``nvidia.com/gpu``, the NVIDIA device
-plugin's resource) and runs the serving image with the exact server command of
-:func:`specpipe.serve.trtllm.server_command` (``mpirun`` with one rank per GPU when TP x PP > 1) in the
-environment of :func:`specpipe.serve.trtllm.server_environment` (orchestrator mode for draft-target on several GPUs).
-``--replicas`` copies scale out behind the Service. Probes use Triton's health endpoints
-(``/v2/health/live``: the server process answers; ``/v2/health/ready``: every model loaded); a startup
-probe gives engine loading up to 30 minutes before liveness applies. The metrics port (8002,
-Prometheus text at ``/metrics``) is announced with the ``prometheus.io/*`` pod annotations that
-annotation-based Prometheus scrape configurations read.
+One pod serves one copy of the engine (:mod:`specpipe.deploy.pod`: Triton with TP x PP GPUs, and
+the OpenAI-compatible gateway as a sidecar for engine-flow repositories); ``--replicas`` copies
+scale out behind the Service, which has Triton's HTTP, gRPC and metrics ports and the gateway's
+``openai`` port. Triton's metrics port (8002, Prometheus text at ``/metrics``) is announced with
+the ``prometheus.io/*`` pod annotations that annotation-based Prometheus scrape configurations read.
 
-The repository and the engines root are mounted read-only from the node (``hostPath``): every GPU
-node that may run the pod needs them at the same paths (or replace the two volumes with a shared
-volume before applying). ``/dev/shm`` is a memory-backed volume for NCCL and the Python backend.
+Where the repository and the engines come from (the pod's paths stay ``/models`` and ``/engines``):
+
+- a PersistentVolumeClaim (default; :mod:`specpipe.deploy.claim`): ``pvc.yaml`` defines one sized
+  from the data on disk, or ``--pvc NAME`` uses an existing claim; ``load-data.sh`` fills it;
+- ``--image REGISTRY/NAME:TAG``: an image with the data baked in (:mod:`specpipe.deploy.image`:
+  ``Dockerfile`` and ``build-image.sh``);
+- ``--host-path``: the build host's folders, mounted from every node at the same paths.
+
+``README.md`` in the output folder lists the steps for the variant written.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ from typing import Any
 
 import yaml
 
+from specpipe.deploy import claim as claim_files
+from specpipe.deploy import image as image_files
+from specpipe.deploy.options import STORAGE_IMAGE, STORAGE_PVC, DeployOptionError, K8sOptions
+from specpipe.deploy.pod import gateway_container, scheduling, triton_container, volumes
+from specpipe.deploy.readme import readme
+from specpipe.deploy.storage import claim_size, pod_data
 from specpipe.errors import SpecpipeError
-from specpipe.serve.trtllm import CONTAINER_PORTS, SHM_SIZE, serving_image, server_command, server_environment
 from specpipe.fsutil import write_dir_atomically
-from specpipe.triton.deployment import CONTAINER_ENGINES, CONTAINER_REPO
+from specpipe.openai import CONTAINER_PORT
+from specpipe.serve.trtllm import CONTAINER_PORTS, container_launch, serving_image
 from specpipe.triton.repo_meta import read_meta
 from specpipe.trtllm import release
-
-GPU_RESOURCE = "nvidia.com/gpu"
-STARTUP_SECONDS = 1800
-PROBE_PERIOD_S = 10
 
 
 def resource_name(repo_name: str) -> str:
@@ -45,34 +49,17 @@ def _labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specpipe"}
 
 
-def deployment_manifest(name: str, repo_dir: Path, meta: dict[str, Any], replicas: int, image: str) -> dict[str, Any]:
-    """The ``apps/v1`` Deployment."""
-    gpus = int(meta["gpus"])
-    probe = lambda path, failures: {"httpGet": {"path": path, "port": "http"}, "periodSeconds": PROBE_PERIOD_S,
-                                    "timeoutSeconds": 5, "failureThreshold": failures}
-    container = {
-        "name": "triton",
-        "image": image,
-        "command": server_command(meta),
-        **({"env": [{"name": k, "value": v} for k, v in server_environment(meta).items()]}
-           if server_environment(meta) else {}),
-        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in CONTAINER_PORTS.items()],
-        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
-        "startupProbe": probe("/v2/health/live", STARTUP_SECONDS // PROBE_PERIOD_S),
-        "livenessProbe": probe("/v2/health/live", 3),
-        "readinessProbe": probe("/v2/health/ready", 3),
-        "volumeMounts": [
-            {"name": "model-repository", "mountPath": CONTAINER_REPO, "readOnly": True},
-            {"name": "engines", "mountPath": CONTAINER_ENGINES, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
-    }
+def deployment_manifest(name: str, containers: list[dict[str, Any]], pod_volumes: list[dict[str, Any]],
+                        options: K8sOptions) -> dict[str, Any]:
+    """The ``apps/v1`` Deployment (``Recreate`` on a one-node claim: :mod:`specpipe.deploy.claim`)."""
+    recreate = options.storage == STORAGE_PVC and options.replicas == 1
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "labels": _labels(name)},
         "spec": {
-            "replicas": replicas,
+            "replicas": options.replicas,
+            **({"strategy": {"type": "Recreate"}} if recreate else {}),
             "selector": {"matchLabels": _labels(name)},
             "template": {
                 "metadata": {
@@ -80,21 +67,15 @@ def deployment_manifest(name: str, repo_dir: Path, meta: dict[str, Any], replica
                     "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(CONTAINER_PORTS["metrics"]),
                                     "prometheus.io/path": "/metrics"},
                 },
-                "spec": {
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "model-repository", "hostPath": {"path": str(Path(repo_dir).absolute()), "type": "Directory"}},
-                        {"name": "engines", "hostPath": {"path": str(meta["engines_root"]), "type": "Directory"}},
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE.upper().replace("G", "Gi")}},
-                    ],
-                },
+                "spec": {"containers": containers, "volumes": pod_volumes, **scheduling(options)},
             },
         },
     }
 
 
-def service_manifest(name: str) -> dict[str, Any]:
-    """The ``v1`` Service in front of the pods (HTTP, gRPC and metrics ports)."""
+def service_manifest(name: str, gateway: bool = False) -> dict[str, Any]:
+    """The ``v1`` Service in front of the pods (HTTP, gRPC and metrics ports; the gateway's ``openai``)."""
+    ports = {**CONTAINER_PORTS, **({"openai": CONTAINER_PORT} if gateway else {})}
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -102,32 +83,67 @@ def service_manifest(name: str) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": _labels(name),
-            "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in CONTAINER_PORTS.items()],
+            "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in ports.items()],
         },
     }
 
 
-def write_k8s(repo_dir: Path, out_dir: Path, *, replicas: int = 1, container: str | None = None) -> Path:
-    """Write ``deployment.yaml`` and ``service.yaml`` for the repository at ``repo_dir`` into ``out_dir``.
+def _wants_gateway(options: K8sOptions, meta: dict[str, Any], repo_name: str) -> bool:
+    if meta["runtime"] == "trtllm":
+        return options.gateway is not False
+    if options.gateway or options.api_key_secret:
+        raise DeployOptionError(f"the gateway talks to an ensemble and its preprocessing model, which the LLM API repository "
+                                f"{repo_name} does not have: deploy it without --gateway and --api-key-secret")
+    return False
+
+
+def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, **fields) -> Path:
+    """Write the manifests (and the files of the storage variant) for the repository at ``repo_dir``
+    into ``out_dir``; ``fields`` are :class:`K8sOptions` fields when ``options`` is not given.
 
     Raises:
-        SpecpipeError: no TensorRT-LLM repository, ``replicas`` < 1, or a container of another or
-            unknown TensorRT-LLM release.
+        SpecpipeError: no TensorRT-LLM repository, bad options (:meth:`K8sOptions.check`), a
+            container of another or unknown TensorRT-LLM release, the gateway asked for an LLM API
+            repository, or a claim to size whose engine is not on disk (pass ``storage_size``).
     """
+    options = options or K8sOptions(**fields)
     repo_dir = Path(repo_dir)
     meta = read_meta(repo_dir) if repo_dir.is_dir() else None
     if meta is None:
         raise SpecpipeError(f"no TensorRT-LLM repository at {repo_dir}: run 'specpipe package NAME' for a --runtime trtllm engine first")
-    if replicas < 1:
-        raise SpecpipeError(f"--replicas must be >= 1, got {replicas}")
-    container = container or meta["container_image"]
+    options.check()
+    container = options.container or meta["container_image"]
     release.check_container_for_engine(container, meta["tensorrt_llm"], meta["engine"])
-    name = resource_name(repo_dir.name)
-    docs = {"deployment.yaml": deployment_manifest(name, repo_dir, meta, replicas, serving_image(container)),
-            "service.yaml": service_manifest(name)}
+    name, storage = resource_name(repo_dir.name), options.storage
+    gateway = _wants_gateway(options, meta, repo_dir.name)
+    data = pod_data(repo_dir, Path(meta["engines_root"]))
+    serving = options.serving_image or serving_image(container)
+    image = options.image or serving
+    claim = options.pvc or f"{name}-data"
+    files: dict[str, str] = {}
+    if storage == STORAGE_PVC and not options.pvc:
+        size = options.storage_size or claim_size(data)
+        files["pvc.yaml"] = yaml.safe_dump(claim_files.claim_manifest(claim, size, options, _labels(name)), sort_keys=False)
+    if storage == STORAGE_PVC:
+        loader = claim_files.loader_manifest(name, claim, serving, options, _labels(name))
+        files["loader.yaml"] = yaml.safe_dump(loader, sort_keys=False)
+        files["load-data.sh"] = claim_files.load_script(name, data, defines_claim=not options.pvc)
+    if storage == STORAGE_IMAGE:
+        local_build = None if options.serving_image else container_launch(repo_dir, meta, container=container).build_argv
+        files["Dockerfile"] = image_files.dockerfile(repo_dir.name, data, serving)
+        files["build-image.sh"] = image_files.build_script(image, data, serving, local_build)
+    containers = [triton_container(meta, image, storage)]
+    if gateway:
+        containers.append(gateway_container(repo_dir.name, image, storage, options))
+    deployment = deployment_manifest(name, containers, volumes(storage, repo_dir, meta, claim), options)
+    files["deployment.yaml"] = yaml.safe_dump(deployment, sort_keys=False)
+    files["service.yaml"] = yaml.safe_dump(service_manifest(name, gateway), sort_keys=False)
+    files["README.md"] = readme(repo_dir.name, name, options, data, gateway, claim, image, serving, sorted(files))
 
     def fill(root: Path) -> None:
-        for filename, doc in docs.items():
-            (root / filename).write_text(yaml.safe_dump(doc, sort_keys=False))
+        for filename, text in files.items():
+            (root / filename).write_text(text)
+            if filename.endswith(".sh"):
+                (root / filename).chmod(0o755)
 
     return write_dir_atomically(out_dir, fill)
