@@ -1,9 +1,11 @@
 """``specpipe build --runtime trtllm|trtllm-llmapi``: checks, plan, and (unless a dry run) execution.
 
 Order: resolve presets and ``--draft-model`` -> pre-flight checks (no weights downloaded) -> plan ->
-``--dry-run``: print the plan and memory table (or one JSON document with ``--json``) and stop ->
-otherwise: refuse an unfit plan, pick an executor, check the output root is writable, run the steps
-(cached by hash), assemble ``engines/NAME/`` (temporary directory + rename) with its manifest.
+``--dry-run``: print the plan and memory table (or one JSON document with ``--json``) and stop (dry runs
+stay offline: the Hugging Face check is listed as "not checked") -> otherwise: refuse an unfit plan, pick
+an executor, check Hugging Face access (token, gated licences) and free disk for every download still to
+run (:func:`check_downloads`), check the output root is writable, run the steps (cached by hash),
+assemble ``engines/NAME/`` (temporary directory + rename) with its manifest.
 
 Engine directory (``--runtime trtllm``)::
 
@@ -29,17 +31,27 @@ from specpipe.build_request import BuildRequest
 from specpipe.errors import PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
 from specpipe.manifest import Manifest, Part, write_manifest
+from specpipe.models.hub_access import HubSource, check_sources, is_offline, licence_page
 from specpipe.progress import note, result
 from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
 from specpipe.trtllm.doctor import add_first_contact_step, materialize
-from specpipe.trtllm.executor import Executor, choose_executor, local_examples_root, run_plan, trtllm_importable
+from specpipe.trtllm.executor import (
+    Executor,
+    choose_executor,
+    download_arguments,
+    local_examples_root,
+    run_plan,
+    step_done,
+    trtllm_importable,
+)
 from specpipe.trtllm.plan import Plan, make_plan, render_text
 from specpipe.trtllm.preflight import Check, raise_if_unfit, run_preflight
 from specpipe.trtllm.resolve import resolve_draft, resolve_target
 from specpipe.trtllm.tokenizer_check import compare_tokenizers, locate_tokenizer
 
-__all__ = ["OutputRootError", "build_trtllm", "execute", "plan_build"]
+__all__ = ["OutputRootError", "build_trtllm", "check_downloads", "execute", "plan_build"]
+HUB_CHECK = "Hugging Face access and disk"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
@@ -78,7 +90,48 @@ def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | N
     plan = make_plan(request, target, draft, pre, engine_name=engine_name, engines_dir=request.engines_dir,
                      executor=executor or "none", examples_root=examples)
     add_first_contact_step(plan)
+    if request.dry_run and _download_steps(plan):
+        pre.checks.append(Check(HUB_CHECK, "not checked", _dry_run_hub_note(plan)))
     return plan, executor, why
+
+
+def _download_steps(plan: Plan) -> list:
+    return [s for s in plan.steps if s.argv[:2] == ["hf", "download"]]
+
+
+def _dry_run_hub_note(plan: Plan) -> str:
+    gated = [src["repo_id"] for src in (plan.target.source, plan.draft.source)
+             if src and src.get("kind") == "hf" and src.get("gated")]
+    note_ = "dry run (offline); a build checks the token, gated licences and free disk before any download"
+    if gated:
+        note_ += "; gated: " + ", ".join(f"{repo} (accept the licence at {licence_page(repo)})" for repo in gated)
+        note_ += ", then `hf auth login` or HF_TOKEN"
+    return note_
+
+
+def check_downloads(plan: Plan, *, force: bool = False) -> list[str]:
+    """Before anything is written: for each download step still to run, the Hub's access (token, gated
+    licence) and the repository's size against free disk (:func:`specpipe.models.hub_access.check_sources`);
+    returns the report lines. Nothing is checked for an up-to-date engine or finished downloads, and
+    only a note is returned in offline mode (``HF_HUB_OFFLINE=1``: the downloads use the cache only).
+
+    Raises:
+        HubAccessError: gated licence not accepted, token refused, repository not found.
+        DiskSpaceError: not enough free disk in the cache's or the engines directory's filesystem.
+        SpecpipeError: the Hub cannot be reached.
+    """
+    if not force and up_to_date(plan.engine_dir, plan.inputs_hash):
+        return []
+    steps = [s for s in _download_steps(plan) if force or not step_done(s)]
+    if not steps:
+        return []
+    if is_offline():
+        return ["hub: access and disk not checked (HF_HUB_OFFLINE=1: downloads use the Hugging Face cache only)"]
+    sources = []
+    for step in steps:
+        options = download_arguments(step.argv)
+        sources.append(HubSource(str(options["repo_id"]), str(options["revision"]), tuple(options["ignore_patterns"])))
+    return check_sources(sources, plan.engine_dir.parent)
 
 
 def build_trtllm(request: BuildRequest, *, importable=None) -> Path | None:
@@ -116,6 +169,8 @@ def build_trtllm(request: BuildRequest, *, importable=None) -> Path | None:
             f"(--executor docker pulls {release.CONTAINER_IMAGE}), or run specpipe inside that container "
             f"(--executor local); the plan above lists every command"
         )
+    for line in check_downloads(plan, force=request.force):
+        note(line)
     check_writable(plan.engine_dir.parent)
     return execute(plan, executor or "local", force=request.force)
 

@@ -9,8 +9,10 @@
   every path in the argv is valid inside; downloads run on the host.
 
 Host steps need no program on ``PATH``: downloads (shown as the equivalent ``hf download`` command) run
-through huggingface_hub's Python API, :func:`huggingface_hub.snapshot_download` with the same repository,
-revision, ``--exclude`` patterns (``ignore_patterns``) and local directory, with its progress bars; host
+through huggingface_hub's Python API into the Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``; resumable
+across runs: :mod:`specpipe.models.hub_download`) with the same repository, revision and ``--exclude``
+patterns, and the step's folder is filled with hard links to (across filesystems: copies of) the cache's
+files; a failed download keeps what it fetched in the cache and says why in one line; host
 ``python3`` steps run with the interpreter running specpipe (``sys.executable``), so a virtual
 environment need not be activated.
 
@@ -28,11 +30,14 @@ import json
 import os
 import shutil
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from specpipe.errors import SpecpipeError
+from specpipe.models import hub_download
+from specpipe.models.hub_access import HubSource, describe_hub_error
 from specpipe.trtllm import release, step_monitor
 from specpipe.trtllm.docker_run import docker_run_prefix, prepare_home
 from specpipe.trtllm.plan import Plan, Step
@@ -113,16 +118,21 @@ def choose_executor(requested: str, *, importable: Callable[[], bool] = trtllm_i
     return None, f"{local_why} and docker is not on PATH"
 
 
-def snapshot_download(**options) -> str:
-    """:func:`huggingface_hub.snapshot_download`, imported when a download runs (dry runs stay light)."""
-    import huggingface_hub
-
-    return huggingface_hub.snapshot_download(**options)
+def snapshot_download(repo_id: str, revision: str, ignore_patterns: list[str]) -> str:
+    """Fill the Hugging Face cache with ``repo_id`` at ``revision`` (files matching ``ignore_patterns``
+    left out), resuming what an earlier run left; returns the cache's snapshot folder
+    (:func:`specpipe.models.hub_download.download_snapshot`; huggingface_hub is imported only then)."""
+    return str(hub_download.download_snapshot(HubSource(repo_id, revision, tuple(ignore_patterns))))
 
 
 def download_arguments(argv: list[str]) -> dict[str, object]:
-    """``snapshot_download`` keyword arguments for a planned ``hf download REPO --revision R --exclude P
-    --local-dir D`` argv (the plan's display form)."""
+    """``repo_id``, ``revision`` and ``ignore_patterns`` of a planned ``hf download REPO --revision R
+    --exclude P`` argv (the plan's display form; the flags of ``hf download``, huggingface_hub 2.4.0
+    ``cli/download.py``).
+
+    Raises:
+        ValueError: not a download argv, or a flag this executor does not run (a defect of the plan).
+    """
     if argv[:2] != ["hf", "download"]:
         raise ValueError(f"not a download: {argv[:2]}")
     options: dict[str, object] = {"repo_id": argv[2], "revision": "main", "ignore_patterns": []}
@@ -133,22 +143,27 @@ def download_arguments(argv: list[str]) -> dict[str, object]:
             options["revision"] = value
         elif flag == "--exclude":
             options["ignore_patterns"].append(value)
-        elif flag == "--local-dir":
-            options["local_dir"] = value
         else:
             raise ValueError(f"unknown download flag {flag}")
         i += 2
     return options
 
 
-def run_download(argv: list[str], log) -> int:
-    """Run a download step through :func:`huggingface_hub.snapshot_download`; returns 0, or 1 with the
-    error written to ``log``."""
+def run_download(argv: list[str], destination: Path, log) -> int:
+    """Run a download step: the repository into the Hugging Face cache (:func:`snapshot_download`), then
+    its kept files hard-linked into ``destination`` (must not exist); returns 0, or 1 with an
+    ``error: <cause and fix>`` line in ``log`` (what was fetched stays in the cache for the next run)."""
+    options = download_arguments(argv)
+    repo, revision = str(options["repo_id"]), str(options["revision"])
     try:
-        snapshot_download(**download_arguments(argv))
+        snapshot = snapshot_download(**options)
+        placed = hub_download.place(Path(snapshot), destination, options["ignore_patterns"])
     except Exception as exc:  # network, authorisation (gated repositories), disk
-        log.write(f"download failed: {type(exc).__name__}: {exc}\n")
+        log.write(f"error: download of {repo}@{revision} failed: {describe_hub_error(exc, repo, revision)}"
+                  " (what was downloaded stays in the Hugging Face cache: run the build again to resume)\n")
+        log.write("".join(traceback.format_exception(exc)))
         return 1
+    log.write(f"{len(placed)} files of {repo}@{revision} linked from {snapshot} into {destination}\n")
     return 0
 
 
@@ -194,7 +209,7 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
         log.flush()
         try:
             if step.runs_in == "host" and command[:2] == ["hf", "download"]:
-                code = run_download(command, log)
+                code = run_download(command, partial, log)
             else:
                 if step.runs_in == "host" and command[0] == "python3":
                     command = [sys.executable, *command[1:]]

@@ -5,7 +5,8 @@ Steps (engine flow, ``--runtime trtllm``)::
     first-contact     python3 <work>/first-contact/first_contact.py --input <checks> ... (every plan's first
                       step, added by :func:`specpipe.trtllm.doctor.add_first_contact_step`: the live
                       TensorRT-LLM's version, parsers, LLM-API classes and backends, before any download)
-    download-target   hf download <repo> --revision <rev> --exclude original/* --local-dir <out>
+    download-target   hf download <repo> --revision <rev> --exclude original/*  (into the Hugging Face cache,
+                      then hard-linked into <out>)
     download-draft    the same for EAGLE/Medusa heads or the draft model (EAGLE: before the target)
     prepare-eagle-head  python3 -m specpipe.trtllm.prepare_eagle <head> <out> --max-position-embeddings <N>: the
                       head as TensorRT-LLM's EAGLE converter reads it (zero fc.bias, model.safetensors, the
@@ -187,9 +188,12 @@ def _download(b: StepBuilder, name: str, source: dict[str, Any], what: str) -> s
     if source["kind"] == "local":
         return source["path"]
     repo, rev = source["repo_id"], source.get("revision", "main")
-    # Meta's repos also carry the original consolidated .pth weights under original/: not needed.
-    b.add(name, ["hf", "download", repo, "--revision", rev, "--exclude", "original/*", "--local-dir", "{out}"], [], "host",
-          f"download {what} {repo}@{rev}", slug=repo.replace("/", "--").lower())
+    # Meta's repos also carry the original consolidated .pth weights under original/: not needed. The files
+    # go into the Hugging Face cache (resumable, shared with other tools), then are hard-linked into {out}
+    # (executor.run_download), so the argv names no output folder.
+    b.add(name, ["hf", "download", repo, "--revision", rev, "--exclude", "original/*"], [], "host",
+          f"download {what} {repo}@{rev} into the Hugging Face cache, then hard-link its files into the step's folder",
+          slug=repo.replace("/", "--").lower())
     return "{step:" + name + "}"
 
 
