@@ -30,15 +30,11 @@ STANDIN = textwrap.dedent("""\
         sys.exit(3)
     if "--report" in inner:
         Path(inner[inner.index("--report") + 1]).parent.mkdir(parents=True, exist_ok=True)
-    for flag in ("--output_dir", "--local-dir"):
-        if flag in inner:
-            out = Path(inner[inner.index(flag) + 1])
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.json").write_text(json.dumps({{"made_by": inner[:2]}}))
-            if flag == "--local-dir":
-                (out / "tokenizer.json").write_text("{{}}")
-            else:
-                (out / "rank0.engine").write_bytes(b"engine")
+    if "--output_dir" in inner:
+        out = Path(inner[inner.index("--output_dir") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps({{"made_by": inner[:2]}}))
+        (out / "rank0.engine").write_bytes(b"engine")
 """)
 
 
@@ -56,16 +52,19 @@ def standins(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv(release.EXAMPLES_ENV, str(tmp_path / "trtllm" / "examples"))
 
-    def snapshot_download(repo_id, revision, ignore_patterns, local_dir):
-        """Stand-in for huggingface_hub's API (no network): records the call as the planned argv."""
+    def snapshot_download(repo_id, revision, ignore_patterns):
+        """Stand-in for the Hugging Face cache download (no network): records the call as the planned argv
+        and returns a snapshot folder (tests/test_trtllm_downloads.py runs the real one)."""
         with open(log, "a") as f:
             f.write(json.dumps(["hf", "download", repo_id, "--revision", revision,
-                                *[a for p in ignore_patterns for a in ("--exclude", p)], "--local-dir", local_dir]) + "\n")
+                                *[a for p in ignore_patterns for a in ("--exclude", p)]]) + "\n")
         if os.environ.get("STANDIN_FAIL") and os.environ["STANDIN_FAIL"] in repo_id:
             raise OSError("stand-in download failure")
-        os.makedirs(local_dir, exist_ok=True)
-        (tmp_path / local_dir / "config.json").write_text(json.dumps({"made_by": ["hf", "download"]}))
-        (tmp_path / local_dir / "tokenizer.json").write_text("{}")
+        snapshot = tmp_path / "hf-cache" / repo_id.replace("/", "--") / revision
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_text(json.dumps({"made_by": ["hf", "download"]}))
+        (snapshot / "tokenizer.json").write_text("{}")
+        return str(snapshot)
 
     monkeypatch.setattr(executor, "snapshot_download", snapshot_download)
     monkeypatch.setenv("PATH", str(bin_dir))  # no `hf` next to this: the API is used
