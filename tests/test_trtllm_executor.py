@@ -151,8 +151,12 @@ def test_real_build_needs_gpu_and_a_fitting_plan(tmp_path, standins):
                                   "--engines-dir", str(tmp_path / "e"), "--executor", "docker"])
     assert result.exit_code == 1 and "name the GPU with --gpu" in result.output
     result = runner.invoke(main, ["build", "--target", "llama3-70b", "--draft", "none", "--runtime", "trtllm", "--gpu",
-                                  "a100-80gb", "--engines-dir", str(tmp_path / "e"), "--executor", "docker"])
+                                  "a100-80gb", "--tp", "1", "--pp", "1", "--engines-dir", str(tmp_path / "e"), "--executor", "docker"])
     assert result.exit_code == 1 and "a100-80gb has 80.0 GiB" in result.output and "--tp 4" in result.output
+    # auto parallelism on a single GPU: nothing fits, and the error asks for more GPUs
+    result = runner.invoke(main, ["build", "--target", "llama3-70b", "--draft", "none", "--runtime", "trtllm", "--gpu",
+                                  "a100-80gb", "--gpus", "1", "--engines-dir", str(tmp_path / "e"), "--executor", "docker"])
+    assert result.exit_code == 1 and "more GPUs" in result.output and "--gpus 4" in result.output, result.output
     assert standins() == [] and not (tmp_path / "e").exists()
 
 
@@ -187,6 +191,7 @@ def test_eagle_build_prepares_the_head_for_real_before_the_converter(tmp_path, s
     """The prepare-eagle-head host step runs specpipe's module with this interpreter (torch, for real) on a
     head without fc.bias; the stand-in converter is then given the prepared directory."""
     import torch
+    from safetensors.torch import load_file
 
     from trtllm_fakes import causal_lm, eagle1_head
 
@@ -199,7 +204,7 @@ def test_eagle_build_prepares_the_head_for_real_before_the_converter(tmp_path, s
     convert = calls[1]
     prepared = convert[convert.index("--eagle_model_dir") + 1]
     assert prepared.endswith(tuple("0123456789abcdef")) and "prepare-eagle-head-" in prepared
-    state = torch.load(os.path.join(prepared, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    state = load_file(os.path.join(prepared, "model.safetensors"))  # what the 1.2 converter reads first
     assert state["fc.bias"].shape == (64,) and not state["fc.bias"].any() and state["fc.bias"].dtype == torch.float16
     steps = json.loads((engine / "manifest.json").read_text())["trtllm"]["steps"]
     assert [s["name"] for s in steps] == ["first-contact", "prepare-eagle-head", "convert-target", "build-target"]
