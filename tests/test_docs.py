@@ -67,7 +67,7 @@ def test_every_specpipe_line_in_the_readme_parses(line):
 
 def test_the_step_by_step_block_starts_every_server_it_talks_to():
     text = README.read_text()
-    block = bash_blocks(text.split("## Step by step")[1])[0]
+    block = bash_blocks(text.split("## The CPU reference runtime, step by step")[1])[0]
     served = {int(m) for line in block if line.startswith("specpipe serve") for m in re.findall(r"--grpc-port (\d+)", line)}
     used = {int(m) for line in block if line.startswith(("specpipe generate", "specpipe validate"))
             for m in re.findall(r"localhost:(\d+)", line)}
