@@ -115,6 +115,19 @@ def load_compact(path: Path, method: str) -> tuple[dict[str, torch.Tensor], dict
     return tensors, meta
 
 
+def compact_style(path: Path) -> str:
+    """The style of an EAGLE compact file: ``eagle3`` where its metadata says so, else ``eagle1`` (EAGLE-1/2
+    heads, and missing or unreadable files, whose loader then says what is wrong)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            style = (f.metadata() or {}).get("style")
+    except Exception:  # damaged or missing: the full reader reports it
+        return "eagle1"
+    return json.loads(style) if style else "eagle1"
+
+
 def check_for_target(meta: dict[str, Any], target_config, path: Path) -> None:
     """Refuse heads trained for another target (hidden size or vocabulary differ).
 

@@ -186,11 +186,14 @@ class BatchedLM:
         argmax_screen: score greedy rows through an
             :class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen` (a bf16 copy of a tied lm_head,
             ``vocab x hidden x 2`` bytes) where :meth:`ArgmaxScreen.for_model` offers one.
+        capture_layers: decoder layers whose outputs :meth:`hidden` also returns (as
+            :attr:`CachedLM.capture_layers <specpipe.runtime.cpu.cached_lm.CachedLM>`, for EAGLE-3 drafters).
 
     Not thread-safe: one scheduler thread owns it.
     """
 
-    def __init__(self, model: PreTrainedModel, max_batch_size: int, capacity: int = 128, argmax_screen: bool = True):
+    def __init__(self, model: PreTrainedModel, max_batch_size: int, capacity: int = 128, argmax_screen: bool = True,
+                 capture_layers: tuple[int, ...] = ()):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         config = model.config
@@ -203,6 +206,8 @@ class BatchedLM:
         self.num_layers = len(self.decoder.layers)
         self._layers = [LayerOps.of(layer) for layer in self.decoder.layers]
         self._final_norm = norm_op(self.decoder.norm)
+        self.hidden_size = int(config.hidden_size)
+        self.capture_layers = tuple(capture_layers)
         self.lengths = [0] * max_batch_size
         self._free = list(range(max_batch_size))
         self._capacity = 0
@@ -263,7 +268,8 @@ class BatchedLM:
 
         Returns:
             float32 ``[T, H]`` final hidden states (after the final norm), the entries' rows packed in
-            entry order (``T`` = total tokens).
+            entry order (``T`` = total tokens); with :attr:`capture_layers` ``[T, (1 + k) H]``, each
+            captured layer's output after the final hidden state.
 
         Raises:
             ValueError: no entries, an empty entry, or a slot listed twice.
@@ -288,11 +294,15 @@ class BatchedLM:
         x = self.decoder.embed_tokens(token_ids)  # [T, H]
         cos, sin = self.decoder.rotary_emb(x, positions[None])
         rotary = (cos[0, :, None, :], (sin * self._rotate_sign)[0, :, None, :])  # [T, 1, d] each
+        captured = []
         for layer_index, ops in enumerate(self._layers):
             x = x + self._attention(ops, layer_index, x, rotary, cache_rows, groups)
             x = x + ops.mlp(ops.post_norm(x))
+            captured += [x] * self.capture_layers.count(layer_index)
         for e, s, n in zip(entries, starts, counts):
             self.lengths[e.slot] = s + n
+        if self.capture_layers:  # in the order of capture_layers (ascending, as EAGLE-3 heads read them)
+            return torch.cat([self._final_norm(x), *captured], dim=-1)
         return self._final_norm(x)
 
     def _attention(self, ops: LayerOps, layer_index: int, x: torch.Tensor, rotary, cache_rows,
@@ -342,7 +352,10 @@ class BatchedLM:
         ``argmax_only[i]``: row i is only reduced to its argmax (plain greedy), so where :attr:`argmax_screen`
         exists it holds the exact logits of the tokens that can be the argmax, ``-inf`` elsewhere (for at most
         ``MAX_SCREENED_ROWS`` such rows, unless the screen leaves it out: :meth:`ArgmaxScreen.logits`).
+        Wide rows of :meth:`hidden` are read up to ``H``.
         """
+        if hidden.shape[-1] != self.hidden_size:
+            hidden = hidden[:, : self.hidden_size].contiguous()
         if self.argmax_screen is None or argmax_only is None or not 0 < sum(argmax_only) <= MAX_SCREENED_ROWS:
             return self.model.lm_head(hidden).float()
         if all(argmax_only):  # plain greedy decoding: the screen's output is the whole result

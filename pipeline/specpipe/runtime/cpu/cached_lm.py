@@ -26,10 +26,16 @@ class CachedLM:
     The cache holds the keys/values of the first :attr:`length` tokens of the sequence; a forward pass
     appends its tokens at positions ``length .. length + n - 1``; :meth:`truncate` drops tokens from the
     end (speculative rollback). Not thread-safe: one sequence at a time.
+
+    Attributes:
+        capture_layers: decoder layers whose outputs :meth:`hidden` also returns (an EAGLE-3 drafter's
+            :attr:`~specpipe.runtime.cpu.eagle3.Eagle3TreeDrafter.capture_layers`; the tree engine sets it);
+            ``()``: only the final hidden states.
     """
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
+        self.capture_layers: tuple[int, ...] = ()
         self._cache_argument = _cache_argument_name(model.model)
         self.cache = DynamicCache(config=model.config)
 
@@ -56,9 +62,12 @@ class CachedLM:
         kwargs = {self._cache_argument: self.cache}
         if mask is not None:
             kwargs["attention_mask"] = mask
-        return self.model.model(
-            input_ids=input_ids, position_ids=positions.unsqueeze(0), use_cache=True, **kwargs
-        ).last_hidden_state
+        out = self.model.model(input_ids=input_ids, position_ids=positions.unsqueeze(0), use_cache=True,
+                               output_hidden_states=bool(self.capture_layers), **kwargs)
+        if not self.capture_layers:
+            return out.last_hidden_state
+        # hidden_states[0] is the embedding output, hidden_states[i + 1] decoder layer i's output
+        return torch.cat([out.last_hidden_state, *(out.hidden_states[i + 1] for i in self.capture_layers)], dim=-1)
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], *, last_only: bool = False) -> torch.Tensor:
@@ -72,7 +81,7 @@ class CachedLM:
             float32 logits of shape ``[n, vocab]`` (``[1, vocab]`` with ``last_only``); row i scores the
             token that follows ``token_ids[i]``.
         """
-        hidden = self._decode(token_ids, None, None)
+        hidden = self._decode(token_ids, None, None)[..., : self.model.config.hidden_size]
         if last_only:
             hidden = hidden[:, -1:]
         return self.model.lm_head(hidden)[0].float()
@@ -91,14 +100,16 @@ class CachedLM:
                 (a tree passes :func:`~specpipe.runtime.cpu.tree_accept.tree_attention`'s mask).
 
         Returns:
-            float ``[n, H]`` hidden states in the model's dtype.
+            float ``[n, H]`` hidden states in the model's dtype; with :attr:`capture_layers` ``[n, (1 + k) H]``:
+            the final ones, then each captured layer's output.
         """
         return self._decode(token_ids, positions, mask)[0]
 
     @torch.inference_mode()
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[n, vocab]`` of hidden states ``[n, H]`` (the target's ``lm_head``)."""
-        return self.model.lm_head(hidden).float()
+        """float32 logits ``[n, vocab]`` of hidden states ``[n, H]`` (the target's ``lm_head``; wide rows of
+        :meth:`hidden` are read up to ``H``)."""
+        return self.model.lm_head(hidden[..., : self.model.config.hidden_size].contiguous()).float()
 
     def keep_path(self, context: int, path: list[int]) -> None:
         """After a tree forward, keep the cached context, the root and the accepted nodes, contiguous.

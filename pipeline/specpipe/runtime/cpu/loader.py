@@ -16,10 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
-from specpipe.heads_format import load_draft_vocab
+from specpipe.heads_format import COMPACT_FILES, compact_style, load_draft_vocab
 from specpipe.manifest import Manifest, read_manifest
 from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.eagle import load_eagle_drafter
+from specpipe.runtime.cpu.eagle3 import load_eagle3_drafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.medusa import load_medusa_drafter
 from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
@@ -144,7 +145,8 @@ def _eagle_drafter(source: DraftSource) -> TreeDrafter:
     draft_dir = source.draft_dir()
     dynamic = bool(settings.dynamic_tree)
     top_k, depth = DYNAMIC_TREE_DEFAULTS
-    return load_eagle_drafter(
+    load = load_eagle3_drafter if compact_style(draft_dir / COMPACT_FILES["eagle"]) == "eagle3" else load_eagle_drafter
+    return load(
         draft_dir, source.target, None if dynamic else source.tree(), draft_vocab=source.draft_vocab,
         dynamic=dynamic, top_k=settings.dynamic_top_k if settings.dynamic_top_k is not None else top_k,
         depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth, prepack=source.prepack,

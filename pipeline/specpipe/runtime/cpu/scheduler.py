@@ -82,7 +82,7 @@ class BatchScheduler:
                  prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True):
         self.engine, self.tree = engine, isinstance(engine, TreeSpeculativeEngine)
         self.acceptance_rule = getattr(engine, "acceptance", ACCEPTANCE_RULES[0])
-        self.lm = BatchedLM(engine.target.model, max_batch_size)
+        self.lm = BatchedLM(engine.target.model, max_batch_size, capture_layers=engine.target.capture_layers)
         self.max_batch_size, self.max_queue, self.prefill_chunk = max_batch_size, max_queue, max(1, prefill_chunk)
         self.max_draft_len, self.max_context, self.adaptive = engine.max_draft_len, engine.max_context, adaptive
         self.cost_model = cost_model if cost_model is not None else ForwardCostModel.measure(self.lm)

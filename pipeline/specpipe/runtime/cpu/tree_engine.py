@@ -49,6 +49,7 @@ class TreeSpeculativeEngine(SpeculativeEngine):
         if acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {acceptance!r}")
         self.acceptance = acceptance
+        self.target.capture_layers = tuple(getattr(drafter, "capture_layers", ()))  # EAGLE-3: fused features
 
     @torch.inference_mode()
     def _prefill(self, request: ActiveRequest) -> list[int]:
