@@ -9,6 +9,7 @@ from unittest.mock import patch
 import pytest
 from click.testing import CliRunner
 
+from fake_programs import write_program
 from specpipe.cli import main
 from specpipe.errors import SpecpipeError
 from specpipe.trtllm import doctor
@@ -104,9 +105,7 @@ def fake_machine(tmp_path, monkeypatch):
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    docker = bin_dir / "docker"
-    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
-    docker.chmod(0o755)
+    write_program(bin_dir, "docker", FAKE_DOCKER.format(python=sys.executable))
     for name, failure in (("GPU", None), ("NO_DRIVER", "no-driver"), ("BROKEN", "broken")):
         site, _ = write_fake(tmp_path / name, "1.2", import_failure=failure)
         monkeypatch.setenv(f"FAKE_SITE_{name}", str(site))
@@ -114,9 +113,7 @@ def fake_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
 
     def with_gpu():
-        smi = bin_dir / "nvidia-smi"
-        smi.write_text(NVIDIA_SMI)
-        smi.chmod(0o755)
+        write_program(bin_dir, "nvidia-smi", NVIDIA_SMI)
 
     def docker_calls():
         return [json.loads(line) for line in (tmp_path / "docker.log").read_text().splitlines()]

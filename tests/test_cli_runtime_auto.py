@@ -2,8 +2,6 @@
 without a GPU, prints the engine-flow plan and what is missing and downloads nothing; CPU targets stay on
 the CPU runtime; ``--gpu`` comes from nvidia-smi when a GPU is present."""
 
-import stat
-import sys
 from unittest.mock import patch
 
 import pytest
@@ -12,6 +10,7 @@ from click.testing import CliRunner
 from specpipe.build_request import BuildRequest, GpuCount
 from specpipe.cli import main
 from specpipe.trtllm import environment, executor
+from fake_programs import printing_program
 
 
 @pytest.fixture
@@ -33,9 +32,7 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.setattr(executor, "snapshot_download", no_download)
 
     def add_tool(name, line=""):
-        tool = bin_dir / name
-        tool.write_text(f"#!{sys.executable}\nprint({line!r})\n")
-        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+        printing_program(bin_dir, name, line)
 
     return add_tool
 

@@ -5,7 +5,6 @@ import io
 import json
 import os
 import re
-import stat
 import sys
 import textwrap
 import time
@@ -19,6 +18,7 @@ from specpipe.trtllm import docker_run, release
 from specpipe.trtllm.executor import Executor, StepFailedError, docker_prefix, run_step
 from specpipe.trtllm.plan import WORK_DIRNAME, Step
 from specpipe.trtllm.step_monitor import elapsed_text, log_tail, parse_progress
+from fake_programs import write_program
 
 LAYERS = 30
 INTERVAL_S = 0.2
@@ -235,9 +235,7 @@ FAKE_BUILD = textwrap.dedent("""\
 def test_a_docker_step_runs_as_the_calling_user_and_its_marker_is_written(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    docker = bin_dir / "docker"
-    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
-    docker.chmod(docker.stat().st_mode | stat.S_IEXEC)
+    write_program(bin_dir, "docker", FAKE_DOCKER.format(python=sys.executable))
     container_home = tmp_path / "container-root"
     container_home.mkdir()
     calls = tmp_path / "docker.jsonl"

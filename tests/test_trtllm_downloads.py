@@ -10,7 +10,6 @@ import json
 import os
 import random
 import shutil
-import stat
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fake_hub import FakeHub, FakeRepo
+from fake_programs import write_program
 from specpipe.build_request import BuildRequest
 from specpipe.trtllm import release
 from specpipe.trtllm.build import HUB_CHECK, plan_build
@@ -76,9 +76,7 @@ def build(tmp_path, hub):
     """``build(engines_dir, **env) -> CompletedProcess`` of one build against the fake hub."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    python3 = bin_dir / "python3"
-    python3.write_text(STANDIN_PYTHON3.format(python=sys.executable))
-    python3.chmod(python3.stat().st_mode | stat.S_IEXEC)
+    write_program(bin_dir, "python3", STANDIN_PYTHON3.format(python=sys.executable))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
     base |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
              "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_TOKEN": "hf_granted", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",

@@ -1,21 +1,15 @@
 """Library functions for the CLI wiring: GPU detection from a stand-in nvidia-smi, what is missing,
 and what --runtime auto resolves to."""
 
-import os
-import stat
-import sys
 
 from specpipe.speculative import Runtime
 from specpipe.trtllm import environment
+from fake_programs import printing_program
 
 
 def fake_nvidia_smi(tmp_path, monkeypatch, line):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    tool = bin_dir / "nvidia-smi"
-    tool.write_text(f"#!{sys.executable}\nprint({line!r})\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", str(bin_dir))
+    printing_program(tmp_path / "bin", "nvidia-smi", line)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
 
 
 def test_detect_gpu_maps_nvidia_smi_to_the_table(tmp_path, monkeypatch):

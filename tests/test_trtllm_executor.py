@@ -2,7 +2,6 @@
 
 import json
 import os
-import stat
 import sys
 import textwrap
 
@@ -15,6 +14,7 @@ from specpipe.trtllm import release
 from specpipe.trtllm.build import build_trtllm
 from specpipe.trtllm import executor
 from specpipe.trtllm.executor import NoExecutorError, StepFailedError
+from fake_programs import write_program
 
 STANDIN = textwrap.dedent("""\
     #!{python}
@@ -43,9 +43,7 @@ def standins(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("trtllm-build", "python3", "docker"):
-        path = bin_dir / name
-        path.write_text(STANDIN.format(python=sys.executable, image=release.CONTAINER_IMAGE))
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+        write_program(bin_dir, name, STANDIN.format(python=sys.executable, image=release.CONTAINER_IMAGE))
     log = tmp_path / "argv.jsonl"
     monkeypatch.setenv("STANDIN_LOG", str(log))
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -227,6 +225,6 @@ def test_a_container_of_another_release_stops_the_build_before_any_download_nami
                               "TensorRT-LLM is 1.1.0, the plan is pinned to 1.2.1: use " + release.CONTAINER_IMAGE + "; see ")
     first, *tail = message.split("\n")  # the reason on the first line, then the log's last lines
     assert first.endswith(".log") and tail[0] == f"  last {len(tail) - 1} lines of the log:"
-    assert f"    [FAILED] tensorrt_llm 1.1.0: this TensorRT-LLM is 1.1.0" in "\n".join(tail)
+    assert "    [FAILED] tensorrt_llm 1.1.0: this TensorRT-LLM is 1.1.0" in "\n".join(tail)
     assert standins() == []  # no download ran
     assert not (tmp_path / "engines" / "llama3.1-8b-lookahead").exists()

@@ -5,13 +5,12 @@ Each entry below is what ``nvidia-smi`` printed on a real machine, with where it
 ``specpipe.trtllm.gpus`` without such an entry fails ``test_every_gpu_row_has_a_real_nvidia_smi_name``.
 """
 
-import stat
-import sys
 
 import pytest
 
 from specpipe.trtllm import environment
 from specpipe.trtllm.gpus import GPUS, MIB
+from fake_programs import printing_program
 
 MEMORY_FIGURES = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity (NVML totals, MiB, per board)"
 
@@ -52,12 +51,8 @@ CASES = [(row, name, mib) for row, boards in REAL_BOARDS.items() for name, mib, 
 
 def fake_nvidia_smi(tmp_path, monkeypatch, output: str) -> None:
     """An ``nvidia-smi`` on PATH that prints ``output`` (the CSV lines of the query)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    tool = bin_dir / "nvidia-smi"
-    tool.write_text(f"#!{sys.executable}\nprint({output!r})\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", str(bin_dir))
+    printing_program(tmp_path / "bin", "nvidia-smi", output)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
 
 
 def test_every_gpu_row_has_a_real_nvidia_smi_name():

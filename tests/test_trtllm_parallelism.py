@@ -5,8 +5,6 @@ Expected sizes are never typed in: they come from the memory plan of the same bu
 size (``plan_build`` with ``tp=t``), which is what auto must agree with."""
 
 import json
-import stat
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +18,7 @@ from specpipe.trtllm.environment import Board, count_boards
 from specpipe.trtllm.gpus import GIB
 from specpipe.trtllm.parallelism import NODE_GPUS, PP_REFUSED
 from specpipe.speculative import Method, Runtime
+from fake_programs import printing_program
 
 H100 = "NVIDIA H100 80GB HBM3, 81559"
 H200 = "NVIDIA H200, 143771"
@@ -38,9 +37,7 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.setattr(executor, "trtllm_importable", lambda: False)
 
     def nvidia_smi(*lines: str) -> None:
-        tool = bin_dir / "nvidia-smi"
-        tool.write_text(f"#!{sys.executable}\nprint({chr(10).join(lines)!r})\n")
-        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+        printing_program(bin_dir, "nvidia-smi", "\n".join(lines))
 
     return nvidia_smi
 
