@@ -122,7 +122,8 @@ def test_speculative_counters_from_gateway_and_vllm():
                'specpipe_accepted_draft_tokens_total{model="a"} 4\nspecpipe_output_tokens_total{model="a"} 30\n'
                'specpipe_requests_total{model="a"} 3\n')
     assert spec_counters(parse_samples(gateway), "a") == {
-        "source": "specpipe", "draft_tokens": 10.0, "accepted_draft_tokens": 4.0, "output_tokens": 30.0, "requests": 3.0}
+        "source": "specpipe", "draft_tokens": 10.0, "accepted_draft_tokens": 4.0, "output_tokens": 30.0, "requests": 3.0,
+        "drafts": None, "accepted_per_position": {}}
     vllm = ('vllm:spec_decode_num_draft_tokens_total{engine="0"} 30\nvllm:spec_decode_num_accepted_tokens_total{engine="0"} 12\n')
     found = spec_counters(parse_samples(vllm), "any-model")
     assert (found["source"], found["draft_tokens"], found["accepted_draft_tokens"], found["output_tokens"]) == ("vllm", 30.0, 12.0, None)

@@ -31,7 +31,8 @@ def make_run():
 
 def test_files_hold_aggregates_records_and_speedups(tmp_path):
     paths = write_results(make_run(), tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bench.csv", "bench.json", "bench.png", "requests.csv"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "bench.csv", "bench.json", "bench.png", "profile_export-baseline.json", "profile_export-ngram.json", "requests.csv"]
     data = json.loads(paths["bench.json"].read_text())
     assert data["incomplete"] is False and data["settings"]["concurrencies"] == [1, 2]
     assert "inter_token_latency_ms" in data["metric_definitions"] and len(data["records"]) == 8

@@ -7,8 +7,23 @@
   streamed as server-sent events (``aiohttp``); output tokens from the final ``usage`` block
   (``stream_options.include_usage``).
 
-Both send greedy requests (Triton: no sampling inputs; OpenAI: ``temperature`` 0) and return a
-:class:`~specpipe.client.llm.GenerationResult` plus the token count and its source.
+Both send greedy requests (Triton: no sampling inputs; OpenAI: ``temperature`` 0) unless a
+:class:`Sampling` asks for a temperature or top-p, and return a
+:class:`~specpipe.client.llm.GenerationResult` plus the token count and its source. ``send`` takes a
+per-request ``seed`` (Triton ``seed`` input, UINT64; OpenAI ``seed``).
+
+``ignore_eos`` (exactly ``max_tokens`` output tokens):
+
+- Triton: the ensemble's optional ``end_id`` input is set to :data:`NEVER_END_ID` (2**31 - 1, the
+  largest INT32, an id no vocabulary has), so generation never meets its end token and runs to
+  ``max_tokens``. TensorRT-LLM finishes a sequence when a generated token equals the request's end id
+  (the LLM API's own ``SamplingParams.ignore_eos``, ``tensorrt_llm/sampling_params.py``, works by not
+  matching the EOS id); specpipe's CPU model likewise stops only on the end id it is given (-1 or no
+  ``end_id`` would mean the tokenizer's EOS, ``triton/models/engine_request.py``). Stop words are not
+  sent by bench, so nothing else ends a request early.
+- OpenAI-compatible: vLLM's extra body fields ``ignore_eos: true`` and ``min_tokens`` = ``max_tokens``
+  (``vllm/entrypoints/openai/protocol.py`` ``CompletionRequest`` @ vllm-project/vllm
+  ee4ceaae5953d367d8edd2132fd86d6c42506e1e; trtllm-serve accepts the same two fields).
 """
 
 from __future__ import annotations
@@ -16,17 +31,36 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from specpipe.bench.endpoints import Endpoint
 from specpipe.client.llm import GenerationResult
 from specpipe.client.probe import not_grpc_hint, not_http_hint
-from specpipe.client.request import GenerationRequest
+from specpipe.client.request import INT32_MAX, GenerationRequest, sampling_fields
 from specpipe.errors import SpecpipeError
 
 #: Ensemble tensors the load generator needs (TensorRT-LLM ``inflight_batcher_llm`` names).
 REQUIRED_INPUTS = ("text_input", "max_tokens", "stream")
 REQUIRED_OUTPUTS = ("text_output",)
+
+#: The Triton ``end_id`` sent with ``ignore_eos``: the largest INT32, which no token id reaches.
+NEVER_END_ID = INT32_MAX
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How requests decode: greedy when ``temperature`` is ``None`` or 0 and ``top_p`` is ``None``.
+
+    Attributes:
+        temperature: softmax temperature (> 0 samples), or ``None``.
+        top_p: nucleus probability mass in (0, 1], or ``None``.
+        ignore_eos: generate exactly ``max_tokens`` tokens (module doc).
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    ignore_eos: bool = False
 
 
 class TokenCounter:
@@ -61,8 +95,9 @@ def output_count(result: GenerationResult, usage_tokens: int | None, counter: To
 class TritonBackend:
     """A Triton deployment of a TensorRT-LLM-style ensemble (gRPC)."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, chat: bool = False, tokenizer: str | None = None):
-        self.endpoint, self.timeout_s, self.chat = endpoint, timeout_s, chat
+    def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, chat: bool = False, tokenizer: str | None = None,
+                 sampling: Sampling = Sampling()):
+        self.endpoint, self.timeout_s, self.chat, self.sampling = endpoint, timeout_s, chat, sampling
         self.client = None
         self.info: dict[str, Any] = {}
         self.counter = TokenCounter(tokenizer)
@@ -166,24 +201,41 @@ class TritonBackend:
         apply_chat_template("test", source)  # fails now, with a clear message, rather than per request
         return lambda prompt: apply_chat_template(prompt, source)
 
-    async def send(self, prompt: str, max_tokens: int) -> tuple[GenerationResult, int | None, str]:
-        """Stream one greedy request; returns (result, output tokens, their source)."""
+    async def send(self, prompt: str, max_tokens: int, seed: int | None = None) -> tuple[GenerationResult, int | None, str]:
+        """Stream one request (greedy unless :class:`Sampling` says otherwise); returns (result, output
+        tokens, their source)."""
         text = self._template(prompt) if self._template else prompt
+        fields = sampling_fields(self.sampling.temperature, None, self.sampling.top_p, seed)
         request = GenerationRequest(
             text, max_tokens=max_tokens, stream=True,
             return_perf_metrics=True if self.info.get("perf_outputs", True) else None,
             return_num_tokens=True if self.info.get("num_tokens_flags") else None,
+            end_id=NEVER_END_ID if self.sampling.ignore_eos else None, **fields,
         )
         result = await self.client.generate(request)
         tokens, source = output_count(result, None, self.counter)
         return result, tokens, source
 
+    async def counters(self) -> dict | None:
+        """The server's speculative-decoding counters now (see :mod:`specpipe.bench.metrics`), or ``None``.
+        Triton labels samples with its composing models, not the ensemble, so every model's count."""
+        import aiohttp
+
+        from specpipe.bench.metrics import scrape, spec_counters
+
+        if not self.endpoint.metrics_url:
+            return None
+        async with aiohttp.ClientSession() as session:
+            samples = await scrape(session, self.endpoint.metrics_url)
+        return spec_counters(samples) if samples else None
+
 
 class OpenAIBackend:
     """An OpenAI-compatible server (``/v1/completions`` or ``/v1/chat/completions``), streamed."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, chat: bool = False, tokenizer: str | None = None):
-        self.endpoint, self.timeout_s = endpoint, timeout_s
+    def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, chat: bool = False, tokenizer: str | None = None,
+                 sampling: Sampling = Sampling()):
+        self.endpoint, self.timeout_s, self.sampling = endpoint, timeout_s, sampling
         self.chat = chat or endpoint.chat
         self.model = endpoint.model
         self.session = None
@@ -242,16 +294,23 @@ class OpenAIBackend:
         self.info = {"kind": "openai", "model": self.model, "api": "chat/completions" if self.chat else "completions"}
         return self.info
 
-    def _body(self, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "stream": True, "temperature": 0.0,
-                                "stream_options": {"include_usage": True}}
+    def _body(self, prompt: str, max_tokens: int, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "stream": True,
+                                "temperature": self.sampling.temperature or 0.0, "stream_options": {"include_usage": True}}
+        if self.sampling.top_p is not None:
+            body["top_p"] = self.sampling.top_p
+        if seed is not None:
+            body["seed"] = seed
+        if self.sampling.ignore_eos:
+            body.update(ignore_eos=True, min_tokens=max_tokens)
         if self.chat:
             return "chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
         return "completions", {**body, "prompt": prompt}
 
-    async def send(self, prompt: str, max_tokens: int) -> tuple[GenerationResult, int | None, str]:
-        """Stream one greedy request; returns (result, output tokens, their source)."""
-        path, body = self._body(prompt, max_tokens)
+    async def send(self, prompt: str, max_tokens: int, seed: int | None = None) -> tuple[GenerationResult, int | None, str]:
+        """Stream one request (greedy unless :class:`Sampling` says otherwise); returns (result, output
+        tokens, their source)."""
+        path, body = self._body(prompt, max_tokens, seed)
         result, usage_tokens = GenerationResult(), None
         start = time.perf_counter()
         try:
@@ -321,7 +380,7 @@ def _short(exc: BaseException) -> str:
     return (message or type(exc).__name__).strip().splitlines()[0][:200]
 
 
-def make_backend(endpoint: Endpoint, timeout_s: float, chat: bool, tokenizer: str | None):
+def make_backend(endpoint: Endpoint, timeout_s: float, chat: bool, tokenizer: str | None, sampling: Sampling = Sampling()):
     """The backend for ``endpoint``'s kind."""
     cls = TritonBackend if endpoint.kind == "triton" else OpenAIBackend
-    return cls(endpoint, timeout_s=timeout_s, chat=chat, tokenizer=tokenizer)
+    return cls(endpoint, timeout_s=timeout_s, chat=chat, tokenizer=tokenizer, sampling=sampling)

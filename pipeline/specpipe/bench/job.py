@@ -45,6 +45,12 @@ class BenchRequest:
         model: the Triton model to drive.
         rounds: >= 1; above 1 the deployments take turns, each level in this many rounds
             (:mod:`specpipe.bench.runner`).
+        request_rate: open-loop levels, requests/s (Poisson arrivals) instead of ``concurrency``.
+        max_concurrency: open loop: requests in flight at most.
+        input_len: synthetic prompts of exactly this many tokens instead of ``prompts``.
+        output_len: new tokens per request (sets ``max_tokens``); with ``ignore_eos`` exactly that many.
+        ignore_eos: generate ``max_tokens`` tokens whatever the end-of-sequence token.
+        temperature, top_p, seed: sampling (``None``: greedy); request ``i`` of a level gets ``seed + i``.
     """
 
     urls: tuple[str, ...]
@@ -62,6 +68,14 @@ class BenchRequest:
     baseline: str = "baseline"
     model: str = "ensemble"
     rounds: int = 1
+    request_rate: tuple[float, ...] = ()
+    max_concurrency: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    ignore_eos: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
 
 
 @dataclass
@@ -102,19 +116,53 @@ def run_benchmark(request: BenchRequest, show_progress: bool = True) -> BenchOut
             that cannot be written (:func:`check_output_folder`), or a failed pre-flight check (nothing
             measured).
     """
-    if request.num_requests is not None and request.duration is not None:
-        raise SpecpipeError("give --num-requests or --duration, not both")
+    check_request(request)
     endpoints = parse_endpoints(list(request.urls), list(request.metrics), triton_model=request.model)
     prompt_list, label = load_prompts(request.prompts)
-    settings = BenchSettings(prompts=label, concurrencies=tuple(request.concurrency), max_tokens=request.max_tokens,
+    if request.input_len is not None:
+        label = f"synthetic {request.input_len} tokens"
+    settings = BenchSettings(prompts=label, concurrencies=tuple(request.concurrency),
+                             max_tokens=request.output_len or request.max_tokens,
                              num_requests=request.num_requests, duration_s=request.duration, warmup=request.warmup,
                              chat=request.chat, timeout_s=request.timeout, baseline=request.baseline, tokenizer=request.tokenizer,
-                             rounds=request.rounds)
+                             rounds=request.rounds, request_rates=tuple(request.request_rate),
+                             max_concurrency=request.max_concurrency, input_len=request.input_len,
+                             ignore_eos=request.ignore_eos, temperature=request.temperature, top_p=request.top_p,
+                             seed=request.seed)
     out_dir = Path(request.out) if request.out else default_out_dir()
     check_output_folder(out_dir)
     run = execute(endpoints, prompt_list, settings, show_progress)
     mark_unmeasured(run)
     return BenchOutcome(run=run, out_dir=out_dir, paths=write_results(run, out_dir))
+
+
+def check_request(request: BenchRequest) -> None:
+    """Refuse contradictory or out-of-range load and sampling options before anything runs.
+
+    Raises:
+        SpecpipeError: both a request count and a duration; ``max_concurrency`` without a request rate;
+            a rate, length or sampling value out of range; ``input_len`` with ``chat``.
+    """
+    if request.num_requests is not None and request.duration is not None:
+        raise SpecpipeError("give --num-requests or --duration, not both")
+    if request.max_concurrency is not None and not request.request_rate:
+        raise SpecpipeError("--max-concurrency caps open-loop load: give it with --request-rate (closed loop: --concurrency)")
+    bad_rate = [r for r in request.request_rate if not r > 0 or r == float("inf")]
+    if bad_rate:
+        raise SpecpipeError(f"--request-rate {bad_rate[0]:g} must be a finite number of requests/s above 0, e.g. 0.5,1,2")
+    for name, value in (("--input-len", request.input_len), ("--output-len", request.output_len),
+                        ("--max-concurrency", request.max_concurrency)):
+        if value is not None and value < 1:
+            raise SpecpipeError(f"{name} must be at least 1, got {value}")
+    if request.input_len is not None and request.chat:
+        raise SpecpipeError("--input-len builds raw prompts of exactly that many tokens, which a chat template would "
+                            "lengthen: drop --chat")
+    if request.temperature is not None and not 0 <= request.temperature < float("inf"):
+        raise SpecpipeError(f"--temperature must be a finite number >= 0 (0: greedy), got {request.temperature:g}")
+    if request.top_p is not None and not 0 < request.top_p <= 1:
+        raise SpecpipeError(f"--top-p must be in (0, 1], got {request.top_p:g}")
+    if request.seed is not None and not 0 <= request.seed < 2**63:
+        raise SpecpipeError(f"--seed must be 0 to 2**63 - 1 (request i of a level gets seed + i), got {request.seed}")
 
 
 def mark_unmeasured(run: BenchRun) -> None:
@@ -125,7 +173,7 @@ def mark_unmeasured(run: BenchRun) -> None:
     for level in run.levels:
         if level.incomplete:
             continue
-        where = f"{level.deployment} @ concurrency {level.concurrency}"
+        where = f"{level.deployment} @ {level.label}"
         completed = [r for r in level.records if r.ok]
         if not level.records:
             reason = f"{where}: no request was sent (give a longer --duration, or --num-requests)"

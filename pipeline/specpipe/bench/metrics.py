@@ -4,26 +4,45 @@ Memory comes from Triton's metrics endpoint: ``nv_gpu_memory_used_bytes`` (one s
 summed) when the server reports GPUs, else ``nv_cpu_memory_used_bytes`` (memory in use on the
 server's machine, as Triton reports it). Both are in bytes.
 
-Counters, for OpenAI-compatible servers whose responses carry no draft counters (the difference of
-two scrapes, one before and one after a load level):
+Counters, for servers whose responses carry no draft counters (the difference of two scrapes, one
+before and one after a load level), the first family found:
 
+- vLLM (``vllm/v1/spec_decode/metrics.py`` ``SpecDecodingProm`` @ vllm-project/vllm
+  ee4ceaae5953d367d8edd2132fd86d6c42506e1e): counters ``vllm:spec_decode_num_drafts``,
+  ``vllm:spec_decode_num_draft_tokens``, ``vllm:spec_decode_num_accepted_tokens`` and
+  ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position``, 0-based), exposed with the
+  ``_total`` suffix Prometheus gives counters; output tokens ``vllm:generation_tokens``, requests
+  ``vllm:request_success``;
+- specpipe's Triton models: the same base names under the prefix ``specpipe:``
+  (``specpipe:spec_decode_num_draft_tokens_total`` ...);
 - specpipe's OpenAI gateway: ``specpipe_draft_tokens_total``, ``specpipe_accepted_draft_tokens_total``,
   ``specpipe_output_tokens_total``, ``specpipe_requests_total`` (label ``model``; see
-  :mod:`specpipe.openai.metrics`);
-- vLLM: ``vllm:spec_decode_num_draft_tokens_total``, ``vllm:spec_decode_num_accepted_tokens_total``,
-  ``vllm:generation_tokens_total``, ``vllm:request_success_total``.
+  :mod:`specpipe.openai.metrics`).
+
+Every name is looked up with and without ``_total`` (exporters and parsers differ on the suffix).
+TensorRT-LLM's Triton backend exports no draft counters: its ``nv_trt_llm_*`` families are request,
+runtime-memory, KV-cache, batcher and general gauges (``inflight_batcher_llm/src/custom_metrics_reporter/
+custom_metrics_reporter.cc`` @ triton-inference-server/tensorrtllm_backend
+27e4bfbd3acb05b9b41417d5256553592a31b505); its acceptance comes from the per-request perf outputs.
+The per-position acceptance of draft position k is accepted tokens at k / draft proposals (vLLM's
+definition); it is reported only where the server counts both.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-#: Counter names per exporter: (draft tokens, accepted draft tokens, output tokens, requests).
+#: Counter names per exporter: (draft tokens, accepted draft tokens, output tokens, requests, draft
+#: proposals, accepted tokens per position), ``None`` where the exporter has no such counter.
 COUNTER_SETS = {
-    "specpipe": ("specpipe_draft_tokens_total", "specpipe_accepted_draft_tokens_total",
-                 "specpipe_output_tokens_total", "specpipe_requests_total"),
-    "vllm": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
-             "vllm:generation_tokens_total", "vllm:request_success_total"),
+    "vllm": ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+              "vllm:generation_tokens", "vllm:request_success", "vllm:spec_decode_num_drafts",
+              "vllm:spec_decode_num_accepted_tokens_per_pos"),
+    "specpipe-triton": ("specpipe:spec_decode_num_draft_tokens", "specpipe:spec_decode_num_accepted_tokens",
+                  "specpipe:generation_tokens", "specpipe:request_success", "specpipe:spec_decode_num_drafts",
+                  "specpipe:spec_decode_num_accepted_tokens_per_pos"),
+    "specpipe": ("specpipe_draft_tokens", "specpipe_accepted_draft_tokens",
+                 "specpipe_output_tokens", "specpipe_requests", None, None),
 }
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -56,26 +75,46 @@ def memory_used(samples: Samples) -> tuple[float, str] | None:
     return None
 
 
-def _total(samples: Samples, name: str, model: str | None) -> float | None:
-    found = samples.get(name)
-    if not found:
-        return None
-    matching = [value for labels, value in found if model is None or labels.get("model", labels.get("model_name", model)) == model]
-    return sum(matching) if matching else None
+def _matching(samples: Samples, name: str | None, model: str | None) -> list[tuple[dict[str, str], float]]:
+    """The samples of counter ``name``, with or without ``_total``, labelled ``model`` (when labelled)."""
+    if name is None:
+        return []
+    base = name.removesuffix("_total")
+    found = samples.get(base + "_total") or samples.get(base) or []
+    return [(labels, value) for labels, value in found
+            if model is None or labels.get("model", labels.get("model_name", model)) == model]
 
 
-def spec_counters(samples: Samples, model: str | None = None) -> dict[str, float | str] | None:
-    """The first known counter set present: ``{"source", "draft_tokens", "accepted_draft_tokens",
-    "output_tokens", "requests"}`` (values are running totals; the last two may be ``None``).
+def _total(samples: Samples, name: str | None, model: str | None) -> float | None:
+    matching = _matching(samples, name, model)
+    return sum(value for _, value in matching) if matching else None
+
+
+def _per_position(samples: Samples, name: str | None, model: str | None) -> dict[int, float]:
+    positions: dict[int, float] = {}
+    for labels, value in _matching(samples, name, model):
+        if str(labels.get("position", "")).isdigit():
+            k = int(labels["position"])
+            positions[k] = positions.get(k, 0.0) + value
+    return positions
+
+
+def spec_counters(samples: Samples, model: str | None = None) -> dict | None:
+    """The first known counter set present (module doc): ``{"source", "draft_tokens",
+    "accepted_draft_tokens", "output_tokens", "requests", "drafts", "accepted_per_position"}``; values
+    are running totals (``None`` where the exporter lacks the counter), ``accepted_per_position`` maps a
+    0-based draft position to its accepted tokens (empty without that counter).
 
     Args:
         model: keep only samples labelled with this ``model`` (or ``model_name``), when labelled.
     """
-    for source, (draft, accepted, output, requests) in COUNTER_SETS.items():
+    for source, (draft, accepted, output, requests, drafts, per_position) in COUNTER_SETS.items():
         d, a = _total(samples, draft, model), _total(samples, accepted, model)
         if d is not None and a is not None:
             return {"source": source, "draft_tokens": d, "accepted_draft_tokens": a,
-                    "output_tokens": _total(samples, output, model), "requests": _total(samples, requests, model)}
+                    "output_tokens": _total(samples, output, model), "requests": _total(samples, requests, model),
+                    "drafts": _total(samples, drafts, model),
+                    "accepted_per_position": _per_position(samples, per_position, model)}
     return None
 
 

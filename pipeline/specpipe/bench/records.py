@@ -39,6 +39,12 @@ class RequestRecord:
         error: the error message; ``None`` for a completed request.
         round: the round (0-based) the request was sent in when the deployments took turns
             (``rounds`` > 1, :mod:`specpipe.bench.runner`); 0 otherwise.
+        scheduled_s: open loop (``--request-rate``): seconds from the level's origin to the request's
+            Poisson arrival time; ``start_s`` is later when ``--max-concurrency`` made it wait. ``None``
+            in closed loop.
+        seed: the sampling seed sent (base seed + ``index``); ``None`` for greedy or unseeded requests.
+        chunk_times_s: seconds from sending to each streamed response that carried text.
+        chunk_texts: the text of each of those responses (their concatenation is ``text``).
     """
 
     deployment: str
@@ -58,6 +64,10 @@ class RequestRecord:
     text: str = ""
     error: str | None = None
     round: int = 0
+    scheduled_s: float | None = None
+    seed: int | None = None
+    chunk_times_s: list[float] = field(default_factory=list)
+    chunk_texts: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -107,7 +117,12 @@ class CounterAcceptance:
         draft_tokens, accepted_draft_tokens: counter increases during the level.
         output_tokens: increase of the output-token counter (``None`` if the server has none).
         requests: increase of the request counter (``None`` if the server has none).
-        source: which exporter the counters came from (``specpipe``, ``vllm``).
+        source: which exporter the counters came from (``vllm``, ``specpipe-triton``, ``specpipe``; see
+            :mod:`specpipe.bench.metrics`).
+        drafts: increase of the count of draft proposals (decoding steps that drafted), ``None`` if
+            the server has no such counter.
+        accepted_per_position: accepted draft tokens at each draft position (0-based) over the level;
+            empty when the server reports none.
     """
 
     draft_tokens: float
@@ -115,13 +130,28 @@ class CounterAcceptance:
     output_tokens: float | None = None
     requests: float | None = None
     source: str = ""
+    drafts: float | None = None
+    accepted_per_position: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def acceptance_by_position(self) -> list[float] | None:
+        """Per draft position k (0-based): accepted tokens at k / draft proposals, in [0, 1] (vLLM's
+        per-position acceptance rate); ``None`` without both counters."""
+        if not self.accepted_per_position or not self.drafts:
+            return None
+        return [self.accepted_per_position.get(k, 0.0) / self.drafts for k in range(max(self.accepted_per_position) + 1)]
 
 
 @dataclass
 class LevelResult:
-    """All requests of one deployment at one concurrency, and what else was observed.
+    """All requests of one deployment at one load level, and what else was observed.
+
+    A level is closed loop (``concurrency`` requests in flight) or, with ``request_rate``, open loop
+    (Poisson arrivals at that rate; ``concurrency`` is then the ``--max-concurrency`` cap, 0 for none).
 
     Attributes:
+        request_rate: offered request rate of an open-loop level, requests/s; ``None`` in closed loop.
+        origin_unix_ns: wall-clock time of the level's origin (``start_s`` = 0), ns since the epoch.
         memory_peak_bytes: the highest memory use seen during the level, bytes: GPU memory when the
             server's metrics report any, else the server's own process tree when it runs on this machine
             (:mod:`specpipe.bench.process_memory`), else the host's CPU memory in use from the metrics.
@@ -138,3 +168,18 @@ class LevelResult:
     incomplete: bool = False
     reason: str | None = None
     counters: CounterAcceptance | None = None
+    request_rate: float | None = None
+    origin_unix_ns: int | None = None
+
+    @property
+    def key(self) -> tuple[int, float | None]:
+        """What identifies the level across deployments: (concurrency, request rate)."""
+        return self.concurrency, self.request_rate
+
+    @property
+    def label(self) -> str:
+        """``concurrency 4``, ``rate 2 req/s`` or ``rate 2 req/s, max 8 in flight``."""
+        if self.request_rate is None:
+            return f"concurrency {self.concurrency}"
+        cap = f", max {self.concurrency} in flight" if self.concurrency else ""
+        return f"rate {self.request_rate:g} req/s{cap}"

@@ -7,7 +7,13 @@ Files written to the output folder:
   reasons when the run stopped early;
 - ``bench.csv``: the aggregates, one row per deployment and concurrency;
 - ``requests.csv``: the per-request records, without their text;
-- ``bench.png``: output token throughput and median TTFT against concurrency, one line per deployment.
+- ``bench.png``: output token throughput and median TTFT against concurrency, one line per deployment;
+- ``profile_export-<deployment>.json``: the per-request records in perf_analyzer's profile export
+  format, which GenAI-Perf reads (:mod:`specpipe.bench.export`).
+
+``bench.json`` also records the machine that ran the benchmark (:mod:`specpipe.bench.machine`).
+Percentiles from fewer requests than :data:`~specpipe.bench.stats.MIN_REQUESTS` asks are shown
+``12.3*`` in the table, with a footnote, and listed in each distribution's ``thin``.
 
 Speed-up is a deployment's output token throughput divided by the baseline deployment's at the
 same concurrency. With a control (``BenchSettings.control``) every speed-up also gets a verdict from
@@ -23,9 +29,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specpipe.bench.export import write_profile_exports
+from specpipe.bench.machine import machine_facts
 from specpipe.bench.noise import BUSY, NOISE, NoiseReport, assess
 from specpipe.bench.runner import BenchRun
-from specpipe.bench.stats import Aggregate, level_aggregate, speedup
+from specpipe.bench.stats import MIN_REQUESTS, Aggregate, Distribution, level_aggregate, speedup
 
 METRIC_DEFINITIONS = {
     "time_to_first_token_ms": "request sent -> first response carrying text (GenAI-Perf/AIPerf TTFT)",
@@ -34,7 +42,11 @@ METRIC_DEFINITIONS = {
     "benchmark_duration_s": "first request sent -> last response received, per deployment and concurrency (with "
                             "rounds: the sum over the deployment's rounds; start_s runs on that summed timeline)",
     "output_token_throughput": "output tokens of completed requests / benchmark duration, tokens/s",
-    "request_throughput": "completed requests / benchmark duration, requests/s",
+    "request_throughput": "completed requests / benchmark duration, requests/s (open loop: the achieved request rate)",
+    "request_rate": "open loop: the offered rate, requests/s, of the level's Poisson arrivals; null in closed loop",
+    "thin": "the percentiles of a distribution computed from fewer requests than they need "
+            f"({', '.join(f'{k} {v}' for k, v in MIN_REQUESTS.items())}); shown with * in the table",
+    "acceptance_by_position": "per draft position k: accepted tokens at k / draft proposals, from the server's counters",
     "percentiles": "numpy.percentile with linear interpolation",
     "acceptance_rate": "sum of accepted draft tokens / sum of proposed draft tokens (perf outputs or server counters)",
     "mean_accepted_length": "sum(N - 1) / sum(N - 1 - A): tokens per target decoding step after the first token",
@@ -50,17 +62,17 @@ METRIC_DEFINITIONS = {
 }
 
 CSV_COLUMNS = (
-    "deployment", "concurrency", "requests", "completed", "errors", "duration_s", "output_tokens",
+    "deployment", "concurrency", "request_rate", "requests", "completed", "errors", "duration_s", "output_tokens",
     "output_token_throughput", "speedup_vs_baseline", "request_throughput",
     "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "itl_ms_p99", "itl_ms_mean",
     "e2e_ms_p50", "e2e_ms_p90", "e2e_ms_p99", "e2e_ms_mean", "output_tokens_mean",
     "acceptance_rate", "acceptance_rate_mean", "mean_accepted_length", "mean_accepted_length_mean", "acceptance_source",
-    "memory_peak_bytes", "memory_kind", "incomplete", "reason", "verdict",
+    "memory_peak_bytes", "memory_kind", "incomplete", "reason", "verdict", "acceptance_by_position", "thin_percentiles",
 )
 REQUEST_COLUMNS = (
-    "deployment", "concurrency", "index", "round", "prompt_id", "start_s", "end_s", "latency_s", "ttft_s", "itl_s",
+    "deployment", "concurrency", "index", "round", "prompt_id", "scheduled_s", "start_s", "end_s", "latency_s", "ttft_s", "itl_s",
     "output_tokens", "output_tokens_source", "input_tokens", "chunks", "acceptance_rate",
-    "accepted_draft_tokens", "draft_tokens", "mean_accepted_length", "error",
+    "accepted_draft_tokens", "draft_tokens", "mean_accepted_length", "seed", "error",
 )
 
 
@@ -75,11 +87,11 @@ def rows(run: BenchRun, noise: NoiseReport | None = None) -> list[dict[str, Any]
     :func:`noise_report`)."""
     noise = noise_report(run) if noise is None else noise
     aggregates = [(level, level_aggregate(level)) for level in run.levels]
-    base = {level.concurrency: None if level.incomplete else agg.output_token_throughput
+    base = {level.key: None if level.incomplete else agg.output_token_throughput
             for level, agg in aggregates if level.deployment == run.settings.baseline}
     found = []
     for level, agg in aggregates:
-        gain = None if level.incomplete else speedup(agg.output_token_throughput, base.get(level.concurrency))
+        gain = None if level.incomplete else speedup(agg.output_token_throughput, base.get(level.key))
         found.append({"level": level, "aggregate": agg, "speedup": gain,
                       "verdict": noise.figure(level.deployment, level.concurrency, gain)})
     return found
@@ -99,8 +111,22 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def _triple(*values: float | None) -> str:
-    return " / ".join(_num(v, 0) for v in values)
+def _percentiles(dist: Distribution, names: tuple[str, ...], digits: int = 0) -> str:
+    """``p50 / p90 / p99`` cells of ``dist``, a percentile from too few requests marked ``*``."""
+    return " / ".join(_num(getattr(dist, n), digits) + ("*" if n in dist.thin and getattr(dist, n) is not None else "")
+                      for n in names)
+
+
+def decoding_label(settings) -> str:
+    """``greedy``, or the sampling settings (``temperature 0.7, top-p 0.9, seed 1+i``); ``ignore EOS`` added."""
+    if not settings.sampled:
+        text = "greedy"
+    else:
+        parts = [f"temperature {settings.temperature:g}" if settings.temperature is not None else "temperature 1",
+                 *([f"top-p {settings.top_p:g}"] if settings.top_p is not None else []),
+                 *([f"seed {settings.seed}+i"] if settings.seed is not None else [])]
+        text = ", ".join(parts)
+    return text + (", ignore EOS" if settings.ignore_eos else "")
 
 
 #: How each memory kind is labelled in the table.
@@ -124,28 +150,35 @@ def comparison_table(run: BenchRun):
     noise = noise_report(run)
     summary = rows(run, noise)
     has_baseline = any(r["level"].deployment == s.baseline for r in summary)
-    title = f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens, greedy, streamed"
+    open_loop = any(r["level"].request_rate is not None for r in summary)
+    by_position = any(r["aggregate"].acceptance_by_position for r in summary)
+    title = f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens, {decoding_label(s)}, streamed"
     table = Table(title=title, caption=_caption(run, noise))
-    columns = ["deployment", "conc.", "ok/err", "out tok/s"] + (["speed-up"] if has_baseline else []) + [
+    columns = (["deployment"] + (["offered req/s", "max conc."] if open_loop else ["conc."]) + ["ok/err", "out tok/s"]
+               + (["speed-up"] if has_baseline else []) + [
         "req/s", "TTFT ms p50/p90/p99", "ITL ms p50/p99", "e2e ms p50/p99", "tok/req", "accept.", "acc. len", "memory"]
+               + (["accept. by pos"] if by_position else []))
     for column in columns:
         table.add_column(column, justify="left" if column == "deployment" else "right")
     for row in summary:
         level, agg = row["level"], row["aggregate"]
         name = level.deployment + (" [red](incomplete)[/red]" if level.incomplete else "")
-        cells = [name, str(level.concurrency), f"{agg.completed}/{agg.errors}", _num(agg.output_token_throughput)]
+        load = ([_num(level.request_rate, 2), str(level.concurrency or "-")] if open_loop else [str(level.concurrency)])
+        cells = [name, *load, f"{agg.completed}/{agg.errors}", _num(agg.output_token_throughput)]
         if has_baseline:
             cells.append(format_speedup(row["speedup"], row["verdict"]))
         cells += [
             _num(agg.request_throughput, 2),
-            _triple(agg.ttft_ms.p50, agg.ttft_ms.p90, agg.ttft_ms.p99),
-            " / ".join(_num(v, 1) for v in (agg.itl_ms.p50, agg.itl_ms.p99)),
-            _triple(agg.e2e_ms.p50, agg.e2e_ms.p99),
+            _percentiles(agg.ttft_ms, ("p50", "p90", "p99")),
+            _percentiles(agg.itl_ms, ("p50", "p99"), 1),
+            _percentiles(agg.e2e_ms, ("p50", "p99")),
             _num(agg.output_tokens_per_request.mean, 1),
             _num(agg.acceptance_rate, 2),
             _num(agg.mean_accepted_length, 2),
             format_bytes(level.memory_peak_bytes, level.memory_kind),
         ]
+        if by_position:
+            cells.append(" ".join(f"{v:.2f}" for v in agg.acceptance_by_position or []) or "-")
         table.add_row(*cells)
     return table
 
@@ -171,6 +204,8 @@ def _caption(run: BenchRun, noise: NoiseReport) -> str:
     if line := control_line(run, noise):
         parts.append(line)
     parts += noise.messages()
+    if any(d.thin for r in rows(run, noise) for d in (r["aggregate"].ttft_ms, r["aggregate"].itl_ms, r["aggregate"].e2e_ms)):
+        parts.append("*: from fewer requests than the percentile needs (" + ", ".join(f"{k} {v}" for k, v in MIN_REQUESTS.items()) + ")")
     if run.incomplete:
         parts.append("INCOMPLETE: " + "; ".join(run.reasons))
     if not any(level.deployment == run.settings.baseline for level in run.levels):
@@ -181,7 +216,8 @@ def _caption(run: BenchRun, noise: NoiseReport) -> str:
 def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
     level, agg = row["level"], row["aggregate"]
     return {
-        "deployment": level.deployment, "concurrency": level.concurrency, "requests": agg.requests,
+        "deployment": level.deployment, "concurrency": level.concurrency, "request_rate": level.request_rate,
+        "requests": agg.requests,
         "completed": agg.completed, "errors": agg.errors, "duration_s": agg.duration_s, "output_tokens": agg.output_tokens,
         "output_token_throughput": agg.output_token_throughput, "speedup_vs_baseline": row["speedup"],
         "request_throughput": agg.request_throughput,
@@ -194,6 +230,9 @@ def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
         "acceptance_source": agg.acceptance_source,
         "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
         "incomplete": level.incomplete, "reason": level.reason, "verdict": row["verdict"],
+        "acceptance_by_position": " ".join(f"{v:.4f}" for v in agg.acceptance_by_position or []) or None,
+        "thin_percentiles": " ".join(sorted({f"{m}:{p}" for m in ("ttft", "itl", "e2e")
+                                             for p in getattr(agg, f"{m}_ms").thin})) or None,
     }
 
 
@@ -208,7 +247,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
     for row in rows(run, noise):
         level, agg = row["level"], row["aggregate"]
         results.append({
-            "deployment": level.deployment, "concurrency": level.concurrency,
+            "deployment": level.deployment, "concurrency": level.concurrency, "request_rate": level.request_rate,
             "incomplete": level.incomplete, "reason": level.reason,
             "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
             "counters": asdict(level.counters) if level.counters else None,
@@ -218,6 +257,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
         "specpipe_version": __version__,
         "command": run.command,
         "started": run.started, "finished": run.finished,
+        "machine": machine_facts(),
         "incomplete": run.incomplete, "reasons": run.reasons,
         "settings": asdict(run.settings),
         "metric_definitions": METRIC_DEFINITIONS,
@@ -287,7 +327,8 @@ def _bars(ax, by_deployment: dict, value, concurrency: int) -> None:
 
 
 def write_results(run: BenchRun, out_dir: Path) -> dict[str, Path]:
-    """Write ``bench.json``, ``bench.csv``, ``requests.csv`` and ``bench.png`` into ``out_dir``; returns their paths."""
+    """Write ``bench.json``, ``bench.csv``, ``requests.csv``, ``bench.png`` and the profile exports into
+    ``out_dir``; returns their paths (exports keyed by their file names)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / name for name in ("bench.json", "bench.csv", "requests.csv", "bench.png")}
@@ -301,4 +342,5 @@ def write_results(run: BenchRun, out_dir: Path) -> dict[str, Path]:
         writer.writeheader()
         writer.writerows(record.to_dict() for level in run.levels for record in level.records)
     plot_figure(run).savefig(paths["bench.png"])
+    paths.update({path.name: path for path in write_profile_exports(run, out_dir)})
     return paths

@@ -22,6 +22,8 @@ from specpipe.bench.endpoints import Endpoint
 from specpipe.bench.load import LoadPlan, one_line, run_level
 from specpipe.bench.prompts import Prompt
 from specpipe.bench.records import LevelResult
+from specpipe.bench.synthetic import synthetic_prompts
+from specpipe.errors import SpecpipeError
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,16 @@ class BenchSettings:
         control: name of a second deployment of the baseline's repository, measured like the others so
             that its spread against the baseline shows how noisy the run was (:mod:`specpipe.bench.noise`);
             ``None``: no control.
+        request_rates: open-loop levels, requests/s (Poisson arrivals, :mod:`specpipe.bench.load`); when
+            given they replace ``concurrencies``.
+        max_concurrency: open loop: requests in flight at most (``None``: no cap).
+        input_len: synthetic prompts of exactly this many tokens (:mod:`specpipe.bench.synthetic`)
+            instead of ``prompts``' texts; ``None``: the prompt set.
+        ignore_eos: ask the server to generate ``max_tokens`` tokens whatever the end-of-sequence token
+            (:mod:`specpipe.bench.backends`).
+        temperature, top_p: sampling; both ``None``: greedy.
+        seed: base sampling seed (request ``i`` of a level: ``seed + i``); it also seeds the open
+            loop's arrival times (0 when ``None``).
     """
 
     prompts: str
@@ -58,24 +70,49 @@ class BenchSettings:
     tokenizer: str | None = None
     rounds: int = 1
     control: str | None = None
+    request_rates: tuple[float, ...] = ()
+    max_concurrency: int | None = None
+    input_len: int | None = None
+    ignore_eos: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
 
-    def requests_for(self, concurrency: int) -> int | None:
-        """Requests in a counted level: ``num_requests``, or by default 4 per concurrent slot (at least 8)."""
+    @property
+    def sampled(self) -> bool:
+        """Whether requests sample (a temperature above 0 or a top-p); otherwise they are greedy."""
+        return bool(self.temperature) or self.top_p is not None
+
+    def levels(self) -> list[tuple[int, float | None]]:
+        """The load levels in order: ``(concurrency, None)`` closed loop, or ``(max_concurrency or 0, rate)``."""
+        if self.request_rates:
+            return [(self.max_concurrency or 0, rate) for rate in self.request_rates]
+        return [(c, None) for c in self.concurrencies]
+
+    def requests_for(self, concurrency: int, rate: float | None = None) -> int | None:
+        """Requests in a counted level: ``num_requests``, or by default 4 per concurrent slot (at least 8);
+        open loop: 10 seconds' worth of arrivals at ``rate`` (at least 20)."""
         if self.duration_s is not None:
             return None
-        return self.num_requests if self.num_requests is not None else max(8, 4 * concurrency)
+        if self.num_requests is not None:
+            return self.num_requests
+        return max(20, round(10 * rate)) if rate is not None else max(8, 4 * concurrency)
 
-    def round_plans(self, concurrency: int) -> list[LoadPlan]:
+    def plan(self, concurrency: int, rate: float | None = None, **load) -> LoadPlan:
+        """The :class:`LoadPlan` of a level with this run's tokens, rate and seeds; ``load``: its size."""
+        return LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, request_rate=rate,
+                        arrival_seed=self.seed or 0, seed=self.seed if self.sampled else None, **load)
+
+    def round_plans(self, concurrency: int, rate: float | None = None) -> list[LoadPlan]:
         """The level's plan per round: its requests (or seconds) split as evenly as possible, earlier
-        rounds taking the remainder. A counted level has at most ``requests // concurrency`` rounds (at
-        least one), so that every round can hold ``concurrency`` requests in flight."""
-        total = self.requests_for(concurrency)
+        rounds taking the remainder. A counted closed-loop level has at most ``requests // concurrency``
+        rounds (at least one), so that every round can hold ``concurrency`` requests in flight."""
+        total = self.requests_for(concurrency, rate)
         if total is None:
-            seconds = self.duration_s / self.rounds
-            return [LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, duration_s=seconds)] * self.rounds
-        rounds = max(1, min(self.rounds, total // concurrency))
+            return [self.plan(concurrency, rate, duration_s=self.duration_s / self.rounds)] * self.rounds
+        rounds = max(1, min(self.rounds, total // max(concurrency, 1)))
         counts = [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
-        return [LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, num_requests=n) for n in counts]
+        return [self.plan(concurrency, rate, num_requests=n) for n in counts]
 
 
 def command_line() -> str:
@@ -94,6 +131,7 @@ class BenchRun:
         levels: one :class:`LevelResult` per deployment and concurrency, in the order run.
         incomplete: the run did not finish every planned level; ``reasons`` says why.
         command: the command line that made the run (recorded in ``bench.json``).
+        prompts: the text of every prompt sent, by prompt id (the profile exports carry it).
     """
 
     settings: BenchSettings
@@ -104,6 +142,7 @@ class BenchRun:
     started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     finished: str | None = None
     command: str = field(default_factory=command_line)
+    prompts: dict[str, str] = field(default_factory=dict)
 
     def mark_incomplete(self, reason: str) -> None:
         self.incomplete = True
@@ -141,9 +180,10 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
         SpecpipeError: a deployment fails its pre-flight check (nothing has been measured then).
     """
     if backends is None:
-        from specpipe.bench.backends import make_backend
+        from specpipe.bench.backends import Sampling, make_backend
 
-        backends = [make_backend(e, settings.timeout_s, settings.chat, settings.tokenizer) for e in endpoints]
+        sampling = Sampling(settings.temperature, settings.top_p, settings.ignore_eos)
+        backends = [make_backend(e, settings.timeout_s, settings.chat, settings.tokenizer, sampling) for e in endpoints]
     try:
         for backend in backends:
             await backend.open()
@@ -151,6 +191,9 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
             info = await backend.preflight()
             run.deployments.append({"name": endpoint.name, "kind": endpoint.kind, "address": endpoint.address,
                                     "metrics_url": endpoint.metrics_url, **info})
+        if settings.input_len is not None:
+            prompts = synthetic_prompts(settings.input_len, _tokenizer_source(settings, backends), len(prompts))
+        run.prompts = {p.id: p.text for p in prompts}
         if progress is not None:
             progress.start()  # shown once every deployment passed its checks
         if settings.rounds > 1:
@@ -193,12 +236,12 @@ async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], 
                             progress) -> None:
     if not await _warm_up_deployment(endpoint, backend, prompts, settings, run, progress):
         return
-    for concurrency in settings.concurrencies:
-        total = settings.requests_for(concurrency)
-        plan = LoadPlan(concurrency=concurrency, max_tokens=settings.max_tokens, num_requests=total, duration_s=settings.duration_s)
-        level = LevelResult(endpoint.name, concurrency)
+    for concurrency, rate in settings.levels():
+        total = settings.requests_for(concurrency, rate)
+        plan = settings.plan(concurrency, rate, num_requests=total, duration_s=settings.duration_s)
+        level = LevelResult(endpoint.name, concurrency, request_rate=rate)
         run.levels.append(level)
-        label = f"{endpoint.name} @ concurrency {concurrency}"
+        label = f"{endpoint.name} @ {level.label}"
         task = progress.add_task(label, total=total) if progress else None
         on_record = (lambda record: progress.advance(task)) if progress else (lambda record: None)
         await run_level(backend, prompts, plan, level, on_record)
@@ -206,7 +249,7 @@ async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], 
         if progress:
             progress.update(task, description=f"{label} ({len(level.records)} requests)")
         if level.incomplete:
-            run.mark_incomplete(f"{endpoint.name}: {level.reason}; concurrency levels after {concurrency} were not run")
+            run.mark_incomplete(f"{endpoint.name}: {level.reason}; load levels after {level.label} were not run")
             return
 
 
@@ -214,14 +257,15 @@ async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: l
                            run: BenchRun, progress) -> None:
     """Every level in ``settings.rounds`` rounds, the deployments taking turns within each round."""
     live = [(e, b) for e, b in zip(endpoints, backends) if await _warm_up_deployment(e, b, prompts, settings, run, progress)]
-    for concurrency in settings.concurrencies:
-        total = settings.requests_for(concurrency)
+    for concurrency, rate in settings.levels():
+        total = settings.requests_for(concurrency, rate)
         levels, tasks = {}, {}
         for endpoint, _ in live:
-            levels[endpoint.name] = LevelResult(endpoint.name, concurrency)
+            levels[endpoint.name] = LevelResult(endpoint.name, concurrency, request_rate=rate)
             run.levels.append(levels[endpoint.name])
-            tasks[endpoint.name] = progress.add_task(f"{endpoint.name} @ concurrency {concurrency}", total=total) if progress else None
-        for number, plan in enumerate(settings.round_plans(concurrency)):
+            label = f"{endpoint.name} @ {levels[endpoint.name].label}"
+            tasks[endpoint.name] = progress.add_task(label, total=total) if progress else None
+        for number, plan in enumerate(settings.round_plans(concurrency, rate)):
             for endpoint, backend in list(live):
                 level, task = levels[endpoint.name], tasks[endpoint.name]
                 on_record = _round_marker(number, progress, task)
@@ -232,6 +276,23 @@ async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: l
         for endpoint in endpoints:
             if endpoint.name in levels:
                 _note_first_request(run, endpoint, levels[endpoint.name])
+
+
+def _tokenizer_source(settings: BenchSettings, backends: list) -> str:
+    """The tokenizer synthetic prompts are built with: ``--tokenizer``, else the first deployment's own
+    (a Triton ensemble's ``tokenizer_dir`` on this machine, found by its pre-flight check).
+
+    Raises:
+        SpecpipeError: neither is known.
+    """
+    if settings.tokenizer:
+        return settings.tokenizer
+    for backend in backends:
+        counter = getattr(backend, "counter", None)
+        if counter:
+            return counter.source
+    raise SpecpipeError(f"--input-len {settings.input_len} needs the deployments' tokenizer to build prompts of exactly "
+                        "that many tokens: pass --tokenizer DIR_OR_ID")
 
 
 def _round_marker(number: int, progress, task):

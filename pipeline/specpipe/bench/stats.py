@@ -13,6 +13,14 @@ NVIDIA GenAI-Perf's README (Triton Inference Server user guide, perf_analyzer/ge
 
 Percentiles use numpy's default linear interpolation between closest ranks
 (``numpy.percentile(values, q, method="linear")``). Latencies in the aggregates are milliseconds.
+A percentile needs enough requests to mean anything (:data:`MIN_REQUESTS`): p50 10, p90 20 (two
+requests beyond it), p99 100 (below that the interpolated p99 lies between the two largest values,
+the maximum in all but name). With fewer, the figure is still computed but listed in the
+distribution's ``thin`` (``bench.json``) and shown marked ``*`` in the table.
+
+Open loop (``--request-rate``): the offered rate is the rate arrivals were drawn at; the achieved rate
+is the request throughput (completed requests / benchmark duration), as vLLM's ``bench serve``
+reports ``Request throughput`` beside its ``--request-rate``.
 
 Speculative-decoding figures (specpipe's own, from the TensorRT-LLM perf outputs):
 
@@ -40,9 +48,18 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(data, dtype=np.float64), q, method="linear"))
 
 
+#: Fewest values for which each percentile is shown unmarked (module doc).
+MIN_REQUESTS = {"p50": 10, "p90": 20, "p99": 100}
+
+
 @dataclass(frozen=True)
 class Distribution:
-    """Summary of one per-request metric: mean, min, max and p50/p90/p99 (same unit as the input)."""
+    """Summary of one per-request metric: mean, min, max and p50/p90/p99 (same unit as the input).
+
+    Attributes:
+        thin: the percentiles computed from fewer values than :data:`MIN_REQUESTS` asks (e.g.
+            ``("p90", "p99")`` for 12 values); empty when every one has enough, or there are none.
+    """
 
     count: int
     mean: float | None
@@ -51,14 +68,16 @@ class Distribution:
     p50: float | None
     p90: float | None
     p99: float | None
+    thin: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, values: Iterable[float]) -> "Distribution":
         data = [float(v) for v in values]
         if not data:
             return cls(0, None, None, None, None, None, None)
+        thin = tuple(name for name, least in MIN_REQUESTS.items() if len(data) < least)
         return cls(len(data), float(np.mean(data)), min(data), max(data),
-                   percentile(data, 50), percentile(data, 90), percentile(data, 99))
+                   percentile(data, 50), percentile(data, 90), percentile(data, 99), thin)
 
 
 def _ms(seconds: Iterable[float | None]) -> list[float]:
@@ -81,6 +100,8 @@ class Aggregate:
         mean_accepted_length: aggregated tokens per decoding step; ``..._mean`` per-request mean.
         acceptance_source: ``"perf outputs"``, ``"server counters"`` or ``None``.
         token_count_sources: sorted distinct :data:`~specpipe.bench.records.TOKEN_SOURCES` used.
+        acceptance_by_position: per draft position, accepted tokens / draft proposals from the server's
+            counters (``None`` when it reports none).
     """
 
     requests: int
@@ -100,6 +121,7 @@ class Aggregate:
     mean_accepted_length_mean: float | None
     acceptance_source: str | None
     token_count_sources: tuple[str, ...]
+    acceptance_by_position: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,6 +185,7 @@ def aggregate(records: list[RequestRecord], counters=None) -> Aggregate:
         mean_accepted_length_mean=float(np.mean(per_request_lengths)) if per_request_lengths else None,
         acceptance_source=source,
         token_count_sources=tuple(sorted({r.output_tokens_source for r in done if r.output_tokens is not None})),
+        acceptance_by_position=None if counters is None else counters.acceptance_by_position,
     )
 
 

@@ -12,6 +12,27 @@ from specpipe.cli.options import POSITIVE, SECONDS, PositiveIntList, engines_dir
 PROMPTS_HELP = "Built-in set (chat, code, summarize) or a JSONL file of {\"prompt\": ...}."
 
 
+class RateList(click.ParamType):
+    """``0.5,1,2`` -> ``(0.5, 1.0, 2.0)``: finite request rates above 0, requests/s, duplicates dropped."""
+
+    name = "R[,R...]"
+
+    def convert(self, value, param, ctx) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        rates: list[float] = []
+        for item in str(value).split(","):
+            try:
+                rate = float(item.strip())
+            except ValueError:
+                rate = 0.0
+            if not 0 < rate < float("inf"):
+                self.fail(f"must list request rates above 0 (requests/s), e.g. 0.5,1,2; got {item.strip()!r}", param, ctx)
+            if rate not in rates:
+                rates.append(rate)
+        return tuple(rates)
+
+
 @click.command()
 @click.option("--url", "urls", multiple=True, required=True,
               help="Deployment NAME=HOST:PORT (Triton gRPC) or NAME=openai://HOST:PORT/v1 (OpenAI-compatible); repeat it. "
@@ -19,8 +40,24 @@ PROMPTS_HELP = "Built-in set (chat, code, summarize) or a JSONL file of {\"promp
 @click.option("--prompts", default="chat", show_default=True, help=PROMPTS_HELP)
 @click.option("--concurrency", type=PositiveIntList("1,2,4,8 (requests in flight)"), default="1,2,4,8", show_default=True,
               help="Requests in flight, one load level each.")
+@click.option("--request-rate", type=RateList(), default=(), show_default=False,
+              help="Open loop instead of --concurrency: Poisson arrivals at each rate, requests/s (seeded by --seed), "
+                   "sent on schedule whatever is in flight; the table shows offered and achieved req/s.")
+@click.option("--max-concurrency", type=POSITIVE, default=None,
+              help="With --request-rate: requests in flight at most (later arrivals wait for a free slot).")
 @click.option("--max-tokens", type=POSITIVE, default=128, show_default=True, help="New tokens per request.")
-@click.option("--num-requests", type=POSITIVE, default=None, help="Requests per level (default 4 x concurrency, at least 8).")
+@click.option("--input-len", type=POSITIVE, default=None,
+              help="Synthetic prompts of exactly N tokens (the deployment's tokenizer, or --tokenizer) instead of --prompts.")
+@click.option("--output-len", type=POSITIVE, default=None, help="New tokens per request (replaces --max-tokens); "
+              "exactly N with --ignore-eos.")
+@click.option("--ignore-eos", is_flag=True, help="Generate every requested token whatever the end-of-sequence token "
+              "(Triton: an end_id no token has; OpenAI: ignore_eos + min_tokens).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="Sample at this temperature (default: greedy).")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None, help="Sample with this nucleus mass.")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Base seed: request i of a level samples with seed + i (recorded); also seeds --request-rate arrivals.")
+@click.option("--num-requests", type=POSITIVE, default=None,
+              help="Requests per level (default 4 x concurrency, at least 8; --request-rate: 10 s of arrivals, at least 20).")
 @click.option("--duration", type=SECONDS, default=None, help="Seconds per level, instead of --num-requests.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Requests per deployment before measuring (not recorded).")
@@ -44,6 +81,12 @@ def bench(urls, metrics, **options) -> None:
 
     if options["num_requests"] is not None and options["duration"] is not None:
         raise click.UsageError("give --num-requests or --duration, not both")
+    context = click.get_current_context()
+    if options["request_rate"] and context.get_parameter_source("concurrency") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give --concurrency (closed loop) or --request-rate (open loop), not both; "
+                               "cap open-loop requests in flight with --max-concurrency")
+    if options["output_len"] is not None and context.get_parameter_source("max_tokens") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give --max-tokens or --output-len, not both")
     outcome = run_benchmark(BenchRequest(urls=tuple(urls), metrics=tuple(metrics), **options))
     run = outcome.run
     result_renderable(comparison_table(run), width=200)
