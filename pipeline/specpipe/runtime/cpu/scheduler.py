@@ -15,7 +15,7 @@ Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching
    and one ``lm_head`` over every row that needs logits;
 5. per request: chooses tokens (:mod:`~specpipe.runtime.cpu.batch_request`), accepts its own drafts,
    rolls back its own rejected entries (chain: truncate; tree: compact the accepted path, one
-   gather/scatter for the batch), applies its stop conditions and emits its own
+   gather/scatter for the batch), applies its stop conditions (accepted drafts past them do not count) and emits its own
    :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot.
 
 A failure while drafting or choosing for one request ends only that request (``fail`` callback); a
@@ -343,7 +343,6 @@ class BatchScheduler:
                 return
             token = int(request.chooser.choose(logits, request.output_index)[0])
             request.context.append(token)
-            request.stats.target_forwards += 1
             if self.tree:
                 request.drafter.commit(request.context, torch.cat(request.prefill_features))
                 request.prefill_features = []
@@ -381,14 +380,15 @@ class BatchScheduler:
         request.acceptance.observe(proposed, on_path)
         if proposed:
             self.shared_acceptance.observe(proposed, on_path)
+        self._release_tokens(request, committed, proposed, accepted)
+
+    def _release_tokens(self, request: BatchRequest, committed: list[int], proposed: int = 0, accepted: int = 0) -> None:
+        before = request.stop.committed
+        tokens, reason = request.stop.push(committed)
         stats = request.stats
         stats.target_forwards += 1
         stats.total_draft_tokens += proposed
-        stats.total_accepted_draft_tokens += accepted
-        self._release_tokens(request, committed)
-
-    def _release_tokens(self, request: BatchRequest, committed: list[int]) -> None:
-        tokens, reason = request.stop.push(committed)
+        stats.total_accepted_draft_tokens += min(accepted, request.stop.committed - before)
         if reason is None and len(request.context) >= self.max_context:
             tokens += request.stop.finish()
             reason = "length"
