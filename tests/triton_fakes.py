@@ -45,13 +45,15 @@ class FakeMetricFamily:
     :attr:`values` (``(family name, sorted labels) -> value``), and a metric fails once its family object
     has been garbage-collected (Triton: "the corresponding 'MetricFamily' has been deleted")."""
 
-    GAUGE, COUNTER = "gauge", "counter"
+    GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
     values: dict = {}
 
     def __init__(self, name, description, kind):
         self.name, self.kind = name, kind
 
-    def Metric(self, labels):  # noqa: N802 - Triton's spelling
+    def Metric(self, labels, buckets=None):  # noqa: N802 - Triton's spelling
+        if (buckets is not None) != (self.kind == self.HISTOGRAM):  # python_backend's CreateMetric refuses both
+            raise ValueError("Failed to create metric. Unexpected or missing buckets.")
         return FakeMetric(weakref.ref(self), labels)
 
 
@@ -71,6 +73,10 @@ class FakeMetric:
     def increment(self, value):
         key = self._key()
         FakeMetricFamily.values[key] = FakeMetricFamily.values.get(key, 0.0) + value
+
+    def observe(self, value):
+        """A histogram's observation: the list of observed values lands in ``values``."""
+        FakeMetricFamily.values.setdefault(self._key(), []).append(value)
 
 
 FAKE_PB = types.SimpleNamespace(

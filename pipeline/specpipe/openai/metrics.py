@@ -12,6 +12,15 @@ deployment's name):
   absent until a draft token was proposed);
 - ``specpipe_mean_accepted_length``: sum(N - 1) / sum(N - 1 - A) over requests since start, tokens
   per target decoding step after the first token (gauge; 1.0 without speculation).
+
+The same counts under vLLM's names (:mod:`specpipe.generation.spec_metrics`, docs/metrics.md), label
+``model_name`` (the deployment's name): ``specpipe:spec_decode_num_draft_tokens_total``,
+``specpipe:spec_decode_num_accepted_tokens_total``, ``specpipe:generation_tokens_total`` and
+``specpipe:prompt_tokens_total``. The gateway sees each request's totals only (the perf outputs
+``total_draft_tokens`` / ``total_accepted_draft_tokens``, TensorRT-LLM's and the CPU model's), not its
+steps: it has no drafts counter, no per-position counts and no latency histograms; on a TensorRT-LLM
+deployment these are the only speculative series (its backend exports none: docs/metrics.md). All
+count since the gateway started.
 """
 
 from __future__ import annotations
@@ -19,6 +28,18 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
+
+from specpipe.generation import spec_metrics as names
+
+#: The vLLM-named counters: exposition name -> the :class:`_Totals` field it reports.
+VLLM_NAMED = {names.NUM_DRAFT_TOKENS: "draft_tokens", names.NUM_ACCEPTED_TOKENS: "accepted",
+              names.GENERATION_TOKENS: "output_tokens", names.PROMPT_TOKENS: "input_tokens"}
+#: Every series name ``GET /metrics`` exposes.
+EXPORTED_SERIES = frozenset({
+    "specpipe_requests_total", "specpipe_request_errors_total", "specpipe_output_tokens_total",
+    "specpipe_input_tokens_total", "specpipe_draft_tokens_total", "specpipe_accepted_draft_tokens_total",
+    "specpipe_acceptance_rate", "specpipe_mean_accepted_length", *VLLM_NAMED,
+})
 
 
 @dataclass
@@ -91,7 +112,13 @@ class GatewayMetrics:
                 rate.add_metric([model], t.accepted / t.draft_tokens)
             if t.steps > 0:
                 length.add_metric([model], t.produced_after_first / t.steps)
+        named = {name: CounterMetricFamily(name.removesuffix("_total"), f"{name} (vLLM: {names.VLLM_NAMES[name]})",
+                                           labels=[names.MODEL_LABEL]) for name in VLLM_NAMED}
+        for model, t in sorted(snapshot.items()):
+            for name, family in named.items():
+                family.add_metric([model], getattr(t, VLLM_NAMED[name]))
         yield from families.values()
+        yield from named.values()
         yield rate
         yield length
 

@@ -13,8 +13,8 @@ Python backend, 23.10+; the pytriton 0.7.0 server is 2.51) and its request leave
 step. A client of the ensemble, which Triton does not cancel in flight, sends TensorRT-LLM's stop
 request instead (input ``stop`` true, the same request id; :mod:`.stop_requests`), with the same effect.
 
-Custom metrics on Triton's metrics port (batch size, waiting requests, chosen draft lengths, errors by
-reason): :mod:`.scheduler_metrics`.
+Custom metrics on Triton's metrics port (speculative counters named as vLLM's, TTFT and inter-token
+latency, batch size, waiting requests, chosen draft lengths, errors by reason): :mod:`.scheduler_metrics`.
 
 Bad requests (empty prompt, ``max_tokens`` < 1, negative ``top_k``, ``top_p`` outside (0, 1], a
 prompt longer than the context ...) get one final response holding a ``TritonError``
@@ -79,6 +79,7 @@ class TritonSender:
     def __init__(self, sender, request_id: str = "", stops: StopRequests | None = None,
                  on_error: Callable[[str], None] = lambda reason: None):
         self._sender, self.request_id, self._stops, self._on_error = sender, request_id, stops, on_error
+        self.arrived_s = time.monotonic()  # the request's arrival, for its time to first token
         self._started = False
         self._last_data_at: float | None = None
 
@@ -147,17 +148,20 @@ class RequestWorker:
             about 1.5x slower on a thread other than the first one that used oneDNN (measured with
             SmolLM2 on 2 cores: 47 tokens/s on the loading thread, 32 on another).
         on_step: called with the scheduler after each batch step (metrics).
+        track: called with a scheduled request's arrival (``time.monotonic()`` seconds) when it starts;
+            returns the callback that gets each of its :class:`~specpipe.generation.api.StepOutput` (metrics).
         drain: how ``serve`` asks the worker to drain before the server stops (:mod:`.draining`);
             none by default.
     """
 
     def __init__(self, engine=None, log_error=lambda message: None, *, load: Callable[[], object] | None = None,
-                 on_step: Callable[[BatchScheduler], None] | None = None, drain: DrainSignal | None = None):
+                 on_step: Callable[[BatchScheduler], None] | None = None, drain: DrainSignal | None = None,
+                 track: Callable[[float], Callable] | None = None):
         if (engine is None) == (load is None):
             raise ValueError("give exactly one of engine and load")
         self.engine = engine
         self.log_error = log_error
-        self.on_step = on_step
+        self.on_step, self.track = on_step, track
         self.drain = drain if drain is not None else DrainSignal(None)
         self._ending = self._ending_all = False
         self._queue: queue.Queue = queue.Queue()
@@ -248,6 +252,13 @@ class RequestWorker:
             self._serve_with(DraftVerifier(scheduler.engine, list(request.draft_input_ids)), request, sender)
             return None
         responder = StepResponder(request, lambda outputs, final: self._quietly(sender.data, outputs, final))
+        emit = responder.step
+        if self.track is not None:
+            observe = self.track(getattr(sender, "arrived_s", time.monotonic()))
+
+            def emit(step):
+                self._safely(observe, step)
+                responder.step(step)
 
         def fail(exc: BaseException) -> None:
             if isinstance(exc, SchedulerCancelled) and self._ending:
@@ -259,7 +270,7 @@ class RequestWorker:
                 self._quietly(sender.error, f"{ENGINE_FAILED}: {type(exc).__name__}: {exc}", "INTERNAL")
 
         try:
-            return scheduler.submit(list(request.input_ids), request.params, responder.step, fail), sender
+            return scheduler.submit(list(request.input_ids), request.params, emit, fail), sender
         except ServerBusy as exc:
             self._quietly(sender.error, str(exc), "UNAVAILABLE")
         except ValueError as exc:
@@ -333,10 +344,10 @@ class TritonPythonModel:
                             f"{scheduler.cost_model.describe()}")
             return scheduler
 
-        self.metrics = SchedulerMetrics()
         self.stops = StopRequests()
-        self.worker = RequestWorker(load=load, log_error=logger.log_error, on_step=self.metrics.update,
-                                    drain=DrainSignal.from_environment())
+        self.worker = RequestWorker(load=load, log_error=logger.log_error, drain=DrainSignal.from_environment())
+        self.metrics = SchedulerMetrics(self.manifest.name)  # labelled with the deployment: after the load
+        self.worker.on_step, self.worker.track = self.metrics.update, self.metrics.track
         logger.log_info(f"specpipe CPU engine '{self.manifest.name}' loaded from {engine_dir}")
 
     def execute(self, requests):
