@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import specpipe
-from specpipe.bench.backends import NEVER_END_ID, Sampling, TritonBackend
+from specpipe.bench.backends import Sampling, TritonBackend
 from specpipe.bench.endpoints import Endpoint
 from specpipe.bench.export import profile_export
 from specpipe.bench.machine import machine_facts
@@ -145,11 +145,10 @@ def _triton_send(sampling: Sampling, seed=None):
     return backend.client.requests[0]
 
 
-def test_triton_ignore_eos_sends_an_end_id_no_token_has_and_sampling_fields():
+def test_triton_ignore_eos_sends_min_tokens_of_max_tokens_and_sampling_fields():
     request = _triton_send(Sampling(temperature=0.5, top_p=0.8, ignore_eos=True), seed=17)
-    assert (request.end_id, request.temperature, request.top_p, request.seed) == (NEVER_END_ID, 0.5, 0.8, 17)
-    assert NEVER_END_ID == 2**31 - 1
+    assert (request.min_tokens, request.end_id, request.temperature, request.top_p, request.seed) == (8, None, 0.5, 0.8, 17)
     tensors = {t.name(): t for t in build_inputs(request, batched=True)}
-    assert tensors["end_id"].datatype() == "INT32" and tensors["seed"].datatype() == "UINT64"
+    assert tensors["min_tokens"].datatype() == "INT32" and tensors["seed"].datatype() == "UINT64"
     greedy = _triton_send(Sampling())
-    assert (greedy.end_id, greedy.temperature, greedy.top_p, greedy.seed) == (None, None, None, None)
+    assert (greedy.min_tokens, greedy.temperature, greedy.top_p, greedy.seed) == (None, None, None, None)

@@ -14,13 +14,13 @@ per-request ``seed`` (Triton ``seed`` input, UINT64; OpenAI ``seed``).
 
 ``ignore_eos`` (exactly ``max_tokens`` output tokens):
 
-- Triton: the ensemble's optional ``end_id`` input is set to :data:`NEVER_END_ID` (2**31 - 1, the
-  largest INT32, an id no vocabulary has), so generation never meets its end token and runs to
-  ``max_tokens``. TensorRT-LLM finishes a sequence when a generated token equals the request's end id
-  (the LLM API's own ``SamplingParams.ignore_eos``, ``tensorrt_llm/sampling_params.py``, works by not
-  matching the EOS id); specpipe's CPU model likewise stops only on the end id it is given (-1 or no
-  ``end_id`` would mean the tokenizer's EOS, ``triton/models/engine_request.py``). Stop words are not
-  sent by bench, so nothing else ends a request early.
+- Triton: the ensemble's optional ``min_tokens`` input (INT32, upstream ``inflight_batcher_llm``
+  ensemble, see :mod:`specpipe.triton.interface`) is set to ``max_tokens``: TensorRT-LLM and specpipe's
+  CPU model mask the end id until that many tokens were generated, so the request runs to
+  ``max_tokens`` (bench sends no stop words). An unreachable ``end_id`` is no way out: specpipe's CPU
+  model refuses ids outside the vocabulary. The draft-target BLS model refuses ``min_tokens``, so
+  ``--ignore-eos`` fails there with the server's message; an ensemble without a ``min_tokens`` input is
+  refused by the pre-flight check.
 - OpenAI-compatible: vLLM's extra body fields ``ignore_eos: true`` and ``min_tokens`` = ``max_tokens``
   (``vllm/entrypoints/openai/protocol.py`` ``CompletionRequest`` @ vllm-project/vllm
   ee4ceaae5953d367d8edd2132fd86d6c42506e1e; trtllm-serve accepts the same two fields).
@@ -37,15 +37,12 @@ from typing import Any
 from specpipe.bench.endpoints import Endpoint
 from specpipe.client.llm import GenerationResult
 from specpipe.client.probe import not_grpc_hint, not_http_hint
-from specpipe.client.request import INT32_MAX, GenerationRequest, sampling_fields
+from specpipe.client.request import GenerationRequest, sampling_fields
 from specpipe.errors import SpecpipeError
 
 #: Ensemble tensors the load generator needs (TensorRT-LLM ``inflight_batcher_llm`` names).
 REQUIRED_INPUTS = ("text_input", "max_tokens", "stream")
 REQUIRED_OUTPUTS = ("text_output",)
-
-#: The Triton ``end_id`` sent with ``ignore_eos``: the largest INT32, which no token id reaches.
-NEVER_END_ID = INT32_MAX
 
 
 @dataclass(frozen=True)
@@ -157,6 +154,9 @@ class TritonBackend:
                 f"model {e.model!r} of deployment {e.name!r} is not a TensorRT-LLM-style ensemble (no {', '.join(missing)}): "
                 f"bench needs text_input, max_tokens, stream -> text_output"
             )
+        if self.sampling.ignore_eos and "min_tokens" not in inputs:
+            raise SpecpipeError(f"model {e.model!r} of deployment {e.name!r} has no min_tokens input, which --ignore-eos "
+                                "needs to generate every requested token: drop --ignore-eos for it")
         self.info = {
             "kind": "triton",
             "model": e.model,
@@ -210,7 +210,7 @@ class TritonBackend:
             text, max_tokens=max_tokens, stream=True,
             return_perf_metrics=True if self.info.get("perf_outputs", True) else None,
             return_num_tokens=True if self.info.get("num_tokens_flags") else None,
-            end_id=NEVER_END_ID if self.sampling.ignore_eos else None, **fields,
+            min_tokens=max_tokens if self.sampling.ignore_eos else None, **fields,
         )
         result = await self.client.generate(request)
         tokens, source = output_count(result, None, self.counter)
