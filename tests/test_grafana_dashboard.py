@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from specpipe.openai.metrics import EXPORTED_SERIES as GATEWAY_SERIES
 from specpipe.triton.models.scheduler_metrics import exported_series
 from specpipe.trtllm.backend_metrics import TRITON_CORE_SERIES, TRTLLM_BACKEND_SERIES

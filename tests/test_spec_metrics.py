@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-
+from batch_helpers import run_batch, scheduler_for
 from specpipe.generation import spec_metrics as names
 from specpipe.generation.api import RequestStats, SamplingParams
 from specpipe.runtime.cpu.drafters import DraftModelDrafter
@@ -15,7 +15,6 @@ from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.triton.models.scheduler_metrics import SchedulerMetrics, exported_series
 from specpipe.triton.models.stop_requests import StopRequests
 from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker, TritonPythonModel
-from batch_helpers import run_batch, scheduler_for
 from tiny_models import tiny_llama
 from triton_fakes import FAKE_PB, FakeMetricFamily, generate_request, wait_for
 

@@ -4,9 +4,8 @@ metrics port, consistent with what its requests' perf outputs said."""
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import free_port
+from prometheus_client.parser import text_string_to_metric_families
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.generation import spec_metrics as names
