@@ -14,7 +14,7 @@ from specpipe.bench.endpoints import Endpoint
 from specpipe.bench.load import LoadPlan, arrival_times, run_level
 from specpipe.bench.prompts import Prompt
 from specpipe.bench.records import LevelResult
-from specpipe.bench.report import comparison_table, to_json
+from specpipe.bench.report import comparison_table, plot_figure, to_json
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
 from specpipe.bench.stats import level_aggregate
 from specpipe.cli import main
@@ -125,6 +125,9 @@ def test_rates_are_levels_with_offered_and_achieved_rates_in_the_report():
     console.print(comparison_table(run))
     text = console.export_text()
     assert "offered req/s" in text and "max conc." in text and "5.00" in text and "50.00" in text
+    throughput_axes = plot_figure(run).axes[0]
+    assert throughput_axes.get_xlabel() == "offered request rate, requests/s"
+    assert [t.get_text() for t in throughput_axes.get_xticklabels()] == ["5", "50"]
 
 
 def test_a_request_seed_is_the_base_seed_plus_its_index_when_sampling():

@@ -22,8 +22,8 @@ per-request ``seed`` (Triton ``seed`` input, UINT64; OpenAI ``seed``).
   ``--ignore-eos`` fails there with the server's message; an ensemble without a ``min_tokens`` input is
   refused by the pre-flight check.
 - OpenAI-compatible: vLLM's extra body fields ``ignore_eos: true`` and ``min_tokens`` = ``max_tokens``
-  (``vllm/entrypoints/openai/protocol.py`` ``CompletionRequest`` @ vllm-project/vllm
-  ee4ceaae5953d367d8edd2132fd86d6c42506e1e; trtllm-serve accepts the same two fields).
+  (sampling parameters of ``CompletionRequest`` / ``ChatCompletionRequest`` in
+  ``vllm/entrypoints/openai/protocol.py`` @ vllm-project/vllm ec3b890c14b00f6670515d9df8d503b5270e95ca).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ Open loop (``request_rate`` R requests/s): requests arrive as a Poisson process,
 arrivals drawn from an exponential distribution of mean 1/R from a ``random.Random`` seeded with
 ``arrival_seed`` (the first request arrives at 0), and each is sent at its arrival time whatever is
 still in flight (vLLM ``benchmarks/benchmark_serving.py`` ``get_request`` with burstiness 1, i.e.
-``np.random.gamma(1, 1/R)``, @ vllm-project/vllm ee4ceaae5953d367d8edd2132fd86d6c42506e1e; GenAI-Perf
-``--request-rate``). With ``max_concurrency`` a request that arrives while that many are in flight
+``np.random.gamma(1, 1/R)`` gaps, @ vllm-project/vllm 8668d7c05027b98ac66bd5540955dd2ce3a0f318;
+GenAI-Perf ``--request-rate``). With ``max_concurrency`` a request that arrives while that many are in flight
 waits for one to end (vLLM ``--max-concurrency``: a semaphore taken before sending); its record keeps
 both its arrival (``scheduled_s``) and its send time (``start_s``), and latencies run from the send.
 

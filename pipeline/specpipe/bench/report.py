@@ -270,7 +270,8 @@ def to_json(run: BenchRun) -> dict[str, Any]:
 
 def plot_figure(run: BenchRun):
     """A matplotlib figure: output tokens/s (left) and median TTFT, ms (right) per deployment: against
-    concurrency as one line per deployment, or as one bar per deployment when a single concurrency was run."""
+    concurrency (open loop: the offered request rate) as one line per deployment, or as one bar per
+    deployment when a single level was run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -279,16 +280,19 @@ def plot_figure(run: BenchRun):
     figure = Figure(figsize=(11, 4.5), dpi=110)
     throughput_ax, ttft_ax = figure.subplots(1, 2)
     by_deployment: dict[str, list[tuple[int, Aggregate]]] = {}
+    open_loop = any(level.request_rate is not None for level in run.levels)
     for row in rows(run):
-        by_deployment.setdefault(row["level"].deployment, []).append((row["level"].concurrency, row["aggregate"]))
+        x = row["level"].request_rate if open_loop else row["level"].concurrency
+        by_deployment.setdefault(row["level"].deployment, []).append((x, row["aggregate"]))
     concurrencies = sorted({c for points in by_deployment.values() for c, _ in points})
+    unit = "offered request rate, requests/s" if open_loop else "concurrency (requests in flight)"
     metrics = ((throughput_ax, lambda a: a.output_token_throughput, "output tokens/s", "Output token throughput"),
                (ttft_ax, lambda a: a.ttft_ms.p50, "TTFT p50, ms", "Time to first token (median)"))
     for ax, value, ylabel, title in metrics:
         if len(concurrencies) == 1:
-            _bars(ax, by_deployment, value, concurrencies[0])
+            _bars(ax, by_deployment, value, concurrencies[0], unit.split(",")[0].split(" (")[0])
         else:
-            _lines(ax, by_deployment, value, concurrencies)
+            _lines(ax, by_deployment, value, concurrencies, unit)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.set_ylim(bottom=0)
@@ -304,26 +308,26 @@ def _value(aggregate: Aggregate, value) -> float:
     return float("nan") if found is None else found
 
 
-def _lines(ax, by_deployment: dict, value, concurrencies: list[int]) -> None:
+def _lines(ax, by_deployment: dict, value, concurrencies: list, unit: str) -> None:
     for name, points in by_deployment.items():
         points = sorted(points, key=lambda p: p[0])
         ax.plot([c for c, _ in points], [_value(a, value) for _, a in points], marker="o", label=name)
-    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_xlabel(unit)
     if concurrencies and max(concurrencies) / min(concurrencies) >= 8:
         ax.set_xscale("log", base=2)
     ax.set_xticks(concurrencies)
-    ax.set_xticklabels([str(c) for c in concurrencies])
+    ax.set_xticklabels([f"{c:g}" for c in concurrencies])
     ax.legend()
 
 
-def _bars(ax, by_deployment: dict, value, concurrency: int) -> None:
+def _bars(ax, by_deployment: dict, value, concurrency, unit: str = "concurrency") -> None:
     names = list(by_deployment)
     heights = [_value(points[0][1], value) for points in by_deployment.values()]
     colors = [f"C{i}" for i in range(len(names))]
     ax.bar(range(len(names)), heights, color=colors)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=20, ha="right")
-    ax.set_xlabel(f"deployment (concurrency {concurrency})")
+    ax.set_xlabel(f"deployment ({unit} {concurrency:g})")
 
 
 def write_results(run: BenchRun, out_dir: Path) -> dict[str, Path]:
