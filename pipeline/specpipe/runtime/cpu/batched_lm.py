@@ -41,6 +41,7 @@ from transformers import PreTrainedModel
 
 from specpipe.runtime.cpu.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
 from specpipe.runtime.cpu.layer_ops import LayerOps, norm_op
+from specpipe.runtime.cpu.quantized_linear import QuantizedLinear
 from specpipe.runtime.cpu.weights_memory import trim_heap
 
 @dataclass
@@ -185,7 +186,8 @@ class BatchedLM:
         capacity: initial tokens per slot (grows as needed).
         argmax_screen: score greedy rows through an
             :class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen` (a bf16 copy of a tied lm_head,
-            ``vocab x hidden x 2`` bytes) where :meth:`ArgmaxScreen.for_model` offers one.
+            ``vocab x hidden x 2`` bytes) where :meth:`ArgmaxScreen.for_model` offers one; never for a
+            weight-only quantized lm_head.
         capture_layers: decoder layers whose outputs :meth:`hidden` also returns (as
             :attr:`CachedLM.capture_layers <specpipe.runtime.cpu.cached_lm.CachedLM>`, for EAGLE-3 drafters).
 
@@ -215,7 +217,8 @@ class BatchedLM:
         self._rotate_sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
         self.keys = self.values = torch.empty(0)
         self._grow(capacity)
-        self.argmax_screen = ArgmaxScreen.for_model(model) if argmax_screen else None
+        quantized = isinstance(model.lm_head, QuantizedLinear)  # greedy: argmax of the quantized logits themselves
+        self.argmax_screen = ArgmaxScreen.for_model(model) if argmax_screen and not quantized else None
 
     @property
     def vocab_size(self) -> int:

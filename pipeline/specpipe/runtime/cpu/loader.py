@@ -26,6 +26,8 @@ from specpipe.runtime.cpu.medusa import load_medusa_drafter
 from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.fused_projections import fuse_projections
 from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.quant_scheme import manifest_quantization
+from specpipe.runtime.cpu.quantized_models import quantize_drafter, quantize_model
 from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
 from specpipe.runtime.cpu.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
@@ -65,8 +67,9 @@ def load_checkpoint(path: Path, role: str) -> PreTrainedModel:
 class DraftSource:
     """What a drafter factory gets: the engine directory, its manifest, the loaded target (fp32, eval, not
     yet prepacked: heads copy rows of its embedding and lm_head first), whether to prepack the draft (and
-    keep dense copies of its decoder layers, see :func:`load_engine`) and the draft's dtype
-    (:func:`resolve_draft_dtype`)."""
+    keep dense copies of its decoder layers, see :func:`load_engine`), the draft's dtype
+    (:func:`resolve_draft_dtype`) and the manifest's weight-only ``quantization`` (``None``: fp32; else the
+    draft's linear layers are quantized instead of prepacked)."""
 
     engine_dir: Path
     manifest: Manifest
@@ -74,6 +77,7 @@ class DraftSource:
     prepack: bool = True
     draft_dtype: torch.dtype = torch.float32
     dense_copy: bool = False
+    quantization: str | None = None
 
     @property
     def settings(self) -> SpeculativeSettings:
@@ -126,7 +130,9 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
     vocab = load_draft_vocab(draft_dir) if source.draft_vocab else None
     model = load_checkpoint(draft_dir, "draft").to(source.draft_dtype)
     drafter = ReducedVocabDraftModelDrafter(model, vocab) if vocab is not None else DraftModelDrafter(model)
-    if source.prepack:
+    if source.quantization:
+        quantize_model(model, source.quantization)
+    elif source.prepack:
         fuse_projections(model.model)
         prepack_linear_layers(model.model, dense_copy=source.dense_copy)
         prepack_linear_layers(model)  # after the reduced drafter copied its lm_head rows
@@ -136,8 +142,9 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
 
 def _medusa_drafter(source: DraftSource) -> TreeDrafter:
     draft_dir = source.draft_dir()
-    return load_medusa_drafter(draft_dir, source.target, source.tree(), draft_vocab=source.draft_vocab,
-                               prepack=source.prepack, dtype=source.draft_dtype)
+    drafter = load_medusa_drafter(draft_dir, source.target, source.tree(), draft_vocab=source.draft_vocab,
+                                  prepack=source.prepack and not source.quantization, dtype=source.draft_dtype)
+    return quantize_drafter(drafter, source.quantization)
 
 
 def _eagle_drafter(source: DraftSource) -> TreeDrafter:
@@ -146,12 +153,13 @@ def _eagle_drafter(source: DraftSource) -> TreeDrafter:
     dynamic = bool(settings.dynamic_tree)
     top_k, depth = DYNAMIC_TREE_DEFAULTS
     load = load_eagle3_drafter if compact_style(draft_dir / COMPACT_FILES["eagle"]) == "eagle3" else load_eagle_drafter
-    return load(
+    drafter = load(
         draft_dir, source.target, None if dynamic else source.tree(), draft_vocab=source.draft_vocab,
         dynamic=dynamic, top_k=settings.dynamic_top_k if settings.dynamic_top_k is not None else top_k,
-        depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth, prepack=source.prepack,
-        dtype=source.draft_dtype,
+        depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth,
+        prepack=source.prepack and not source.quantization, dtype=source.draft_dtype,
     )
+    return quantize_drafter(drafter, source.quantization)
 
 
 #: The drafter factory of every method the CPU runtime runs (``methods_for(Runtime.CPU)``).
@@ -195,17 +203,23 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
             keeps plain ``nn.Linear``, for A/B measurements).
         draft_dtype: dtype of the EAGLE/Medusa heads, their reduced lm_head and a draft model
             (:func:`resolve_draft_dtype`); the target always runs in fp32.
-        dense_copy: with ``prepack``, the decoder layers of the target and of a draft model also keep a
+        dense_copy: with ``prepack`` and no quantization, the decoder layers of the target and of a draft model also keep a
             dense copy of each weight for inputs of few rows (+ their size again; unused until
             :func:`~specpipe.runtime.cpu.dense_rows.choose_dense_rows` or
             :func:`~specpipe.runtime.cpu.prepack.set_dense_rows` turns them on, or
             :func:`~specpipe.runtime.cpu.prepack.drop_dense_copies` drops them).
 
+    A manifest ``quantization`` of ``int8-wo`` / ``int4-wo`` (``specpipe build -q``) replaces the linear
+    layers of the target (lm_head included), of a draft model and of EAGLE/Medusa heads by weight-only
+    :class:`~specpipe.runtime.cpu.quantized_linear.QuantizedLinear` layers instead of prepacking them
+    (drafts then run in fp32, with no dense copies: :mod:`~specpipe.runtime.cpu.quantized_models`).
+
     Returns:
         the engine (a :class:`TreeSpeculativeEngine` for tree drafters) and the typed manifest.
 
     Raises:
-        ManifestError: the manifest is missing, unreadable, from another version or incomplete.
+        ManifestError: the manifest is missing, unreadable, from another version or incomplete, or names
+            a quantization the CPU runtime does not run.
         SpecpipeError: a checkpoint or heads file is missing or corrupt, the speculative method is not
             run by the CPU runtime, or the tree does not fit the heads or ``max_draft_len``.
         CompatibilityError: the draft's vocabulary or heads do not fit the target.
@@ -221,13 +235,19 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
         )
     if not manifest.target.path:
         raise ManifestError(f"{engine_dir}/manifest.json has no target path: {_REBUILD}")
+    quantization = manifest_quantization(manifest.quantization, f"{engine_dir}/manifest.json")
+    if quantization:
+        dense_copy, draft_dtype = False, "float32"
     target = load_checkpoint(engine_dir / manifest.target.path, "target")
     # One copy of the weights: the tensors that will not be prepacked (embedding = tied lm_head, norms) get
     # memory of their own before drafters take views of them; the linear weights still view the
     # checkpoint's memory map until prepacking replaces them, and then the map goes.
-    own_memory(target, skip_prepackable=prepack)
-    drafter = factory(DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype), dense_copy))
-    if prepack:
+    own_memory(target, skip_prepackable=prepack or bool(quantization))
+    drafter = factory(DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype), dense_copy,
+                                  quantization))
+    if quantization:
+        quantize_model(target, quantization, drafter)
+    elif prepack:
         fuse_projections(target.model)
         prepack_linear_layers(target.model, dense_copy=dense_copy)
         prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
