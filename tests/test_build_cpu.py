@@ -81,7 +81,7 @@ def test_interrupted_build_leaves_nothing_and_keeps_old_engine(build, monkeypatc
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("specpipe.build_cpu.truncate_target", boom)
+    monkeypatch.setattr("specpipe.build_cpu_drafts.truncate_target", boom)
     with pytest.raises(KeyboardInterrupt):
         build("tiny-draft", force=True)
     assert [p.name for p in engine.parent.iterdir()] == ["tiny-tiny-draft"]

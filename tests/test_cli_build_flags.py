@@ -12,7 +12,6 @@ CPU_REFUSED = [
     (["--tp", "2"], "--tp", "--runtime trtllm or trtllm-llmapi"),
     (["--pp", "2"], "--pp", "--runtime trtllm or trtllm-llmapi"),
     (["--gpus", "2"], "--gpus", "--runtime trtllm or trtllm-llmapi"),
-    (["-q", "fp8"], "-q/--quantization", "--runtime trtllm or trtllm-llmapi"),
     (["--max-input-len", "128"], "--max-input-len", "--runtime trtllm or trtllm-llmapi"),
     (["--max-seq-len", "256"], "--max-seq-len", "--runtime trtllm or trtllm-llmapi"),
     (["--lookahead", "7,7,7"], "--lookahead", "--runtime trtllm"),

@@ -25,17 +25,16 @@ from typing import Any
 
 from specpipe import __version__
 from specpipe.build_common import check_cpu_batch_memory, check_writable, is_engine_name, up_to_date
+from specpipe.build_cpu_drafts import make_draft, shipped_weights
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, FlagError, PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
-from specpipe.heads_format import COMPACT_FILES
 from specpipe.manifest import Manifest, Part, canonical_hash, sha256_file, write_manifest
-from specpipe.models.draft import check_same_vocabulary, truncate_target
-from specpipe.models.fetch import (COMPLETE_MARKER, check_checkpoint_dir, checkpoint_cache_dir,
-                                   ensure_target_checkpoint, hash_tree)
-from specpipe.models.heads import make_distilled_draft, place_heads, recipe, resolve_heads_dir, shipped_dir
+from specpipe.models.fetch import COMPLETE_MARKER, checkpoint_cache_dir, ensure_target_checkpoint, hash_tree
+from specpipe.models.heads import place_heads, recipe, resolve_heads_dir
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import done, result
+from specpipe.runtime.cpu.quant_scheme import cpu_quantization
 from specpipe.speculative import (DYNAMIC_TREE_DEFAULTS, METHODS, Method, Runtime, SpeculativeSettings,
                                   methods_for, names)
 from specpipe.tree import Tree
@@ -46,7 +45,6 @@ _TRTLLM = "--runtime trtllm or trtllm-llmapi"
 TRTLLM_ONLY_FIELDS = {
     "gpu": ("--gpu", _TRTLLM),
     "tp": ("--tp", _TRTLLM), "pp": ("--pp", _TRTLLM), "gpus": ("--gpus", _TRTLLM),
-    "quantization": ("-q/--quantization", _TRTLLM),
     "max_input_len": ("--max-input-len", _TRTLLM),
     "max_seq_len": ("--max-seq-len", _TRTLLM),
     "lookahead": ("--lookahead", "--runtime trtllm"),
@@ -172,6 +170,7 @@ class CpuPlan:
         name, engine_dir: the engine's name and directory.
         inputs, inputs_hash: the build inputs and their hash (unchanged hash: nothing rebuilt).
         up_to_date: ``engine_dir`` already holds this build (its files rehashed).
+        quantization: the weight-only scheme (``-q int8-wo|int4-wo``), ``None`` for fp32 (``-q auto``).
     """
 
     request: BuildRequest
@@ -183,6 +182,7 @@ class CpuPlan:
     inputs: dict[str, Any]
     inputs_hash: str
     up_to_date: bool
+    quantization: str | None = None
 
     @property
     def method(self) -> Method:
@@ -226,7 +226,7 @@ class CpuPlan:
                 "inputs_hash": self.inputs_hash, "up_to_date": self.up_to_date, "force": self.request.force,
                 "target": {"preset": self.target.name, **self.fetch()},
                 "draft": {"preset": self.draft.name, "method": self.method.value, "make": self.draft_step()},
-                "speculative": self.speculative.to_json(), "limits": self.limits,
+                "speculative": self.speculative.to_json(), "limits": self.limits, "quantization": self.quantization,
                 "writes": [] if self.up_to_date and not self.request.force else [str(self.engine_dir / w) for w in writes]}
 
     def render_text(self) -> str:
@@ -238,6 +238,7 @@ class CpuPlan:
                  f"  target       {self.target.name}: {doc['target']['action']} ({doc['target']['path']})",
                  f"  draft        {self.draft.name} ({self.method.value})" + (f": {doc['draft']['make']}" if doc["draft"]["make"] else ""),
                  f"  speculative  {json.dumps(doc['speculative'], sort_keys=True)}",
+                 f"  weights      {self.quantization or 'fp32'}",
                  f"  inputs hash  {self.inputs_hash}",
                  f"  engine       {self.engine_dir}: {state}"]
         lines += [f"  writes       {w}" for w in doc["writes"]]
@@ -248,7 +249,8 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
     """Resolve and check everything a CPU build needs, reading only (no download, nothing written).
 
     Raises:
-        FlagError: a flag the CPU runtime does not take, or ``--choices`` with a chain method.
+        FlagError: a flag the CPU runtime does not take (``-q`` other than auto, int8-wo, int4-wo), or
+            ``--choices`` with a chain method.
         PresetError, CompatibilityError: bad presets or pairing.
         SpecpipeError: a bad engine name, unusable ``--draft-model``, unreadable tuning record.
     """
@@ -258,6 +260,7 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
     target = load_target(request.target)
     draft = load_draft(request.draft)
     check_cpu_pairing(target, draft)
+    quantization = cpu_quantization(request.quantization)
     request = apply_tuned(request, target.name, draft.name)  # the setting 'specpipe tune' recorded, if any
     method = Method(draft.kind)
     if request.draft_model and METHODS[method].weights is None:
@@ -265,12 +268,12 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
     speculative = resolve_speculative(draft, request.max_draft_len, request.choices)
     if METHODS[method].weights == "heads":
         resolve_heads_dir(target.name, method.value, request.draft_model)  # fail before fetching anything
-    name = request.engine_name(target.name, draft.name)
+    name = request.engine_name(target.name, draft.name) + (f"-{quantization}" if quantization and not request.name else "")
     if not is_engine_name(name):
         raise SpecpipeError(f"engine name {name!r} must be letters, digits, '.', '_' or '-' (no paths)")
     dest = Path(request.engines_dir) / name
     inputs = build_inputs(target, draft, speculative, request.draft_model)
-    shipped = _shipped_weights(target, draft, request.draft_model)
+    shipped = shipped_weights(target, draft, request.draft_model)
     if shipped is not None:
         inputs["draft"]["weights_sha256"] = sha256_file(shipped)  # retrained weights trigger a rebuild
     if request.max_batch_size < 1:
@@ -278,9 +281,11 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
     check_cpu_batch_memory(target.architecture, request.max_batch_size)
     if request.max_batch_size != _DEFAULTS["max_batch_size"]:  # the default keeps earlier engines' hashes
         inputs = {**inputs, "max_batch_size": request.max_batch_size}
+    if quantization:  # fp32 keeps earlier engines' hashes
+        inputs = {**inputs, "quantization": quantization}
     inputs_hash = canonical_hash(inputs)
     return CpuPlan(request, target, draft, speculative, name, dest, inputs, inputs_hash,
-                   up_to_date=up_to_date(dest, inputs_hash, verify_files=True))
+                   up_to_date=up_to_date(dest, inputs_hash, verify_files=True), quantization=quantization)
 
 
 def build_inputs(target: TargetPreset, draft: DraftPreset, speculative: SpeculativeSettings, draft_model: str | None) -> dict[str, Any]:
@@ -322,7 +327,7 @@ def build_cpu(request: BuildRequest) -> Path | None:
         draft_part = None
         weights = METHODS[plan.method].weights
         if weights == "model":
-            draft_part = _make_draft(plan.draft, plan.request.draft_model, tmp / "target", tmp / "draft")
+            draft_part = make_draft(plan.draft, plan.request.draft_model, tmp / "target", tmp / "draft")
         elif weights == "heads":
             draft_part, speculative = _make_heads(plan, tmp / "target", tmp / "draft")
         write_manifest(tmp, Manifest(
@@ -330,52 +335,13 @@ def build_cpu(request: BuildRequest) -> Path | None:
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             target=Part(preset=plan.target.name, source=plan.target.source, path="target", files=hash_tree(tmp / "target")),
             draft=draft_part and dataclasses.replace(draft_part, files=hash_tree(tmp / "draft")),
-            speculative=speculative, limits=plan.limits,
+            speculative=speculative, limits=plan.limits, quantization=plan.quantization,
         ))
 
     write_dir_atomically(plan.engine_dir, assemble)
-    done(f"built engine {plan.engine_dir} ({plan.draft.kind}, max_draft_len={speculative.max_draft_len})")
+    done(f"built engine {plan.engine_dir} ({plan.draft.kind}, max_draft_len={speculative.max_draft_len}, "
+         f"weights {plan.quantization or 'fp32'})")
     return plan.engine_dir
-
-
-def _make_draft(draft: DraftPreset, draft_model: str | None, target_dir: Path, out: Path) -> Part:
-    if draft_model:
-        source_dir = Path(draft_model).expanduser()
-        check_checkpoint_dir(source_dir)
-        check_same_vocabulary(target_dir, source_dir)
-        shutil.copytree(source_dir, out)
-        source = {"kind": "local", "path": str(source_dir.resolve())}
-    elif draft.source.get("kind") == "distilled":
-        shipped = shipped_dir(str(draft.source["target"]), "draft-model")
-        if shipped is None:
-            raise PresetError(
-                f"draft preset '{draft.name}': no distilled draft ships for {draft.source['target']}: run "
-                f"'specpipe train-draft --target {draft.source['target']} --method draft-model' and pass "
-                f"--draft-model with the rebuilt checkpoint"
-            )
-        facts = make_distilled_draft(shipped, target_dir, out)
-        check_same_vocabulary(target_dir, out)
-        source = {**draft.source, "weights": shipped.name, **facts}
-    elif draft.source.get("kind") == "truncate-target":
-        truncate_target(target_dir, out, int(draft.source["num_layers"]))
-        check_same_vocabulary(target_dir, out)
-        source = draft.source
-    else:
-        raise PresetError(
-            f"draft preset '{draft.name}': source kind {draft.source.get('kind')!r} is not supported on "
-            f"the CPU runtime (use truncate-target, or pass --draft-model DIR)"
-        )
-    return Part(preset=draft.name, method=draft.kind, source=source, path="draft")
-
-
-def _shipped_weights(target: TargetPreset, draft: DraftPreset, draft_model: str | None) -> Path | None:
-    """The compact weights file a head/distilled build reads, or ``None``."""
-    if METHODS[Method(draft.kind)].weights == "heads":
-        return resolve_heads_dir(target.name, draft.kind, draft_model) / COMPACT_FILES[draft.kind]
-    if draft.kind == Method.DRAFT_MODEL.value and not draft_model and draft.source.get("kind") == "distilled":
-        found = shipped_dir(str(draft.source.get("target")), "draft-model")
-        return found / COMPACT_FILES["draft-model"] if found else None
-    return None
 
 
 def _make_heads(plan: CpuPlan, target_dir: Path, out: Path) -> tuple[Part, SpeculativeSettings]:

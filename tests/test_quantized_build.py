@@ -1,0 +1,78 @@
+"""``specpipe build -q int8-wo|int4-wo`` on the CPU runtime: accepted, recorded in the manifest and the
+inputs hash, engines named apart; every other -q refused with what the CPU runtime takes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specpipe.build_cpu import build_cpu, plan_cpu
+from specpipe.build_request import BuildRequest
+from specpipe.cli import main
+from specpipe.errors import FlagError, ManifestError
+from specpipe.runtime.cpu.quant_scheme import cpu_quantization, manifest_quantization
+from tiny_presets import write_tiny_presets
+
+
+@pytest.fixture
+def presets(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPIPE_PRESETS", str(write_tiny_presets(tmp_path / "presets")))
+    return tmp_path / "engines"
+
+
+@pytest.mark.parametrize("value", ["fp8", "int4-awq", "bf16", "fp16"])
+def test_schemes_the_cpu_runtime_does_not_run_are_refused(value, presets):
+    with pytest.raises(FlagError, match=f"-q/--quantization {value} is not taken by the CPU runtime.*give -q auto "
+                                        r"\(fp32\), int8-wo or int4-wo"):
+        plan_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=presets, quantization=value))
+    assert not presets.exists()
+
+
+def test_cli_refusal_is_one_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(main, ["build", "--target", "smollm2-135m", "--draft", "ngram", "-q", "fp8",
+                                       "--engines-dir", str(tmp_path / "engines")])
+    assert result.exit_code == 2, result.output
+    assert [line for line in result.output.splitlines() if line] == [
+        "error: -q/--quantization fp8 is not taken by the CPU runtime (it applies to --runtime trtllm or "
+        "trtllm-llmapi): give -q auto (fp32), int8-wo or int4-wo"]
+    assert not (tmp_path / "engines").exists()
+
+
+def test_plans_differ_by_scheme_and_auto_keeps_the_fp32_plan(presets):
+    plans = {q: plan_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=presets, quantization=q))
+             for q in ("auto", "int8-wo", "int4-wo")}
+    assert [p.quantization for p in plans.values()] == [None, "int8-wo", "int4-wo"]
+    assert [p.name for p in plans.values()] == ["tiny-ngram", "tiny-ngram-int8-wo", "tiny-ngram-int4-wo"]
+    assert len({p.inputs_hash for p in plans.values()}) == 3
+    assert "quantization" not in plans["auto"].inputs  # fp32 engines built before keep their hash
+    assert plans["int4-wo"].inputs["quantization"] == "int4-wo"
+    assert plans["int8-wo"].as_dict()["quantization"] == "int8-wo"
+    assert "  weights      int4-wo" in plans["int4-wo"].render_text().splitlines()
+    named = plan_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=presets, quantization="int8-wo", name="mine"))
+    assert named.name == "mine"
+
+
+def test_built_engine_records_the_scheme_and_loads_quantized(presets):
+    from specpipe.runtime.cpu.loader import load_engine
+    from specpipe.runtime.cpu.quantized_linear import QuantizedLinear
+
+    engine_dir = build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=presets, quantization="int4-wo"))
+    assert engine_dir.name == "tiny-ngram-int4-wo"
+    assert json.loads((engine_dir / "manifest.json").read_text())["quantization"] == "int4-wo"
+    engine, manifest = load_engine(engine_dir)
+    assert manifest.quantization == "int4-wo"
+    assert isinstance(engine.target.model.lm_head, QuantizedLinear)
+    fp32_dir = build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=presets))
+    assert "quantization" not in json.loads((fp32_dir / "manifest.json").read_text())
+    assert sorted(p.name for p in presets.iterdir()) == ["tiny-ngram", "tiny-ngram-int4-wo"]
+
+
+def test_scheme_names():
+    assert cpu_quantization("auto") is None and cpu_quantization(None) is None
+    assert cpu_quantization("int8-wo") == "int8-wo"
+    assert manifest_quantization(None, "m") is None and manifest_quantization("int4-wo", "m") == "int4-wo"
+    with pytest.raises(ManifestError, match="m: quantization 'int4-awq'"):
+        manifest_quantization("int4-awq", "m")
