@@ -53,6 +53,9 @@ class BuildRequest:
         dry_run: print the plan and memory table, run nothing, write nothing.
         json_output: with ``dry_run``, print exactly one JSON document on stdout instead.
         force: rebuild even when the inputs are unchanged.
+        ngram_lookup: n-gram lookup's (longest, shortest) match in tokens, replacing the preset's
+            ``max_matching_ngram_size`` (and shortest 1); set by ``--from-vllm-args`` (vLLM's
+            ``prompt_lookup_max``/``min``), read by the vLLM plan only.
     """
 
     target: str
@@ -76,6 +79,7 @@ class BuildRequest:
     dry_run: bool = False
     json_output: bool = False
     force: bool = False
+    ngram_lookup: tuple[int, int] | None = None
 
     def engine_name(self, target_name: str, draft_name: str) -> str:
         return self.name or f"{target_name}-{draft_name}"

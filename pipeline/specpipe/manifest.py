@@ -82,6 +82,7 @@ class Manifest:
             ``{"max_batch_size", "max_input_len", "max_seq_len"}`` in requests and tokens; release, executor,
             steps, memory plan, LLM-API settings), except ``limits``, which CPU engines also carry:
             ``{"max_batch_size"}``, the requests the CPU batch scheduler decodes together.
+        vllm: vLLM deployments only: release, image, the ``vllm serve`` argv and its speculative config.
     """
 
     name: str
@@ -97,6 +98,7 @@ class Manifest:
     parallel: dict[str, int] | None = None
     limits: dict[str, int] | None = None
     trtllm: dict[str, Any] | None = None
+    vllm: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -105,7 +107,7 @@ class Manifest:
             "target": self.target.to_json(), "draft": self.draft.to_json() if self.draft else None,
             "speculative": self.speculative.to_json(),
         }
-        for key in ("quantization", "parallel", "limits", "trtllm"):
+        for key in ("quantization", "parallel", "limits", "trtllm", "vllm"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         return data
@@ -126,6 +128,7 @@ class Manifest:
                 created=str(data.get("created", "")), specpipe_version=str(data["specpipe_version"]),
                 format_version=int(data["format_version"]), quantization=data.get("quantization"),
                 parallel=data.get("parallel"), limits=data.get("limits"), trtllm=data.get("trtllm"),
+                vllm=data.get("vllm"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{where} lacks a valid field ({exc!r}): rebuild the engine with "

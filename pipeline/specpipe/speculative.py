@@ -16,6 +16,10 @@ TensorRT-LLM spellings, release 1.2.1 (the pin in :mod:`specpipe.trtllm.release`
 
 Quantizations per method come from each method's support matrix in TensorRT-LLM's
 ``examples/{eagle,medusa,draft_target_model,lookahead}/README.md``.
+
+vLLM spellings, release 0.34.0 (the pin in :mod:`specpipe.vllm.release`): ``speculative_config.method``,
+the ``SpeculativeMethod`` literal of ``vllm/config/speculative.py`` in the 0.34.0 wheel (``ngram``,
+``draft_model``, ``eagle``, ``eagle3``, ``mtp``, ``suffix``, ...; no ``medusa`` and no lookahead decoding).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ from specpipe.tree import Tree
 
 
 class Runtime(str, Enum):
-    """Where an engine runs: the CPU reference runtime, TensorRT-LLM's engine flow, or its LLM API."""
+    """Where an engine runs: the CPU reference runtime, TensorRT-LLM's engine flow, its LLM API, or vLLM."""
 
     CPU = "cpu"
     TRTLLM = "trtllm"
     TRTLLM_LLMAPI = "trtllm-llmapi"
+    VLLM = "vllm"
 
 
 class Method(str, Enum):
@@ -78,6 +83,8 @@ class MethodSpec:
         trainable: ``specpipe train-draft --method`` can train it.
         flavours: checkpoint flavours it accepts (EAGLE-1/2 heads: ``eagle1``; EAGLE-3: ``eagle3``).
         choices_key: the name TensorRT-LLM gives its tree (``eagle_choices``/``medusa_choices``).
+        vllm_method: vLLM's ``speculative_config.method`` (EAGLE-1/2 heads; an EAGLE-3 head is ``eagle3``,
+            :data:`VLLM_FLAVOUR_METHODS`), ``None`` where vLLM has none (plain decoding, Medusa, lookahead).
     """
 
     method: Method
@@ -94,6 +101,7 @@ class MethodSpec:
     trainable: bool = False
     flavours: tuple[str, ...] = ()
     choices_key: str | None = None
+    vllm_method: str | None = None
 
     @property
     def has_tree(self) -> bool:
@@ -107,18 +115,19 @@ _ALL = frozenset(Runtime)
 METHODS: dict[Method, MethodSpec] = {spec.method: spec for spec in (
     MethodSpec(Method.NONE, "plain decoding (the baseline)", _ALL, Shape.NONE),
     MethodSpec(Method.NGRAM, "n-gram prompt lookup (no draft weights)",
-               frozenset({Runtime.CPU, Runtime.TRTLLM_LLMAPI}), Shape.CHAIN,
-               decoding_type="NGram", max_draft_len=4),
+               frozenset({Runtime.CPU, Runtime.TRTLLM_LLMAPI, Runtime.VLLM}), Shape.CHAIN,
+               decoding_type="NGram", max_draft_len=4, vllm_method="ngram"),
     MethodSpec(Method.DRAFT_MODEL, "a separate, smaller draft model", _ALL, Shape.CHAIN, weights="model",
                build_mode="draft_tokens_external", decoding_type="Draft_Target",
                quantizations=("bf16", "fp16", "fp8"),
                quantization_source="examples/draft_target_model/README.md support matrix (FP16/BF16/FP8)",
-               max_draft_len=4, trainable=True, flavours=("causal-lm",)),
+               max_draft_len=4, trainable=True, flavours=("causal-lm",), vllm_method="draft_model"),
     MethodSpec(Method.EAGLE, "EAGLE draft head on the target's features", _ALL, Shape.TREE, weights="heads",
                build_mode="eagle", decoding_mode="eagle", decoding_type="Eagle3",
                quantizations=("bf16", "fp16"),
                quantization_source="examples/eagle/README.md support matrix (FP16/BF16 only)",
-               max_draft_len=4, trainable=True, flavours=("eagle1", "eagle3"), choices_key="eagle_choices"),
+               max_draft_len=4, trainable=True, flavours=("eagle1", "eagle3"), choices_key="eagle_choices",
+               vllm_method="eagle"),
     MethodSpec(Method.MEDUSA, "Medusa heads on the target's last hidden state",
                frozenset({Runtime.CPU, Runtime.TRTLLM}), Shape.TREE, weights="heads",
                build_mode="medusa", decoding_mode="medusa", quantizations=("bf16", "fp16", "fp8"),
@@ -129,6 +138,10 @@ METHODS: dict[Method, MethodSpec] = {spec.method: spec for spec in (
                decoding_mode="lookahead", quantizations=("bf16", "fp16", "fp8"),
                quantization_source="examples/lookahead/README.md support matrix (FP16/BF16/FP8)"),
 )}
+
+
+#: Checkpoint flavours whose vLLM ``speculative_config.method`` is not their method's ``vllm_method``.
+VLLM_FLAVOUR_METHODS: dict[str, str] = {"eagle3": "eagle3"}
 
 
 def spec_of(method: Method | str) -> MethodSpec:
