@@ -40,6 +40,9 @@ def package_engine(engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto")
             the build (sha256 of each file the manifest lists), or the written repository fails its checks.
     """
     manifest = read_manifest(engine_dir)
+    if manifest.runtime is Runtime.VLLM:
+        raise SpecpipeError(f"engine {manifest.name} is a vLLM deployment, which serves its own OpenAI API without a "
+                            f"Triton repository: nothing to package; run 'specpipe serve {manifest.name} --runtime vllm'")
     if manifest.runtime is Runtime.CPU:
         repository = cpu_repository(manifest, engine_dir, dense_rows=dense_rows)
         changed = changed_files(engine_dir, manifest)
