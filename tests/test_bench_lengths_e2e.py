@@ -21,7 +21,7 @@ INPUT_LEN, OUTPUT_LEN = 12, 48
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lengths")
     # seed 2: greedy answers of this random model meet its EOS early for some synthetic prompts
-    engine = make_tiny_engine(root / "engines", "tiny", seed=2, max_position_embeddings=128)
+    engine = make_tiny_engine(root / "engines", "tiny", method="ngram", seed=2, max_position_embeddings=128)
     running = LocalTritonServer(package_engine(engine, root / "repo"), free_port(), free_port(), free_port(),
                                 log_path=root / "server.log", ready_timeout_s=300)
     running.start()
@@ -32,9 +32,9 @@ def server(tmp_path_factory):
         running.stop()
 
 
-def _bench(server, out, *extra):
+def _bench(server, out, *extra, metrics="none"):
     result = CliRunner().invoke(main, [
-        "bench", "--url", f"baseline={server.grpc_url}", "--metrics", "baseline=none", "--input-len", str(INPUT_LEN),
+        "bench", "--url", f"baseline={server.grpc_url}", "--metrics", f"baseline={metrics}", "--input-len", str(INPUT_LEN),
         "--output-len", str(OUTPUT_LEN), "--num-requests", "8", "--warmup", "0", "--out", str(out), *extra])
     assert result.exit_code == 0, result.output
     return json.loads((out / "bench.json").read_text())
@@ -64,3 +64,17 @@ def test_open_loop_sampled_run_on_a_real_server(server, tmp_path):
     (experiment,) = export["experiments"]
     assert experiment["experiment"] == {"mode": "request_rate", "value": 4.0} and len(experiment["requests"]) == 8
     assert all(q["response_timestamps"][0] > q["timestamp"] for q in experiment["requests"])
+
+
+def test_per_position_acceptance_from_the_cpu_models_counters(server, tmp_path):
+    data = _bench(server, tmp_path / "counted", "--concurrency", "1", "--ignore-eos", metrics=server.metrics_url)
+    (result,) = data["results"]
+    counters, agg = result["counters"], result["aggregate"]
+    assert counters["source"] == "specpipe-triton" and counters["drafts"] > 0
+    # the counters' accepted tokens are the perf outputs' over the same requests
+    assert counters["accepted_draft_tokens"] == sum(r["accepted_draft_tokens"] for r in data["records"])
+    by_position = agg["acceptance_by_position"]
+    assert by_position and all(0.0 <= a <= 1.0 for a in by_position)
+    assert by_position == sorted(by_position, reverse=True)  # accepting position k needs every position before it
+    accepted = sum(float(v) for v in counters["accepted_per_position"].values())
+    assert accepted == counters["accepted_draft_tokens"]

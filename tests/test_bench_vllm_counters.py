@@ -117,6 +117,11 @@ def test_specpipe_prefix_counts_like_vllm_and_vllm_wins_when_both():
     assert found["accepted_per_position"] == {0: 2.0, 1: 1.0}
     both = text + 'vllm:spec_decode_num_draft_tokens_total 5\nvllm:spec_decode_num_accepted_tokens_total 1\n'
     assert spec_counters(parse_samples(both))["source"] == "vllm"
+    # the gateway exports both its older series and the specpipe: ones; only the older count requests
+    gateway = text + ('specpipe_draft_tokens_total{model="tensorrt_llm"} 9\nspecpipe_accepted_draft_tokens_total{model="tensorrt_llm"} 3\n'
+                      'specpipe_output_tokens_total{model="tensorrt_llm"} 20\nspecpipe_requests_total{model="tensorrt_llm"} 2\n')
+    found = spec_counters(parse_samples(gateway))
+    assert (found["source"], found["requests"], found["output_tokens"]) == ("specpipe", 2, 20)
 
 
 def test_sampled_ignore_eos_requests_carry_vllm_fields_and_seeds():

@@ -13,11 +13,13 @@ before and one after a load level), the first family found:
   ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position``, 0-based), exposed with the
   ``_total`` suffix Prometheus gives counters; output tokens ``vllm:generation_tokens``, requests
   ``vllm:request_success``;
-- specpipe's Triton models: the same base names under the prefix ``specpipe:``
-  (``specpipe:spec_decode_num_draft_tokens_total`` ...);
 - specpipe's OpenAI gateway: ``specpipe_draft_tokens_total``, ``specpipe_accepted_draft_tokens_total``,
   ``specpipe_output_tokens_total``, ``specpipe_requests_total`` (label ``model``; see
-  :mod:`specpipe.openai.metrics`).
+  :mod:`specpipe.openai.metrics`), read before its ``specpipe:`` series because only these count
+  requests (which the mean accepted length needs);
+- specpipe's CPU Triton model: vLLM's base names under the prefix ``specpipe:``
+  (``specpipe:spec_decode_num_draft_tokens_total`` ..., label ``model_name``;
+  :mod:`specpipe.generation.spec_metrics`), with drafts and per-position counts.
 
 Every name is looked up with and without ``_total`` (exporters and parsers differ on the suffix).
 TensorRT-LLM's Triton backend exports no draft counters: its ``nv_trt_llm_*`` families are request,
@@ -35,14 +37,13 @@ from collections import defaultdict
 #: Counter names per exporter: (draft tokens, accepted draft tokens, output tokens, requests, draft
 #: proposals, accepted tokens per position), ``None`` where the exporter has no such counter.
 COUNTER_SETS = {
-    "vllm": ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
-              "vllm:generation_tokens", "vllm:request_success", "vllm:spec_decode_num_drafts",
-              "vllm:spec_decode_num_accepted_tokens_per_pos"),
+    "vllm": ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens", "vllm:generation_tokens",
+             "vllm:request_success", "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens_per_pos"),
+    "specpipe": ("specpipe_draft_tokens", "specpipe_accepted_draft_tokens", "specpipe_output_tokens", "specpipe_requests",
+                 None, None),
     "specpipe-triton": ("specpipe:spec_decode_num_draft_tokens", "specpipe:spec_decode_num_accepted_tokens",
-                  "specpipe:generation_tokens", "specpipe:request_success", "specpipe:spec_decode_num_drafts",
-                  "specpipe:spec_decode_num_accepted_tokens_per_pos"),
-    "specpipe": ("specpipe_draft_tokens", "specpipe_accepted_draft_tokens",
-                 "specpipe_output_tokens", "specpipe_requests", None, None),
+                        "specpipe:generation_tokens", "specpipe:request_success", "specpipe:spec_decode_num_drafts",
+                        "specpipe:spec_decode_num_accepted_tokens_per_pos"),
 }
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
