@@ -51,7 +51,7 @@ class RateList(click.ParamType):
 @click.option("--output-len", type=POSITIVE, default=None, help="New tokens per request (replaces --max-tokens); "
               "exactly N with --ignore-eos.")
 @click.option("--ignore-eos", is_flag=True, help="Generate every requested token whatever the end-of-sequence token "
-              "(Triton: an end_id no token has; OpenAI: ignore_eos + min_tokens).")
+              "(Triton: min_tokens = max tokens; OpenAI: ignore_eos + min_tokens).")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None, help="Sample at this temperature (default: greedy).")
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None, help="Sample with this nucleus mass.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
