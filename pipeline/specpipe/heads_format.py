@@ -20,6 +20,12 @@ Two forms:
 
   ``draft_vocab`` (int64 [V'], target ids) rides along for EAGLE and Medusa.
 
+  An EAGLE-3 head shares the eagle file; its metadata says ``style: "eagle3"`` and ``capture_layers``
+  (the target layers it reads, :func:`compact_style`), and its tensors are ``fc.weight`` [H, 3H],
+  ``midlayer.*`` (``self_attn.{q,k,v}_proj`` [*, 2H], ``input_layernorm``, ``hidden_norm``,
+  ``post_attention_layernorm``, ``mlp.*``), ``norm.weight`` and its own ``lm_head.weight`` [V', H]
+  (:mod:`specpipe.runtime.cpu.eagle3_head`).
+
 * **Converter layouts**, complete, which TensorRT-LLM's checkpoint converters read:
 
   - EAGLE (``examples/eagle/convert_checkpoint.py --eagle_model_dir``, EAGLE authors' layout):
@@ -31,6 +37,9 @@ Two forms:
     ``config.json`` with ``medusa_num_heads``, ``medusa_num_layers``, and
     ``medusa_lm_head.safetensors`` with ``{h}.{l}.linear.weight`` [H, H], ``{h}.{l}.linear.bias`` [H],
     and ``{h}.{num_layers}.weight`` [V, H] (each head's lm_head; here copies of the target's).
+  - EAGLE-3 (LLM API / PyTorch flow, the published EAGLE-3 heads' layout, :func:`write_eagle3_layout`):
+    ``config.json`` (one-layer ``LlamaForCausalLMEagle3`` with ``draft_vocab_size``) and
+    ``model.safetensors`` with the compact tensors plus ``d2t`` [V'] and ``t2d`` [V].
   - Draft model: a plain Hugging Face ``LlamaForCausalLM`` checkpoint (draft-target engines convert
     it with the ordinary Llama converter).
 """
@@ -208,6 +217,60 @@ def write_eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, dt
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     torch.save(state, out_dir / "pytorch_model.bin")
+    return out_dir
+
+
+def write_eagle3_layout(out_dir: Path, heads: dict[str, torch.Tensor], meta: dict[str, Any], target,
+                        dtype: "torch.dtype | None" = None) -> Path:
+    """Write an EAGLE-3 head in the layout of the published EAGLE-3 heads (``config.json`` +
+    ``model.safetensors``) for ``target``.
+
+    Tensor names are those of the EAGLE authors' ``Model`` (SafeAILab/EAGLE ``eagle/model/cnets.py`` @
+    bfeb532e): ``fc.weight`` [H, 3H], ``midlayer.*`` (``self_attn.{q,k,v}_proj`` read 2H,
+    ``input_layernorm``, ``hidden_norm``, ``post_attention_layernorm``, ``mlp.*``), ``norm.weight``,
+    ``lm_head.weight`` [V', H], ``d2t`` int64 [V'] (target id = d + d2t[d]) and ``t2d`` bool [V]; the config
+    is a one-layer ``LlamaForCausalLMEagle3`` with ``draft_vocab_size``. The target's embedding is not
+    copied (EAGLE-3 drafters use the target's).
+
+    Args:
+        heads: the compact tensors (``fc.*``, ``midlayer.*``, ``norm.*``, ``lm_head.*``, ``draft_vocab``).
+        meta: the compact metadata (``capture_layers``).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    dtype = dtype or torch.float16
+    out_dir.mkdir(parents=True, exist_ok=True)
+    c = target.config
+    vocab = heads["draft_vocab"].to(torch.long)
+    state = {k: v.to(dtype).contiguous() for k, v in heads.items() if k.startswith(("fc.", "midlayer.", "norm.", "lm_head."))}
+    state["d2t"] = (vocab - torch.arange(vocab.numel())).contiguous()
+    t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+    t2d[vocab] = True
+    state["t2d"] = t2d
+    rope = getattr(c, "rope_parameters", None) or {}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_act": c.hidden_act,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", c.hidden_size // c.num_attention_heads),
+        "num_hidden_layers": 1,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": int(vocab.numel()),
+        "target_hidden_size": c.hidden_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "specpipe_capture_layers": list(meta["capture_layers"]),
+    }
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, str(out_dir / "model.safetensors"))
     return out_dir
 
 

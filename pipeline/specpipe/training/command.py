@@ -18,7 +18,8 @@ from specpipe.paths import cache_dir
 from specpipe.presets import load_target
 from specpipe.progress import console
 from specpipe.training.config import CHECKPOINT_NAME, TrainConfig
-from specpipe.training.data import CorpusSpec, build_corpus
+from specpipe.runtime.cpu.eagle3_head import capture_layers
+from specpipe.training.data import SAMPLE_TEMPERATURE, CorpusSpec, build_corpus
 from specpipe.training.prompts import read_user_data
 from specpipe.training.train import environment, train
 
@@ -41,6 +42,12 @@ class TrainRequest:
             (:mod:`specpipe.training.self_instruct`; ``None``: the default, 0).
         export_trtllm: also write the TensorRT-LLM converter layout.
         command: the command line recorded in ``recipe.json`` (``""``: rebuilt from the fields).
+        style: EAGLE head style, ``eagle1`` or ``eagle3`` (EAGLE-3: fused low/mid/top features, training-time
+            test; its corpus features include the captured layers).
+        resume: require the interrupted run's checkpoint in the output folder.
+        sampled_answers: extra answers per built-in prompt sampled from the target (``None``: 0).
+        overrides: further :class:`TrainConfig` fields (``eval_every``, ``patience``, ``checkpoint_every``,
+            ``unroll`` ...; ``None`` values are ignored).
     """
 
     target: str
@@ -56,6 +63,10 @@ class TrainRequest:
     self_instruct: int | None = None
     export_trtllm: bool = True
     command: str = ""
+    style: str = "eagle1"
+    resume: bool = False
+    sampled_answers: int | None = None
+    overrides: dict | None = None
 
 
 def train_draft(request: TrainRequest) -> Path:
@@ -71,9 +82,10 @@ def train_draft(request: TrainRequest) -> Path:
     method, data, budget_minutes, seed = request.method, request.data, request.budget_minutes, request.seed
     num_prompts, stdlib_tokens, command = request.num_prompts, request.stdlib_tokens, request.command
     cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=request.max_steps, seed=seed,
-                                   schedule_steps=request.schedule_steps)
+                                   schedule_steps=request.schedule_steps, style=request.style, **(request.overrides or {}))
     preset = load_target(request.target)
-    out_dir = Path(request.out_dir) if request.out_dir else Path("heads") / preset.name / ("draft" if method == "draft-model" else method)
+    folder = "draft" if method == "draft-model" else ("eagle3" if cfg.style == "eagle3" else method)
+    out_dir = Path(request.out_dir) if request.out_dir else Path("heads") / preset.name / folder
     if data:
         read_user_data(Path(data))  # fail on missing, empty or malformed data before writing anything
     spec = CorpusSpec(seed=seed, user_data=str(Path(data).resolve()) if data else None)
@@ -83,6 +95,8 @@ def train_draft(request: TrainRequest) -> Path:
         spec = CorpusSpec(**{**spec.__dict__, "stdlib_tokens": stdlib_tokens})
     if request.self_instruct is not None:
         spec = CorpusSpec(**{**spec.__dict__, "self_instruct": request.self_instruct})
+    if request.sampled_answers is not None:
+        spec = CorpusSpec(**{**spec.__dict__, "sampled_answers": request.sampled_answers})
     if not (spec.num_prompts or spec.stdlib_tokens or spec.self_instruct or data):
         raise SpecpipeError("the training corpus would be empty (--num-prompts 0, --stdlib-tokens 0, no --self-instruct, "
                             "no --data): keep the built-in prompts or text, or add --self-instruct N or --data")
@@ -97,6 +111,7 @@ def train_draft(request: TrainRequest) -> Path:
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for p in target.parameters():
         p.requires_grad_(False)
+    layers = capture_layers(target.config.num_hidden_layers) if cfg.style == "eagle3" else ()
 
     started = time.time()
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -106,28 +121,34 @@ def train_draft(request: TrainRequest) -> Path:
             task_id = bars.add_task(description, total=total, info="")
             return lambda n: bars.advance(task_id, n)
 
-        features = build_corpus(target, tokenizer, model_dir, spec, cache_dir() / "training" / preset.name, factory)
-        train_id = bars.add_task(f"Training {method} ({cfg.budget_minutes:g} min budget)", total=None, info="")
+        features = build_corpus(target, tokenizer, model_dir, spec, cache_dir() / "training" / preset.name, factory,
+                                capture_layers=layers)
+        train_id = bars.add_task(f"Training {method} {cfg.style if method == 'eagle' else ''} "
+                                 f"({cfg.budget_minutes:g} min budget)", total=None, info="")
 
         def on_step(step: int, total: int, info: dict[str, float]) -> None:
             bars.update(train_id, completed=step, total=total, info=f"loss {info['loss']:.3f}")
 
         end_ids = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
-        result = train(target, features, cfg, out_dir, end_ids=end_ids, progress=on_step)
+        result = train(target, features, cfg, out_dir, end_ids=end_ids, progress=on_step, resume=request.resume)
 
     meta = {**result.meta, "target": preset.name}
     heads_format.save_compact(out_dir, method, result.tensors, meta)
     if request.export_trtllm:
         layout = out_dir / "trtllm"
-        if method == "eagle":
+        if method == "eagle" and cfg.style == "eagle3":
+            heads_format.write_eagle3_layout(layout, result.tensors, result.meta, target)
+        elif method == "eagle":
             heads_format.write_eagle_layout(layout, result.tensors, target)
         elif method == "medusa":
             heads_format.write_medusa_layout(layout, result.tensors, target, cfg.num_heads, cfg.num_layers)
     recipe = {
-        "command": command or f"specpipe train-draft --target {preset.name} --method {method} --budget {budget_minutes:g} --seed {seed}",
+        "command": command or (f"specpipe train-draft --target {preset.name} --method {method} --budget {budget_minutes:g} "
+                               f"--seed {seed}" + (f" --style {cfg.style}" if method == "eagle" else "")),
         "reproduce_exactly": f"add --max-steps {result.steps} --schedule-steps {result.meta['schedule_steps']} (same seed, same corpus)",
         "target": preset.name,
         "method": method,
+        "style": cfg.style if method == "eagle" else None,
         "seed": seed,
         "steps": result.steps,
         "train_seconds": result.train_seconds,
@@ -142,7 +163,9 @@ def train_draft(request: TrainRequest) -> Path:
                 f"{spec.stdlib_tokens} tokens in {spec.chunk_len}-token chunks",
                 f"{spec.num_prompts} built-in prompts (specpipe.training.data) in the target's chat template, "
                 f"answered by the target (greedy, up to {spec.max_new_tokens} tokens)",
-            ] + ([f"{spec.self_instruct} requests for a user message answered by the target (sampled, seed "
+            ] + ([f"{spec.sampled_answers} more answers per built-in prompt sampled from the target (temperature "
+                  f"{SAMPLE_TEMPERATURE}, seed {spec.seed})"] if spec.sampled_answers else [])
+              + ([f"{spec.self_instruct} requests for a user message answered by the target (sampled, seed "
                   f"{spec.seed}; specpipe.training.self_instruct), its usable replies as prompts, answered like the "
                   "built-in ones"] if spec.self_instruct else [])
               + ([f"user data {spec.user_data}"] if spec.user_data else []),

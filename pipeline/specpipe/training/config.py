@@ -8,11 +8,13 @@ from typing import Any
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.speculative import METHODS
+from specpipe.speculative import METHODS, Method
 
 #: Methods ``specpipe train-draft`` trains, from the registry (``MethodSpec.trainable``).
 TRAINABLE = tuple(method.value for method, spec in METHODS.items() if spec.trainable)
 CHECKPOINT_NAME = ".train-checkpoint.pt"
+#: EAGLE head styles ``--style`` trains (the registry's EAGLE flavours).
+EAGLE_STYLES = METHODS[Method.EAGLE].flavours
 
 
 @dataclass
@@ -39,6 +41,13 @@ class TrainConfig:
         schedule_steps: steps of the learning-rate schedule (warm-up + cosine); ``None``: fixed after 50
             steps from the measured speed so that the schedule fills the budget. After it the rate stays
             at its final value (10 % of ``lr``) while budget remains.
+        style: EAGLE head style, ``eagle1`` (EAGLE-1/2 layout) or ``eagle3`` (fused features, own lm_head).
+        ttt_weight: EAGLE-3's loss weight of training-time-test step d is ``ttt_weight ** (d - 1)``.
+        checkpoint_every: also write the resumable checkpoint every this many steps (``0``: by time only).
+        eval_every: measure held-out acceptance (mean accepted length through the drafter) every this many
+            steps (``0``: only at the end); the best head is kept.
+        patience: stop early after this many evaluations without a better held-out acceptance.
+        eval_prompts, eval_tokens: held-out prompts and greedy tokens per prompt of that measurement.
     """
 
     method: str
@@ -58,10 +67,22 @@ class TrainConfig:
     answer_weight: float = 3.0
     checkpoint_seconds: float = 60.0
     schedule_steps: int | None = None
+    style: str = "eagle1"
+    ttt_weight: float = 0.8
+    checkpoint_every: int = 0
+    eval_every: int = 0
+    patience: int = 3
+    eval_prompts: int = 8
+    eval_tokens: int = 48
 
     def __post_init__(self) -> None:
         if self.method not in TRAINABLE:
             raise SpecpipeError(f"unknown method {self.method!r}: choose one of {', '.join(TRAINABLE)}")
+        if self.style not in EAGLE_STYLES or (self.style != "eagle1" and self.method != "eagle"):
+            raise SpecpipeError(f"--style {self.style} is not an EAGLE head style for --method {self.method}: use "
+                                f"--method eagle with --style {' or '.join(EAGLE_STYLES)}")
+        if min(self.checkpoint_every, self.eval_every) < 0 or self.patience < 1:
+            raise SpecpipeError("--checkpoint-every and --eval-every must be >= 0 and --patience >= 1")
         if not self.budget_minutes > 0:
             raise SpecpipeError(f"--budget must be a positive number of minutes, got {self.budget_minutes}")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -73,7 +94,9 @@ class TrainConfig:
     def defaults_for(cls, method: str, **overrides: Any) -> "TrainConfig":
         """Per-method defaults (EAGLE and the draft model use windows, Medusa single positions)."""
         base: dict[str, Any] = {"method": method}
-        if method == "eagle":
+        if method == "eagle" and overrides.get("style") == "eagle3":
+            base.update(batch=16, window=64, lr=1e-3, unroll=4, eval_every=250)
+        elif method == "eagle":
             base.update(batch=16, window=64, lr=1e-3, unroll=3)
         elif method == "draft-model":
             base.update(batch=8, window=128, lr=2e-4)

@@ -64,6 +64,10 @@ def stdlib_chunks(tokenizer, chunk_len: int = 256, max_tokens: int = 100_000, se
     return chunk_texts(tokenizer, texts, chunk_len, max_tokens, seed)
 
 
+#: Temperature of sampled self-distilled answers (``CorpusSpec.sampled_answers``).
+SAMPLE_TEMPERATURE = 0.8
+
+
 def prompts_key(prompts: list[Prompt], max_new_tokens: int, model_dir: Path) -> str:
     """Cache key of a self-distillation run: prompts, answer length and target weights' config."""
     digest = hashlib.sha256()
@@ -82,6 +86,7 @@ def self_distill(
     max_new_tokens: int = 128,
     batch_size: int = 16,
     progress=None,
+    sample_seed: int | None = None,
 ) -> list[dict[str, Any]]:
     """Answer ``prompts`` with the target (greedy) and append ``{"category", "prompt_ids", "answer_ids"}``
     records to ``out_file`` (JSONL), one batch at a time; answers already there (same prompt tokens) are
@@ -90,6 +95,9 @@ def self_distill(
     Batches group prompts of similar length (left padding). Answers stop at the end token or after
     ``max_new_tokens`` tokens. Batched greedy decoding may differ from batch-1 decoding in rare near-ties;
     the labels used for training are recomputed by :func:`extract_features` anyway.
+
+    ``sample_seed``: sample at :data:`SAMPLE_TEMPERATURE` instead, each batch seeded from ``sample_seed`` and
+    its first prompt (the target's own varied answers; labels stay its greedy tokens along them).
 
     Returns:
         one record per prompt, in prompt order.
@@ -119,9 +127,13 @@ def self_distill(
                 seq = encoded[i][1]
                 ids[row, width - len(seq) :] = torch.tensor(seq)
                 mask[row, width - len(seq) :] = 1
+            sampling = {"do_sample": False}
+            if sample_seed is not None:
+                torch.manual_seed(sample_seed * 1_000_003 + sum(encoded[batch[0]][1]))
+                sampling = {"do_sample": True, "temperature": SAMPLE_TEMPERATURE, "top_k": 0, "top_p": 1.0}
             out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                pad_token_id=pad, eos_token_id=eos,
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+                **sampling,
             )
             for row, i in enumerate(batch):
                 answer = out[row, width:].tolist()
@@ -147,6 +159,9 @@ class Features:
         labels: int64 ``[N]`` the target's greedy next token at each position (argmax of its logits).
         seq_end: int64 ``[N]`` index one past the last position of the position's sequence.
         is_answer: bool ``[N]`` the position belongs to a self-distilled answer (not prompt or text).
+        fused: float16 ``[N, k * hidden]`` the outputs of the target's decoder layers ``layers`` at each
+            position, concatenated (EAGLE-3's input), or ``None``.
+        layers: the captured decoder layers (``()`` without ``fused``).
     """
 
     tokens: torch.Tensor
@@ -154,6 +169,8 @@ class Features:
     labels: torch.Tensor
     seq_end: torch.Tensor
     is_answer: torch.Tensor
+    fused: torch.Tensor | None = None
+    layers: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -165,7 +182,8 @@ class Features:
 
     @classmethod
     def load(cls, path: Path) -> "Features":
-        return cls(**torch.load(path, weights_only=True))
+        state = torch.load(path, weights_only=True)
+        return cls(**{**state, "layers": tuple(state.get("layers", ()))})
 
     def split(self, holdout_fraction: float, seed: int) -> tuple["Features", "Features"]:
         """Split by whole sequences: (train, held-out)."""
@@ -182,12 +200,15 @@ class Features:
         lengths = torch.tensor([b - a for a, b in spans])
         ends = torch.cumsum(lengths, 0)
         seq_end = torch.repeat_interleave(ends, lengths)
-        return Features(self.tokens[index], self.hidden[index], self.labels[index], seq_end, self.is_answer[index])
+        fused = None if self.fused is None else self.fused[index]
+        return Features(self.tokens[index], self.hidden[index], self.labels[index], seq_end, self.is_answer[index],
+                        fused, self.layers)
 
 
 @torch.inference_mode()
 def extract_features(
-    model, sequences: list[tuple[list[int], int]], batch_tokens: int = 2048, progress=None
+    model, sequences: list[tuple[list[int], int]], batch_tokens: int = 2048, progress=None,
+    capture_layers: tuple[int, ...] = (),
 ) -> Features:
     """Run the frozen target over ``sequences`` and collect hidden states and greedy labels.
 
@@ -196,6 +217,7 @@ def extract_features(
         sequences: ``(token_ids, answer_start)`` pairs; positions ``>= answer_start`` are answers
             (``answer_start = len(ids)`` for plain text).
         batch_tokens: about this many tokens per forward (sequences of equal length are batched).
+        capture_layers: decoder layers whose outputs also go into :attr:`Features.fused` (same forward).
 
     Returns:
         :class:`Features` over all sequences in the given order.
@@ -203,7 +225,7 @@ def extract_features(
     tokens, hidden, labels, ends, answers = [], [], [], [], []
     total = 0
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
-    results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    results: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
     i = 0
     while i < len(order):
         length = len(sequences[order[i]][0])
@@ -211,16 +233,19 @@ def extract_features(
         while i + len(group) < len(order) and len(sequences[order[i + len(group)]][0]) == length and (len(group) + 1) * length <= batch_tokens:
             group.append(order[i + len(group)])
         ids = torch.tensor([sequences[j][0] for j in group], dtype=torch.long)
-        h = model.model(input_ids=ids).last_hidden_state
-        logits = model.lm_head(h)
-        best = logits.argmax(-1)
+        out = model.model(input_ids=ids, output_hidden_states=bool(capture_layers))
+        h = out.last_hidden_state
+        best = model.lm_head(h).argmax(-1)
+        fused = torch.cat([out.hidden_states[k + 1] for k in capture_layers], -1) if capture_layers else None
         for row, j in enumerate(group):
-            results[j] = (h[row].to(torch.float16), best[row])
+            results[j] = (h[row].to(torch.float16), best[row], None if fused is None else fused[row].to(torch.float16))
         i += len(group)
         if progress:
             progress(len(group) * length)
+    fused_rows = []
     for j, (ids, answer_start) in enumerate(sequences):
-        h, best = results[j]
+        h, best, fused = results[j]
+        fused_rows.append(fused)
         n = len(ids)
         tokens.append(torch.tensor(ids, dtype=torch.long))
         hidden.append(h)
@@ -228,7 +253,8 @@ def extract_features(
         total += n
         ends.append(torch.full((n,), total, dtype=torch.long))
         answers.append(torch.arange(n) >= answer_start)
-    return Features(torch.cat(tokens), torch.cat(hidden), torch.cat(labels), torch.cat(ends), torch.cat(answers))
+    return Features(torch.cat(tokens), torch.cat(hidden), torch.cat(labels), torch.cat(ends), torch.cat(answers),
+                    torch.cat(fused_rows) if capture_layers else None, tuple(capture_layers))
 
 
 def _prepacked_copy(model):
@@ -252,6 +278,7 @@ class CorpusSpec:
         user_data: ``--data`` path, or ``None``.
         self_instruct: requests for a user message sent to the target (:mod:`~specpipe.training.self_instruct`;
             ``0``: none); its usable replies are answered like the built-in prompts.
+        sampled_answers: answers per prompt sampled from the target besides the greedy one (``0``: none).
     """
 
     seed: int = 0
@@ -261,9 +288,16 @@ class CorpusSpec:
     chunk_len: int = 256
     user_data: str | None = None
     self_instruct: int = 0
+    sampled_answers: int = 0
+
+    def key(self) -> str:
+        """Hash of the recipe (fields at their defaults since they were added are left out: same keys as before)."""
+        fields = {k: v for k, v in self.__dict__.items() if not (k == "sampled_answers" and v == 0)}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Path, progress_factory=None) -> Features:
+def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Path, progress_factory=None,
+                 capture_layers: tuple[int, ...] = ()) -> Features:
     """Self-distil the prompts, chunk the texts, and extract the target's features (all cached).
 
     Args:
@@ -272,6 +306,7 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
         spec: the corpus recipe.
         cache: folder for ``chat-<key>.jsonl`` and ``features-<key>.pt``.
         progress_factory: ``(description, total) -> callable(advance)`` for progress bars, or ``None``.
+        capture_layers: also keep these decoder layers' outputs (EAGLE-3; part of the cache key).
 
     Raises:
         SpecpipeError: the recipe yields no data (no prompts and no text).
@@ -286,11 +321,11 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
         chunks += chunk_texts(tokenizer, texts, spec.chunk_len, 10**9, spec.seed)
     if not prompts and not chunks and not spec.self_instruct:
         raise SpecpipeError("the training corpus is empty: give --data or --self-instruct N, or keep the built-in prompts/text")
-    key = hashlib.sha256(json.dumps(spec.__dict__, sort_keys=True).encode()).hexdigest()[:12]
-    key = f"{key}-{prompts_key(prompts, spec.max_new_tokens, model_dir)[:8]}"
+    key = f"{spec.key()}-{prompts_key(prompts, spec.max_new_tokens, model_dir)[:8]}"
     answers_key = prompts_key([], spec.max_new_tokens, model_dir)[:12]
     cache.mkdir(parents=True, exist_ok=True)
-    features_file = cache / f"features-{key}.pt"
+    layers = "".join(f"-l{i}" for i in capture_layers)
+    features_file = cache / f"features-{key}{layers}.pt"
     if features_file.is_file():
         return Features.load(features_file)
     model = _prepacked_copy(model)
@@ -305,10 +340,14 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
     if prompts:
         bar = progress_factory("Self-distilling chat answers (target, greedy)", len(prompts)) if progress_factory else None
         records = self_distill(model, tokenizer, prompts, cache / f"answers-{answers_key}.jsonl", spec.max_new_tokens, progress=bar)
+        for n in range(spec.sampled_answers):
+            bar = progress_factory(f"Sampling answers {n + 1}/{spec.sampled_answers} (target)", len(prompts)) if progress_factory else None
+            records += self_distill(model, tokenizer, prompts, cache / f"sampled-{answers_key}-{spec.seed}-{n}.jsonl",
+                                    spec.max_new_tokens, progress=bar, sample_seed=spec.seed * 100 + n)
         sequences += [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in records if r["answer_ids"]]
     sequences += [(c, len(c)) for c in chunks]
     total = sum(len(s) for s, _ in sequences)
     bar = progress_factory("Extracting target hidden states and labels", total) if progress_factory else None
-    features = extract_features(model, sequences, progress=bar)
+    features = extract_features(model, sequences, progress=bar, capture_layers=capture_layers)
     features.save(features_file)
     return features

@@ -9,6 +9,9 @@ EAGLE also regresses the target's next hidden state.
 * EAGLE (Li et al. 2024, arXiv:2401.15077, §4.2): windows of consecutive positions;
   ``loss = SmoothL1(f_pred, f_{t+1}) + w_cls * CE(lm_head(f_pred), greedy token after t + 1)``, with
   uniform noise on the input features (the paper's remedy for feature error accumulation).
+* EAGLE-3 (Li et al. 2025, arXiv:2503.01840; :mod:`specpipe.training.eagle3_task`): fused low/mid/top
+  target features, training-time test over ``unroll`` steps, token loss only, step d weighted
+  ``ttt_weight ** (d - 1)``; the best head by held-out mean accepted length is kept (early stopping).
 * Draft model (knowledge distillation with hard self-generated labels, as in DistillSpec, Zhou et al.
   2024, arXiv:2310.08461, on-policy data): the truncated target's decoder layers and final norm are
   trained with cross-entropy on the target's greedy tokens; embeddings and the tied lm_head stay frozen.
@@ -38,8 +41,10 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.speculative import Method
+from specpipe.training.acceptance import ACCEPTANCE_TREE, heldout_prompts, mean_accepted_length
 from specpipe.training.config import CHECKPOINT_NAME, TrainConfig, TrainResult
 from specpipe.training.data import Features
+from specpipe.training.eagle3_task import Eagle3Task
 from specpipe.training.tasks import TASKS, vocab_maps
 
 
@@ -65,6 +70,7 @@ def train(
     end_ids: tuple[int, ...] = (),
     progress: Callable[[int, int, dict[str, float]], None] | None = None,
     holdout_fraction: float = 0.05,
+    resume: bool = False,
 ) -> TrainResult:
     """Train ``cfg.method`` against the frozen ``target`` on ``features``; resume from ``out_dir``'s
     checkpoint when one exists for the same configuration.
@@ -76,12 +82,19 @@ def train(
         out_dir: where the resumable checkpoint is kept (created).
         end_ids: token ids always kept in the draft vocabulary.
         progress: called as ``progress(step, total_steps, {"loss": ...})`` after each step.
+        resume: require the checkpoint (``--resume``); without it one of the same configuration is still
+            resumed, and none starts afresh.
+
+    Held-out acceptance (heads with a run-time drafter, EAGLE-3): every ``cfg.eval_every`` steps and at
+    the end, the mean accepted length on held-out prompts through the drafter
+    (:mod:`specpipe.training.acceptance`; its time is not counted in the budget); the best head is the
+    result, and training stops after ``cfg.patience`` evaluations without improvement.
 
     Returns:
         :class:`TrainResult` (the checkpoint is removed once the result is complete).
 
     Raises:
-        SpecpipeError: empty data, too-short sequences, bad hyper-parameters.
+        SpecpipeError: empty data, too-short sequences, bad hyper-parameters, ``resume`` without a checkpoint.
     """
     if len(features) == 0:
         raise SpecpipeError("the training data is empty: nothing to train on")
@@ -89,26 +102,51 @@ def train(
     train_set, held = features.split(holdout_fraction, cfg.seed)
     vocab_size = target.config.vocab_size
     vocab, inverse = vocab_maps(train_set, vocab_size, cfg.draft_vocab_size, end_ids)
-    task = TASKS[Method(cfg.method)](target, train_set, cfg, vocab, inverse)
+    task_class = Eagle3Task if cfg.style == "eagle3" else TASKS[Method(cfg.method)]
+    task = task_class(target, train_set, cfg, vocab, inverse)
     params = task.parameters() if hasattr(task, "parameters") else list(task.module.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
-    cfg_key = json.dumps({**asdict(cfg), "checkpoint_seconds": None, "budget_minutes": None}, sort_keys=True)
+    cfg_key = json.dumps({**asdict(cfg), "checkpoint_seconds": None, "budget_minutes": None, "checkpoint_every": None},
+                         sort_keys=True)
     step, total_steps, elapsed, history = 0, cfg.schedule_steps or cfg.max_steps, 0.0, []
+    evals: list[dict[str, Any]] = []
+    best: dict[str, Any] = {}  # {"score", "step", "module"}: the best head by held-out acceptance so far
+    resumed = False
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, weights_only=False)
         if state.get("config") == cfg_key:
             task.module.load_state_dict(state["module"])
             optimizer.load_state_dict(state["optimizer"])
             step, total_steps, elapsed, history = state["step"], state["total_steps"], state["elapsed"], state["history"]
+            evals, best, resumed = state.get("evals", []), state.get("best", {}), True
+    if resume and not resumed:
+        raise SpecpipeError(f"--resume: {ckpt_path} is missing or was written for other settings: rerun the "
+                            "interrupted command unchanged, or leave out --resume to start afresh")
+    prompts = heldout_prompts(held, cfg.eval_prompts) if hasattr(task, "drafter") else []
+
+    def measure() -> None:
+        was_training = task.module.training
+        task.module.eval()
+        result = mean_accepted_length(target, task.drafter(ACCEPTANCE_TREE), prompts, cfg.eval_tokens)
+        task.module.train(was_training)
+        evals.append({"step": step, "seconds": round(elapsed, 1), **result})
+        if not best or result["mean_accepted_length"] > best["score"]:
+            best.update(score=result["mean_accepted_length"], step=step,
+                        module={k: v.clone() for k, v in task.module.state_dict().items()})
+
+    def stale() -> int:
+        """Evaluations since the best one."""
+        return sum(1 for e in evals if e["step"] > best["step"]) if best else 0
 
     def save_checkpoint() -> None:
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save(
             {"config": cfg_key, "module": task.module.state_dict(), "optimizer": optimizer.state_dict(),
-             "step": step, "total_steps": total_steps, "elapsed": elapsed, "history": history},
+             "step": step, "total_steps": total_steps, "elapsed": elapsed, "history": history,
+             "evals": evals, "best": best},
             tmp,
         )
         tmp.replace(ckpt_path)
@@ -144,12 +182,25 @@ def train(
             history.append({"step": step, "seconds": round(elapsed, 1), "loss": round(float(loss.detach()), 4)})
         if progress:
             progress(step, total_steps or planned, {"loss": float(loss.detach())})
-        if time.monotonic() - last_save >= cfg.checkpoint_seconds:
+        if prompts and cfg.eval_every and step % cfg.eval_every == 0:
+            measure()
+        if time.monotonic() - last_save >= cfg.checkpoint_seconds or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
             save_checkpoint()
             last_save = time.monotonic()
+        if prompts and stale() >= cfg.patience:
+            break  # early stop: held-out acceptance stopped improving
+    if prompts and (not evals or evals[-1]["step"] != step):
+        measure()
     save_checkpoint()
 
+    if best:
+        task.module.load_state_dict(best["module"])
     metrics = task.evaluate(held)
+    if best:
+        metrics["heldout_acceptance"] = {"best_step": best["step"], "tree": [list(p) for p in ACCEPTANCE_TREE.paths],
+                                         **next(e for e in evals if e["step"] == best["step"])}
+        metrics["heldout_evaluations"] = evals
+        metrics["stopped_early"] = stale() >= cfg.patience
     meta = {
         "hidden_size": target.config.hidden_size,
         "vocab_size": vocab_size,
