@@ -17,6 +17,7 @@ image's default entry point. The GPUs are exactly TP x PP of them.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -58,7 +59,9 @@ class VllmLaunch:
 
 
 def hf_cache_dir() -> Path:
-    """The host's Hugging Face cache (``HF_HOME``, default ``~/.cache/huggingface``)."""
+    """The host's Hugging Face cache (``HF_HOME`` as set now, else huggingface_hub's default, ``~/.cache/huggingface``)."""
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"])
     from huggingface_hub import constants  # heavy optional import, only where a launch is made
 
     return Path(constants.HF_HOME)
