@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from specpipe.cli.options import POSITIVE, repo_dir_option
+from specpipe.cli.options import POSITIVE, engines_dir_option, repo_dir_option
 from specpipe.progress import result
 
 
@@ -18,6 +18,7 @@ def deploy() -> None:
 @deploy.command("k8s")
 @click.argument("name")
 @repo_dir_option()
+@engines_dir_option()
 @click.option("--out-dir", type=click.Path(path_type=Path), default=None, help="Output folder (default k8s/NAME).")
 @click.option("--replicas", type=POSITIVE, default=1, show_default=True, help="Pods, each with TP x PP GPUs.")
 @click.option("--container", default=None, help="Triton TensorRT-LLM image (default: the engine's).")
@@ -37,10 +38,15 @@ def deploy() -> None:
               help="Existing Secret holding the gateway's API key (clients send 'Authorization: Bearer KEY').")
 @click.option("--api-key-secret-key", default="api-key", show_default=True, metavar="KEY", help="The key of that Secret.")
 @click.option("--node-selector", multiple=True, metavar="KEY=VALUE", help="Node label the pods need (repeatable).")
-def deploy_k8s(name, repo_dir, out_dir, **options) -> None:
-    """Write Kubernetes manifests (Deployment, Service, storage) for triton_repo/NAME."""
+def deploy_k8s(name, repo_dir, engines_dir, out_dir, **options) -> None:
+    """Write Kubernetes manifests (Deployment, Service, storage) for triton_repo/NAME (vLLM: engines/NAME)."""
     from specpipe.deploy.k8s import write_k8s
     from specpipe.deploy.options import K8sOptions
 
-    out = write_k8s(repo_dir / name, out_dir or Path("k8s") / name, K8sOptions(**options))
+    if not (repo_dir / name).exists() and (engines_dir / name / "manifest.json").is_file():
+        from specpipe.deploy.vllm_k8s import write_vllm_k8s  # a vLLM engine has no repository
+
+        out = write_vllm_k8s(engines_dir / name, out_dir or Path("k8s") / name, K8sOptions(**options))
+    else:
+        out = write_k8s(repo_dir / name, out_dir or Path("k8s") / name, K8sOptions(**options))
     result(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out} (steps: {out / 'README.md'})")
