@@ -1,8 +1,14 @@
 """Weight-only int8 and int4 linear layers on PyTorch's own packed CPU kernels (``-q int8-wo|int4-wo``).
 
 The decode step is bound by the bytes of weights streamed per step (docs/cpu-measurements.md); storing
-them in 8 or 4 bits cuts those bytes to about a quarter or an eighth of fp32's. The activations, the
-accumulation and the outputs stay float32, as in TensorRT-LLM's weight-only schemes of the same names.
+them in 8 or 4 bits cuts those bytes to about a quarter or an eighth of fp32's. As in TensorRT-LLM's
+weight-only schemes of the same names, the activations enter the kernel in 16 bits (bf16 here, the
+scales and zeros too) and the layer returns float32.
+
+Why bf16 activations: with float32 inputs both ATen kernels take a slow path. Measured on 2 Xeon cores
+(AVX-512, AMX), SmolLM2's ``gate_up_proj`` (3072 x 576; ms at 1 / 4 / 12 rows): fp32 prepacked 0.23 /
+0.26 / 0.33; int8 with fp32 inputs 0.62 / 2.37 / 7.1, with bf16 0.076 / 0.135 / 0.40; int4 with fp32
+inputs 1.66 / 6.7 / 19.9, with bf16 0.083 / 0.123 / 0.33.
 
 Kernels (ATen ops, the ones TorchInductor's CPU lowering and torchao's CPU layouts call; torch 2.13):
 
@@ -10,7 +16,7 @@ Kernels (ATen ops, the ones TorchInductor's CPU lowering and torchao's CPU layou
   per-output-channel scales, ``w = q * scale`` with ``q`` in [-127, 127];
 * ``int4-wo``: ``torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)`` on a
   weight packed by ``aten._convert_weight_to_int4pack_for_cpu`` (``q`` in [0, 15] as int32 ``[N, K]``
-  -> uint8 ``[N, K / 2]``), with ``scales_and_zeros`` float32 ``[K / group, N, 2]`` and
+  -> uint8 ``[N, K / 2]``), with ``scales_and_zeros`` ``[K / group, N, 2]`` and
   ``w = (q - 8) * scale + zero`` per group of ``group`` input channels (checked against a dequantized
   matmul in ``tests/test_quantized_linear.py``). The packing needs ``N`` divisible by 16 and the kernel a
   group of 32, 64, 128 or 256 dividing ``K``; a layer that does not fit gets ``int8-wo``.
@@ -31,12 +37,15 @@ import torch.nn.functional as F
 from specpipe.runtime.cpu.prepack import INVARIANCE_ROWS, MAX_PAD_ROWS, PrepackedLinear
 from specpipe.runtime.cpu.quant_scheme import CPU_QUANTIZATIONS
 
-#: Input channels per int4 scale and zero point. Over SmolLM2-135M's layers 64 kept 25 % of the int4
-#: bytes for the fp32 scales and zeros (8 bytes a group), 32 would keep 50 % and 128 12.5 %.
+#: Input channels per int4 scale and zero point: the bf16 scale and zero (4 bytes a group) add 12.5 % to
+#: the int4 bytes at 64 (25 % at 32, 6 % at 128). The error per weight is half a group's step.
 INT4_GROUP_SIZE = 64
 
 #: Group sizes the int4 CPU kernel takes, tried from :data:`INT4_GROUP_SIZE` down.
 _INT4_GROUPS = (256, 128, 64, 32)
+
+#: The dtype activations, scales and zeros enter the kernels in (module doc).
+COMPUTE_DTYPE = torch.bfloat16
 
 #: :attr:`QuantizedLinear.min_rows` found per (scheme, out_features, in_features, group, threads).
 _MIN_ROWS: dict[tuple, int] = {}
@@ -72,12 +81,17 @@ def int4_group_size(out_features: int, in_features: int) -> int | None:
 
 class QuantizedLinear(torch.nn.Module):
     """A weight-only quantized linear layer (module doc): ``[..., in_features]`` -> float32
-    ``[..., out_features]`` (inputs are cast to float32); inference only.
+    ``[..., out_features]`` (inputs enter the kernel as :data:`COMPUTE_DTYPE`, its outputs are widened
+    to float32 and the bias added); inference only.
 
     Args:
         weight: float ``[out_features, in_features]`` (fp32 or bf16; quantized from its fp32 values and
             not held afterwards).
         bias: float ``[out_features]`` or ``None`` (kept in fp32, added after the kernel).
+
+    Scales (and int4 zeros) are bf16, rounded up from ``max |w| / 127`` (int8) and ``(max - min) / 15``
+    per group (int4), so the error per weight is at most half a step (int4: plus the zero's bf16
+    rounding, ``|zero| * 2**-8``).
         scheme: ``"int8-wo"`` or ``"int4-wo"`` (:data:`~specpipe.runtime.cpu.quant_scheme.CPU_QUANTIZATIONS`);
             an int4 layer whose shape the kernel does not take (:func:`int4_group_size`) becomes int8.
 
@@ -102,17 +116,19 @@ class QuantizedLinear(torch.nn.Module):
         self.group = self.group or 0
         self.bias = None if bias is None else bias.detach().float().clone()
         if self.scheme == "int8-wo":
-            self.scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-            self.weight = torch.clamp(torch.round(w / self.scales[:, None]), -127, 127).to(torch.int8)
+            scales = _bf16_at_least(w.abs().amax(dim=1) / 127)
+            self.weight = torch.clamp(torch.round(w / scales[:, None]), -127, 127).to(torch.int8)
+            self.scales = scales.to(COMPUTE_DTYPE)
         else:
             grouped = w.reshape(self.out_features, -1, self.group)
             low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
-            scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-            q = torch.clamp(torch.round((grouped - low[..., None]) / scale[..., None]), 0, 15)
+            scale = _bf16_at_least((high - low) / 15)
+            zero = (low + 8 * scale).to(COMPUTE_DTYPE).float()  # w = (q - 8) * scale + zero
+            q = torch.clamp(torch.round((grouped - (zero - 8 * scale)[..., None]) / scale[..., None]), 0, 15)
             self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 q.to(torch.int32).reshape(self.out_features, self.in_features), 1)
-            # [K / group, N, 2]: scale and the value of q = 8, so that w = (q - 8) * scale + zero
-            self.scales = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+            # [K / group, N, 2]: each group's scale and zero
+            self.scales = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE)
         key = (self.scheme, self.out_features, self.in_features, self.group, torch.get_num_threads())
         if key not in _MIN_ROWS:
             _MIN_ROWS[key] = invariant_min_rows(self._kernel_rows, self.in_features)
@@ -130,14 +146,17 @@ class QuantizedLinear(torch.nn.Module):
             raise TypeError(f"quantize the nn.Linear layers before prepacking them, got {type(linear).__name__}")
         return cls(linear.weight, linear.bias, scheme)
 
-    def _kernel_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """The kernel on 2-D contiguous float32 rows ``[T, in_features]`` (``T`` >= 1), without bias."""
+    def _kernel_rows(self, x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+        """The kernel on 2-D contiguous rows ``[T, in_features]`` (``T`` >= 1), in :data:`COMPUTE_DTYPE`
+        (or ``scales``' dtype), without bias: float32 ``[T, out_features]``."""
+        scales = self.scales if scales is None else scales
+        x = x.to(scales.dtype)
         if self.scheme == "int8-wo":
-            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group, self.scales)
+            return torch.ops.aten._weight_int8pack_mm(x, self.weight, scales).float()
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group, scales).float()
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` for a 2-D float32 contiguous input ``[T, in_features]`` (``T`` >= 1)."""
+        """:meth:`forward` for a 2-D contiguous input ``[T, in_features]`` (``T`` >= 1): float32 ``[T, out]``."""
         rows = len(x)
         if rows < self.min_rows:
             out = self._kernel_rows(torch.cat([x, x.new_zeros(self.min_rows - rows, self.in_features)]))[:rows]
@@ -146,23 +165,31 @@ class QuantizedLinear(torch.nn.Module):
         return out if self.bias is None else out + self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float().contiguous()
+        rows = x.reshape(-1, self.in_features).contiguous()
         if not len(rows):
             return x.new_zeros(*x.shape[:-1], self.out_features, dtype=torch.float32)
         return self.rows(rows).reshape(*x.shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The float32 ``[out_features, in_features]`` weight this layer computes with (for tests and
-        error bounds; not held)."""
+        error bounds; not held): ``q * scale``, or ``(q - 8) * scale + zero`` per group."""
         if self.scheme == "int8-wo":
-            return self.weight.float() * self.scales[:, None]
-        eye = torch.eye(self.in_features, dtype=torch.float32)
-        return self._kernel_rows(eye).T.contiguous()  # column j of x @ W.T for x = e_j: row j of W.T
+            return self.weight.float() * self.scales.float()[:, None]
+        eye = torch.eye(self.in_features, dtype=torch.float32)  # x = e_j gives row j of W.T, in float32
+        return self._kernel_rows(eye, self.scales.float()).T.contiguous()
 
     def weight_bytes(self) -> int:
         """Bytes this layer holds: quantized weight, scales (and zeros) and bias."""
         tensors = [self.weight, self.scales] + ([] if self.bias is None else [self.bias])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _bf16_at_least(scale: torch.Tensor) -> torch.Tensor:
+    """float32 scales rounded up to a bf16 value (so that ``|w| / scale`` stays within the int range) and
+    kept above zero."""
+    tiny = torch.finfo(torch.bfloat16).tiny
+    rounded = scale.clamp(min=tiny).to(torch.bfloat16).float()
+    return torch.where(rounded < scale, rounded * (1 + 2.0 ** -7), rounded).to(torch.bfloat16).float()
 
 
 def quantize_linear_layers(module: torch.nn.Module, scheme: str) -> int:
@@ -189,7 +216,8 @@ def quantized_bytes(module: torch.nn.Module) -> int:
 
 
 def linear_reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` in float64 with the layer's dequantized weight ``W``: float64 ``[..., out]``
-    (what the kernel computes, without its float32 rounding; for tests)."""
-    out = F.linear(x.double(), layer.dequantized_weight().double())
+    """``x @ W.T (+ bias)`` in float64 with ``x`` rounded to :data:`COMPUTE_DTYPE` and the layer's
+    dequantized weight ``W``: float64 ``[..., out]`` (what the kernel computes before rounding its
+    output; for tests)."""
+    out = F.linear(x.to(COMPUTE_DTYPE).double(), layer.dequantized_weight().double())
     return out if layer.bias is None else out + layer.bias.double()
