@@ -13,7 +13,8 @@ from specpipe.trtllm.doctor import doctor as run_doctor
 
 @click.command()
 @click.option("--container", metavar="IMAGE", default=None,
-              help=f"Run the check in this container image (docker), e.g. the pinned {release.CONTAINER_IMAGE}.")
+              help=f"Run the check in this container image (docker), [REGISTRY/]NAME[:TAG][@DIGEST], e.g. the pinned "
+                   f"{release.CONTAINER_IMAGE}.")
 @click.option("--local", is_flag=True, help="Run the check here (tensorrt_llm importable in this Python).")
 @click.option("--plan", "plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Also check a plan's commands and model.yaml: the JSON of 'specpipe build ... --dry-run --json'.")
@@ -24,6 +25,8 @@ def doctor(container: str | None, local: bool, plan_file: Path | None, runtime: 
     its own parsers, the LLM API model.yaml (the one 'specpipe package' writes) against its argument classes,
     the Triton backends. A container gets --gpus all when nvidia-smi shows a GPU here; a failed import says
     whether a driver library is missing (no GPU passed, no NVIDIA Container Toolkit) or the container is broken.
+    When docker itself fails (not installed, no daemon or no access to its socket, no GPU runtime, no usable
+    driver, cannot pull the image, no python3 in it) the last line says which, and the fix.
 
     Exit status 0 when every check passes, 1 otherwise.
     """

@@ -29,7 +29,7 @@ import yaml
 
 from specpipe.errors import SpecpipeError
 from specpipe.speculative import Runtime
-from specpipe.trtllm import first_contact, llmapi_args, release
+from specpipe.trtllm import docker_errors, first_contact, image_reference, llmapi_args, release
 from specpipe.trtllm.plan import Plan, StepBuilder
 
 STEP = "first-contact"
@@ -168,21 +168,29 @@ def read_plan_file(path: Path) -> dict[str, Any]:
 
 
 def doctor(*, container: str | None = None, local: bool = False, plan: Plan | None = None, plan_file: Path | None = None,
-           runtime: str = "trtllm", run=subprocess.run, gpus: bool | None = None) -> int:
+           runtime: str = "trtllm", run=docker_errors.run_teed, gpus: bool | None = None) -> int:
     """``specpipe doctor --container IMAGE | --local [--plan PLAN.json]``: run the first-contact check; returns
-    its exit status (0: every check passed). Its report goes to the terminal.
+    0 when every check passed, else 1. Its report goes to the terminal.
 
     Without a plan it checks the release and the backends of ``runtime``'s repositories only; with one
     (``plan``, or ``plan_file`` from ``build --dry-run --json``) also every command and the model.yaml.
     A container gets ``--gpus all`` when this machine has a GPU (``gpus``; default: :func:`gpu_present`); the document
     records whether it did, so that a failed import is told apart: a driver library missing (no GPU
     passed, or no NVIDIA Container Toolkit) or a broken container
-    (:func:`specpipe.trtllm.first_contact.classify_import_failure`).
+    (:func:`specpipe.trtllm.first_contact.classify_import_failure`). ``run`` runs the command and returns
+    its process, stderr's last lines in ``stderr`` (default :func:`specpipe.trtllm.docker_errors.run_teed`:
+    stderr is shown as it comes).
 
     Raises:
         SpecpipeError: an unreadable ``plan_file``.
+        ImageReferenceError: ``container`` is not an image reference (:mod:`specpipe.trtllm.image_reference`).
+        DockerError: docker is not installed, or docker itself failed (no daemon, no GPU runtime, cannot
+            pull, no ``python3`` in the image: :func:`specpipe.trtllm.docker_errors.diagnose`), one line
+            with the fix.
         ValueError: neither or both of ``container`` and ``local``.
     """
+    if container is not None:
+        image_reference.check(container, example=release.CONTAINER_IMAGE)
     if plan is not None:
         doc = check_input(plan)
     elif plan_file is not None:
@@ -195,4 +203,10 @@ def doctor(*, container: str | None = None, local: bool = False, plan: Plan | No
     with tempfile.TemporaryDirectory(prefix="specpipe-doctor-") as tmp:
         document = Path(tmp) / "checks.json"
         document.write_text(json.dumps(doc, indent=1))
-        return run(invocation(document, container=container, local=local, gpus=gpus)).returncode
+        process = run(invocation(document, container=container, local=local, gpus=gpus))
+    if container is not None:
+        failure = docker_errors.diagnose(getattr(process, "stderr", None) or "", process.returncode,
+                                         image=container, program="python3")
+        if failure is not None:
+            raise docker_errors.DockerError(failure.message)
+    return 0 if process.returncode == 0 else 1

@@ -39,6 +39,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.models import hub_download
 from specpipe.models.hub_access import HubSource, describe_hub_error
 from specpipe.trtllm import release, step_monitor
+from specpipe.trtllm.docker_errors import diagnose_log
 from specpipe.trtllm.docker_run import docker_run_prefix, prepare_home
 from specpipe.trtllm.plan import Plan, Step
 from specpipe.trtllm.step_monitor import log_tail, run_monitored
@@ -220,7 +221,9 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
             raise StepFailedError(f"step {step.name}: program {command[0]!r} not found ({exc}): install it or use another --executor") from exc
     if code != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        reason = failure_line(log_path)
+        in_docker = executor.in_container(step)
+        reason = (diagnose_log(log_path, code, image=executor.image, program=argv[0]) if in_docker else None) \
+            or failure_line(log_path)
         tail = log_tail(log_path)
         quoted = f"\n  last {len(tail)} lines of the log:\n" + "\n".join(f"    {line}" for line in tail) if tail else ""
         raise StepFailedError(f"step {step.name} failed with exit status {code}: {reason + '; ' if reason else ''}"
