@@ -44,6 +44,8 @@ class BuildRequest:
             (TensorRT-LLM runtimes; the resolved plan carries ints), 1 on the CPU runtime.
         gpus: the GPUs ``tp`` x ``pp`` auto may use (:class:`GpuCount`); ``None``: none detected and no
             ``--gpus``, so auto assumes a node of 8 and says so.
+        gpu_unknown: why no GPU is known to plan for (``nvidia-smi`` missing, its error, a board the GPU
+            table lacks), set by the CLI when ``gpu`` is ``None``; the plan says it.
         quantization: ``auto`` | ``bf16`` | ``fp16`` | ``fp8`` | ``int4-awq`` | ``int8-wo`` | ``int4-wo``.
         max_batch_size, max_input_len, max_seq_len: engine limits (requests, tokens, tokens).
         lookahead: (window W, n-gram N, verification set G) for lookahead decoding, or ``None``.
@@ -69,6 +71,7 @@ class BuildRequest:
     tp: ParallelSize = 1
     pp: ParallelSize = 1
     gpus: GpuCount | None = None
+    gpu_unknown: str | None = None
     quantization: str = "auto"
     max_batch_size: int = 8
     max_input_len: int = 4096

@@ -17,7 +17,7 @@ from specpipe.presets import load_target
 from specpipe.speculative import Runtime
 from specpipe.trtllm import release
 from specpipe.trtllm.executor import trtllm_importable
-from specpipe.trtllm.gpus import GPUS, MIB
+from specpipe.trtllm.gpus import GPUS, MIB, lookup_gpu
 
 #: ``nvidia-smi`` query: board name and total memory in MiB, one GPU per line.
 NVIDIA_SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
@@ -46,17 +46,33 @@ def match_board(name: str, memory_mib: float) -> str | None:
     return None
 
 
-def query_boards(run=subprocess.run) -> list[Board]:
-    """Every GPU ``nvidia-smi`` lists, in its order; ``[]`` without ``nvidia-smi``, when it fails, or when it
-    reports no GPU. Lines that are not ``name, MiB`` are skipped."""
+@dataclass(frozen=True)
+class Probe:
+    """What ``nvidia-smi`` said: the ``boards`` it listed and, when none can be planned for, ``problem``: why
+    (no ``nvidia-smi``, its exit status and error line, output that lists no GPU, boards the table lacks)."""
+
+    boards: list[Board]
+    problem: str | None = None
+
+
+def _first_line(text: str | None) -> str:
+    return next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
+
+
+def probe_boards(run=subprocess.run) -> Probe:
+    """Every GPU ``nvidia-smi`` lists, in its order, and why none can be planned for (:class:`Probe`). Lines
+    that are not ``name, MiB`` are skipped; a failing or hanging ``nvidia-smi`` lists none."""
     if shutil.which("nvidia-smi") is None:
-        return []
+        return Probe([], "nvidia-smi not found (no NVIDIA driver here)")
     try:
         proc = run(NVIDIA_SMI_QUERY, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return []
+    except subprocess.TimeoutExpired:
+        return Probe([], "nvidia-smi did not answer within 20 s")
+    except (OSError, subprocess.SubprocessError) as error:
+        return Probe([], f"nvidia-smi could not run ({error})")
     if proc.returncode != 0:
-        return []
+        said = _first_line(proc.stderr) or _first_line(proc.stdout)
+        return Probe([], f"nvidia-smi failed (exit status {proc.returncode}){': ' + said if said else ''}")
     boards = []
     for line in (proc.stdout or "").splitlines():
         if "," not in line:
@@ -66,8 +82,22 @@ def query_boards(run=subprocess.run) -> list[Board]:
             mib = float(memory)
         except ValueError:
             continue
-        boards.append(Board(name, mib, match_board(name, mib)))
-    return boards
+        if name:
+            boards.append(Board(name, mib, match_board(name, mib)))
+    if not boards:
+        said = _first_line(proc.stdout)
+        return Probe([], "nvidia-smi listed no GPU" + (f" (it printed: {said[:120]})" if said else ""))
+    if all(board.gpu is None for board in boards):
+        unknown = ", ".join(f"{n} x {name} ({mib / 1024:.1f} GiB)" for (name, mib), n in
+                            Counter((board.name, board.memory_mib) for board in boards).items())
+        return Probe(boards, f"nvidia-smi lists {unknown}, a board the GPU table lacks")
+    return Probe(boards)
+
+
+def query_boards(run=subprocess.run) -> list[Board]:
+    """Every GPU ``nvidia-smi`` lists, in its order (:func:`probe_boards`); ``[]`` without ``nvidia-smi``, when
+    it fails, or when it reports no GPU."""
+    return probe_boards(run).boards
 
 
 def detect_gpu(run=subprocess.run) -> str | None:
@@ -75,6 +105,14 @@ def detect_gpu(run=subprocess.run) -> str | None:
     ``None`` (no ``nvidia-smi``, no GPU, or a board the table lacks)."""
     boards = query_boards(run)
     return boards[0].gpu if boards else None
+
+
+def planned_board(boards: list[Board]) -> str | None:
+    """The :data:`~specpipe.trtllm.gpus.GPUS` row to plan for on a machine with ``boards``: the known board
+    most of them are (ties: the one listed first), so that one odd GPU 0 does not decide; ``None`` when no
+    board is known."""
+    known = Counter(board.gpu for board in boards if board.gpu is not None)
+    return max(known, key=lambda gpu: (known[gpu], -next(i for i, b in enumerate(boards) if b.gpu == gpu))) if known else None
 
 
 def count_boards(boards: list[Board], planned: str | None) -> GpuCount | None:
@@ -98,15 +136,38 @@ def count_boards(boards: list[Board], planned: str | None) -> GpuCount | None:
                                  f"{planned or 'a known GPU'}: give --gpus N and --gpu")
 
 
+@dataclass(frozen=True)
+class GpuSetup:
+    """The GPU a TensorRT-LLM plan is made for: ``gpu`` (a :data:`~specpipe.trtllm.gpus.GPUS` name, ``None``:
+    none known), ``gpus`` the GPUs available (``None``: none detected, nor ``--gpus``) and ``unknown``, why
+    no GPU is known (``None`` when ``gpu`` is set)."""
+
+    gpu: str | None
+    gpus: GpuCount | None
+    unknown: str | None = None
+
+
+def detect_gpu_setup(gpu: str | None, gpus: int | None, run=subprocess.run) -> GpuSetup:
+    """``gpu`` (``--gpu``, normalised to its table name) or the board most GPUs ``nvidia-smi`` lists are
+    (:func:`planned_board`); ``gpus`` (``--gpus``) or the count :func:`count_boards` makes. Runs
+    ``nvidia-smi`` only when one of the two is not given.
+
+    Raises:
+        UnknownGpuError: ``gpu`` names no GPU of the table.
+    """
+    name = lookup_gpu(gpu).name if gpu is not None else None
+    if name is not None and gpus is not None:
+        return GpuSetup(name, GpuCount(gpus, "--gpus"))
+    probe = probe_boards(run)
+    planned = name if name is not None else planned_board(probe.boards)
+    count = GpuCount(gpus, "--gpus") if gpus is not None else count_boards(probe.boards, planned)
+    return GpuSetup(planned, count, None if planned is not None else probe.problem)
+
+
 def detect_gpus(gpu: str | None, gpus: int | None, run=subprocess.run) -> tuple[str | None, GpuCount | None]:
-    """The GPU to plan for and the GPUs available: ``gpu`` (``--gpu``) or GPU 0's row from ``nvidia-smi``;
-    ``gpus`` (``--gpus``) or the count :func:`count_boards` makes of what ``nvidia-smi`` lists (``None``:
-    nothing detected). Runs ``nvidia-smi`` only when one of the two is not given."""
-    if gpu is not None and gpus is not None:
-        return gpu, GpuCount(gpus, "--gpus")
-    boards = query_boards(run)
-    planned = gpu if gpu is not None else (boards[0].gpu if boards else None)
-    return planned, GpuCount(gpus, "--gpus") if gpus is not None else count_boards(boards, planned)
+    """``(gpu, gpus)`` of :func:`detect_gpu_setup`."""
+    setup = detect_gpu_setup(gpu, gpus, run)
+    return setup.gpu, setup.gpus
 
 
 def what_is_missing(run=subprocess.run) -> list[str]:

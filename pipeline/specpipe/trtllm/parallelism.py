@@ -10,8 +10,10 @@ TP x PP with PP >= 2 that the GPUs hold, fewest GPUs first and, among equal coun
 the first plan the memory plan (:mod:`specpipe.trtllm.memory`: weights, KV cache for the whole batch at
 ``max_seq_len``, activations) fits on the GPU. The GPUs available are ``--gpus``, else those
 ``nvidia-smi`` lists (:func:`specpipe.trtllm.environment.detect_gpus`), else a node of
-:data:`NODE_GPUS`. Without a GPU to fit (no ``--gpu``, none detected) auto is the smallest valid size.
-Every option tried is kept, with its per-GPU total and why it was passed over, for the plan's table.
+:data:`NODE_GPUS`. Without a GPU to fit (no ``--gpu``, none detected) auto is the smallest valid size and
+the choice is unchecked (``fits`` is ``None``): the plan says so, and what auto picks on
+:data:`COMMON_GPUS` (:func:`on_common_gpus`). Every option tried is kept, with its per-GPU total and why it
+was passed over, for the plan's table. Each size is labelled as given (``--tp N``/``--pp N``) or auto.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ from specpipe.trtllm.memory import MemoryPlan
 
 #: GPUs assumed when none is detected and ``--gpus`` is not given: one HGX/DGX node.
 NODE_GPUS = 8
+#: The GPUs a plan made without a known GPU reports auto's choice on (:func:`on_common_gpus`).
+COMMON_GPUS = ("h100-80gb", "h200-141gb", "b200")
+
+
+def n_gpus(count: int) -> str:
+    """``1 GPU``, ``8 GPUs``."""
+    return f"{count} GPU{'' if count == 1 else 's'}"
 
 
 class ParallelismError(CompatibilityError):
@@ -110,7 +119,7 @@ class ParallelChoice:
 
     Attributes:
         tp, pp: the sizes (GPUs). chosen: ``auto`` (a size searched) or ``explicit`` (both given, or ``--tp``
-            given and PP left at 1).
+            given and PP left at 1). tp_from, pp_from: per size, ``explicit`` (given) or ``auto``.
         available: the GPUs auto could use; ``available_from`` where that number came from.
         tried: every option evaluated, in order (the chosen one included). fits: whether the chosen
             option fits the GPU (``None``: no GPU named). notes: what the plan should say about the choice.
@@ -124,10 +133,27 @@ class ParallelChoice:
     tried: list[Option] = field(default_factory=list)
     fits: bool | None = None
     notes: list[str] = field(default_factory=list)
+    tp_from: str = "auto"
+    pp_from: str = "auto"
+
+    @property
+    def sizes(self) -> str:
+        """``TP 4 x PP 1 (auto)``, ``TP 2 x PP 1 (given)``, ``TP 1 (auto) x PP 80 (given)``: each size labelled."""
+        word = {"auto": "auto", "explicit": "given"}
+        if self.tp_from == self.pp_from:
+            return f"TP {self.tp} x PP {self.pp} ({word[self.tp_from]})"
+        return f"TP {self.tp} ({word[self.tp_from]}) x PP {self.pp} ({word[self.pp_from]})"
+
+    @property
+    def beyond(self) -> bool:
+        """The sizes need more GPUs than are available."""
+        return self.tp * self.pp > self.available
 
     def as_dict(self) -> dict:
-        """The plan's ``parallel`` block: ``tp``, ``pp``, ``gpus`` (= tp x pp) as before, plus the choice."""
+        """The plan's ``parallel`` block: ``tp``, ``pp``, ``gpus`` (= tp x pp) as before, plus the choice:
+        ``chosen``, per size ``tp_from``/``pp_from`` (``explicit`` or ``auto``), ``checked`` (fitted to a GPU)."""
         return {"tp": self.tp, "pp": self.pp, "gpus": self.tp * self.pp, "chosen": self.chosen,
+                "tp_from": self.tp_from, "pp_from": self.pp_from, "checked": self.fits is not None,
                 "available": self.available, "available_from": self.available_from,
                 "tried": [o.as_dict() for o in self.tried], "notes": list(self.notes)}
 
@@ -183,7 +209,8 @@ def choose_parallelism(*, runtime: str, method: str, models: list[tuple[str, Arc
             check_parallelism(name, arch, tp if tp != AUTO else 1, pp if pp != AUTO else 1, model_method)
     pp_allowed = (Runtime(runtime), Method(method)) not in PP_REFUSED
     choice = ParallelChoice(tp=1, pp=1, chosen="explicit" if AUTO not in (tp, pp) else "auto",
-                            available=available.count, available_from=available.source)
+                            available=available.count, available_from=available.source,
+                            tp_from="auto" if tp == AUTO else "explicit", pp_from="auto" if pp == AUTO else "explicit")
     candidates = _candidates(models[0][1], tp, pp, available.count, pp_allowed)
     if choice.chosen == "explicit" or gpu is None:
         # nothing to search: the sizes given, or (no GPU to fit) the smallest valid ones
@@ -220,12 +247,27 @@ def choose_parallelism(*, runtime: str, method: str, models: list[tuple[str, Arc
 
 
 def _note_count(choice: ParallelChoice, gpus: GpuCount | None) -> ParallelChoice:
-    """Say so when the chosen sizes need more GPUs than were detected or given."""
+    """Say so when the chosen sizes need more GPUs than were detected, given or assumed."""
     need = choice.tp * choice.pp
-    if gpus is not None and need > gpus.count:
-        choice.notes.append(f"TP {choice.tp} x PP {choice.pp} needs {need} GPUs, {gpus.count} available "
-                            f"({gpus.source}): the engine builds, serving it needs {need}")
+    if need > choice.available:
+        choice.notes.append(f"TP {choice.tp} x PP {choice.pp} needs {n_gpus(need)}, {choice.available} available "
+                            f"({choice.available_from}): the engine can be built elsewhere, serving it needs {n_gpus(need)}")
     return choice
+
+
+def on_common_gpus(choose: Callable[[Gpu], ParallelChoice | None], gpus: list[Gpu]) -> str:
+    """What auto picks on each of ``gpus`` (``choose(gpu)``: the choice planned for it, ``None`` where the
+    settings do not run there), as ``with --gpu h100-80gb: TP 4 x PP 1; h200-141gb: TP 2 x PP 1``."""
+    parts = []
+    for gpu in gpus:
+        choice = choose(gpu)
+        if choice is None:
+            parts.append(f"{gpu.name}: not supported")
+        elif choice.fits:
+            parts.append(f"{gpu.name}: TP {choice.tp} x PP {choice.pp}")
+        else:
+            parts.append(f"{gpu.name}: none fits {n_gpus(choice.available)}")
+    return "with --gpu " + "; ".join(parts)
 
 
 def _too_big(memory: MemoryPlan) -> str:
@@ -235,8 +277,10 @@ def _too_big(memory: MemoryPlan) -> str:
 def render_parallel(choice: ParallelChoice, gpu: str | None) -> str:
     """The table of the TP x PP options tried (GiB per GPU, fits, why passed over) and how the sizes were chosen."""
     how = ("as given (--tp/--pp)" if choice.chosen == "explicit" else
-           f"auto: the smallest TP, then PP, that fits {gpu}" if gpu else "auto")
-    lines = [f"parallelism: TP {choice.tp} x PP {choice.pp}, {how}; {choice.available} GPUs available ({choice.available_from}):",
+           f"auto: the smallest TP, then PP, that fits {gpu}" if gpu else "auto, not fitted to a GPU (no --gpu)")
+    if choice.chosen == "auto" and choice.tp_from != choice.pp_from:
+        how += f" ({'TP' if choice.tp_from == 'explicit' else 'PP'} as given)"
+    lines = [f"parallelism: TP {choice.tp} x PP {choice.pp}, {how}; {n_gpus(choice.available)} available ({choice.available_from}):",
              f"  {'TP':>4}{'PP':>4}{'GPUs':>6}{'GiB/GPU':>10}  {'fits':<5} why"]
     for o in choice.tried:
         total = "-" if o.total is None else f"{o.total / GIB:.2f}"

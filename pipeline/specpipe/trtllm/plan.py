@@ -41,7 +41,7 @@ from specpipe.trtllm.eagle_head import PREPARE_STEP, prepare_argv, preparation_f
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.gpus import GIB
 from specpipe.trtllm.llmapi_schema import build_speculative_config
-from specpipe.trtllm.parallelism import render_parallel
+from specpipe.trtllm.parallelism import n_gpus, render_parallel
 from specpipe.trtllm.preflight import PreflightResult
 from specpipe.trtllm.resolve import Draft, Target
 
@@ -311,8 +311,9 @@ def render_text(plan: Plan, docker_prefix: list[str] | None = None) -> str:
         f"  target   {plan.target.name}  [{_src(plan.target.source)}]",
         f"  draft    {plan.draft.name} ({plan.draft.method}{', ' + plan.draft.flavour if plan.draft.flavour else ''})"
         + (f"  [{_src(plan.draft.source)}]" if plan.draft.source else ""),
-        f"  settings {pre.scheme.name}, TP {req.tp} x PP {req.pp}"
-        f"{' (auto)' if pre.parallel and pre.parallel.chosen == 'auto' else ''}, batch {req.max_batch_size}, input {req.max_input_len}, "
+        f"  settings {pre.scheme.name}, {pre.parallel.sizes if pre.parallel else f'TP {req.tp} x PP {req.pp}'}"
+        f"{'' if pre.parallel is None or pre.parallel.fits is not None else ', not fitted to a GPU'}"
+        f", batch {req.max_batch_size}, input {req.max_input_len}, "
         f"seq {req.max_seq_len} tokens, " + ", ".join(f"{k}={v}" for k, v in pre.speculative.to_json().items()
                                                        if k not in ("choices", "method")),
         f"  executor {plan.executor}" + (f" (each TensorRT-LLM step runs as: {shlex.join(docker_prefix)} ...)" if docker_prefix else ""),
@@ -343,7 +344,7 @@ def render_memory(pre: PreflightResult) -> str:
     rows = [("target weights", m.target_weights), ("draft weights", m.draft_weights),
             ("target KV cache", m.target_kv_cache), ("draft KV cache", m.draft_kv_cache),
             ("activations (est.)", m.activations), ("runtime overhead (est.)", m.runtime_overhead)]
-    lines = [f"memory per GPU ({m.tp * m.pp} GPUs, {pre.scheme.name}):"]
+    lines = [f"memory per GPU ({n_gpus(m.tp * m.pp)}, {pre.scheme.name}):"]
     lines += [f"  {name:<24}{value / GIB:>9.2f} GiB" for name, value in rows]
     lines.append(f"  {'total':<24}{m.total / GIB:>9.2f} GiB")
     if m.gpu:

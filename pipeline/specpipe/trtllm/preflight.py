@@ -10,23 +10,43 @@ Sources: see :mod:`specpipe.trtllm.quant` (support matrices), :mod:`specpipe.tre
 ``--tp/--pp auto``); EAGLE limits from ``examples/eagle/convert_checkpoint.py``
 @ 65b31db (``pp_size == 1``, ``max_draft_len <= 256``) and ``tensorrt_llm/builder.py`` ``build()``
 (EAGLE ``max_batch_size <= 512``); lookahead's ``max_draft_len`` formula from
-``examples/lookahead/README.md`` @ 83ab45a.
+``examples/lookahead/README.md`` @ 83ab45a, its (W, N, G) rules (N = 1 needs W = 1 and G = 0) from
+``cpp/tensorrt_llm/executor/decodingConfig.cpp`` @ 0371ba0. Every method's ``max_draft_len`` must be
+below ``--max-seq-len``. The fixes a memory-fit failure names are re-planned
+(:mod:`specpipe.trtllm.fit_fixes`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specpipe.build_request import AUTO, BuildRequest
 from specpipe.errors import CompatibilityError, PresetError, SpecpipeError
-from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, Runtime, SpeculativeSettings, methods_for, spec_of
+from specpipe.speculative import (
+    NGRAM_MATCH_DEFAULT,
+    Method,
+    Runtime,
+    SpeculativeSettings,
+    methods_for,
+    spec_of,
+)
 from specpipe.tree import Tree
 from specpipe.trtllm import eagle_head
+from specpipe.trtllm.fit_fixes import suggest_fixes
 from specpipe.trtllm.gpus import GIB, Gpu, lookup_gpu
 from specpipe.trtllm.memory import MemoryPlan, plan_memory
-from specpipe.trtllm.parallelism import (ParallelChoice, ParallelismError, check_parallelism, check_pipeline_parallel,
-                                         choose_parallelism)
-from specpipe.trtllm.quant import Scheme, check_support, engine_quantizations, resolve_scheme
+from specpipe.trtllm.parallelism import (
+    COMMON_GPUS,
+    ParallelChoice,
+    ParallelismError,  # noqa: F401 (raised by the checks here; callers import it from this module)
+    check_parallelism,
+    check_pipeline_parallel,
+    choose_parallelism,
+    n_gpus,
+    on_common_gpus,
+)
+from specpipe.trtllm.quant import Scheme, check_support, resolve_scheme
 from specpipe.trtllm.resolve import Draft, Target
 
 ENGINE_METHODS = methods_for(Runtime.TRTLLM)
@@ -51,7 +71,8 @@ class MemoryPlanError(SpecpipeError):
 
 @dataclass
 class Check:
-    """One pre-flight check for the report: ``status`` is ``ok``, ``not checked`` or ``note``."""
+    """One pre-flight check for the report: ``status`` is ``ok``, ``not checked``, ``note``, ``warning`` (a plan
+    that builds but needs attention, e.g. more GPUs than are here) or ``failed``."""
 
     name: str
     status: str
@@ -186,6 +207,10 @@ def resolve_speculative(request: BuildRequest, draft: Draft) -> SpeculativeSetti
         return base
     if method is Method.LOOKAHEAD:
         w, n, g = request.lookahead or (settings["window_size"], settings["ngram_size"], settings["verification_set_size"])
+        if n == 1:  # TensorRT-LLM: "ngramSize=1 requires windowSize=1" and "verificationSetSize=0"
+            raise CompatibilityError(
+                f"lookahead (W, N, G) = ({w}, {n}, {g}): TensorRT-LLM requires W = 1 and G = 0 for N = 1, and G >= 1 "
+                f"here (cpp/tensorrt_llm/executor/decodingConfig.cpp @ 0371ba0): use N >= 2, e.g. --lookahead {w},2,{g}")
         need = lookahead_max_draft_len(w, n, g)
         if request.max_draft_len is not None and request.max_draft_len != need:
             raise CompatibilityError(
@@ -228,71 +253,52 @@ def _memory(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Sch
     )
 
 
-def suggest_fixes(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, request: BuildRequest, gpu: Gpu,
-                  parallel: ParallelChoice | None = None) -> list[str]:
-    """Changes that make the plan fit ``gpu``, tried in order: more TP, a smaller scheme, smaller batch/length.
-
-    ``parallel``: the sizes to start from (default: the request's, which must then be ints); when it was
-    chosen automatically, more TP means more GPUs than the ``parallel.available`` ones, and is said so.
-    """
-    fixes: list[str] = []
-    tp0, pp0 = (parallel.tp, parallel.pp) if parallel else (request.tp, request.pp)
-    auto = parallel is not None and parallel.chosen == "auto"
-    tp = tp0 * 2
-    while tp <= (max(8, 2 * parallel.available) if auto else 8):
-        try:
-            check_parallelism(target.name, target.arch, tp, pp0, spec.method.value)
-        except ParallelismError:
-            break
-        if _memory(target, draft, spec, scheme, tp, pp0, request.max_batch_size, request.max_seq_len, gpu).fits:
-            fixes.append(f"more GPUs (TP {tp} x PP {pp0} fits on {tp * pp0}, {parallel.available} available: "
-                         f"--gpus {tp * pp0})" if auto else f"--tp {tp}")
-            break
-        tp *= 2
-    for name in ("fp8", "int4-awq"):
-        candidate = resolve_scheme(name)
-        if candidate.weight_bytes >= scheme.weight_bytes or name not in engine_quantizations(spec.method):
-            continue
-        try:
-            check_support(candidate, spec.method.value, gpu)
-        except CompatibilityError:
-            continue
-        if _memory(target, draft, spec, candidate, tp0, pp0, request.max_batch_size, request.max_seq_len, gpu).fits:
-            fixes.append(f"--quantization {name}")
-            break
-    batch = request.max_batch_size // 2
-    while batch >= 1:
-        if _memory(target, draft, spec, scheme, tp0, pp0, batch, request.max_seq_len, gpu).fits:
-            fixes.append(f"--max-batch-size {batch}")
-            break
-        batch //= 2
-    if spec.spec.weights is not None:
-        fixes.append("another draft (e.g. --draft lookahead, which adds no weights)")
-    return fixes
-
-
-def _memory_error(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, request: BuildRequest, gpu: Gpu,
+def _memory_error(target: Target, draft: Draft, scheme: Scheme, request: BuildRequest, gpu: Gpu,
                   parallel: ParallelChoice, memory: MemoryPlan) -> str:
-    """Why the plan does not fit ``gpu`` and the fixes (one line); for an automatic choice, the best option tried."""
-    fixes = " or ".join(suggest_fixes(target, draft, spec, scheme, request, gpu, parallel))
+    """Why the plan does not fit ``gpu`` and the fixes that were re-planned and fit (one line,
+    :func:`specpipe.trtllm.fit_fixes.suggest_fixes`); for an automatic choice, the best option tried."""
+    def replan(changed: BuildRequest, other: Draft):
+        return run_preflight(changed, target, other, suggest=False)
+
+    found = suggest_fixes(target, draft, scheme, request, parallel, replan)
+    fixes = ("try " + " or ".join(found) if found else
+             "no single change of GPUs, TP, quantization, batch size or draft fits: use a GPU with more memory")
     limits = f"batch {request.max_batch_size} x {request.max_seq_len} tokens"
     has = f"{gpu.name} has {gpu.memory_bytes / GIB:.1f} GiB ({memory.usable / GIB:.1f} usable)"
     if parallel.chosen == "explicit":
         return (f"the plan needs {memory.total / GIB:.1f} GiB per GPU ({scheme.name}, TP {parallel.tp}, {limits}), "
-                f"{has}: try {fixes}")
-    return (f"no TP x PP fits {gpu.name} within the {parallel.available} GPUs available ({parallel.available_from}): "
+                f"{has}: {fixes}")
+    return (f"no TP x PP fits {gpu.name} within the {n_gpus(parallel.available)} available ({parallel.available_from}): "
             f"the best tried, TP {parallel.tp} x PP {parallel.pp}, needs {memory.total / GIB:.1f} GiB per GPU "
-            f"({scheme.name}, {limits}), {has}: try {fixes}")
+            f"({scheme.name}, {limits}), {has}: {fixes}")
 
 
-def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> PreflightResult:
+def _parallel_check(parallel: ParallelChoice, request: BuildRequest, hint: Callable[[], str]) -> Check:
+    """The ``parallelism`` check: ``ok`` only when the sizes were fitted to a known GPU and the GPUs
+    available hold them; ``not checked`` without a GPU (why, and auto's choice on common GPUs); ``warning``
+    for sizes beyond the GPUs available; ``failed`` when nothing fits."""
+    where = "" if parallel.chosen == "explicit" else f" of {n_gpus(parallel.available)} ({parallel.available_from})"
+    detail = f"{parallel.sizes} = {n_gpus(parallel.tp * parallel.pp)}{where}"
+    if parallel.fits is None:
+        why = request.gpu_unknown or "no GPU named"
+        return Check("parallelism", "not checked", f"{detail}; not fitted to a GPU: {why}; {hint()} (name it with --gpu)")
+    if parallel.fits is False:
+        return Check("parallelism", "failed", detail)
+    if parallel.beyond:
+        return Check("parallelism", "warning", f"{detail}: needs {n_gpus(parallel.tp * parallel.pp)}, "
+                                               f"{parallel.available} available; serving needs a machine with "
+                                               f"{n_gpus(parallel.tp * parallel.pp)}")
+    return Check("parallelism", "ok", detail)
+
+
+def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, suggest: bool = True) -> PreflightResult:
     """All checks in order; returns the resolved settings, parallel sizes, memory plan and the check report.
 
     ``request.tp`` / ``request.pp`` may be :data:`~specpipe.build_request.AUTO`: the sizes are chosen by
     :func:`specpipe.trtllm.parallelism.choose_parallelism` (``PreflightResult.parallel``); given sizes are
     checked before anything else that needs the speculative settings.
     A plan that does not fit the GPU is returned with ``memory_error`` set (so a dry run can still
-    print it); :func:`raise_if_unfit` raises it.
+    print it); :func:`raise_if_unfit` raises it. ``suggest``: name the fixes that fit (re-planning each).
 
     Raises:
         SpecpipeError (subclasses): the first failed check, before any step runs.
@@ -336,22 +342,37 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft) -> Prefli
     if spec.method is not Method.NONE:
         checks.append(Check("draft length vs tree/method", "ok", _describe(spec)))
 
-    def plan(tp: int, pp: int) -> MemoryPlan:
-        return _memory(target, draft, spec, scheme, tp, pp, request.max_batch_size, request.max_seq_len, gpu)
+    if spec.method is not Method.NONE and spec.max_draft_len >= request.max_seq_len:
+        raise CompatibilityError(
+            f"max_draft_len {spec.max_draft_len}{f' of lookahead (W, N, G) = {spec.lookahead}' if spec.lookahead else ''} "
+            f"does not fit the engine: a step's draft tokens must "
+            f"be fewer than --max-seq-len {request.max_seq_len} tokens: lower the draft length"
+            + (" (smaller --lookahead W,N,G)" if spec.lookahead else " (--max-draft-len)") + " or raise --max-seq-len")
 
-    parallel = choose_parallelism(runtime=request.runtime, method=draft.method, models=models, tp=request.tp,
-                                  pp=request.pp, gpu=gpu, gpus=request.gpus, plan=plan)
-    checks.append(Check("parallelism", "ok", f"TP {parallel.tp} x PP {parallel.pp} = {parallel.tp * parallel.pp} GPUs "
-                        + ("(as given)" if parallel.chosen == "explicit" else
-                           f"(auto, of {parallel.available} GPUs: {parallel.available_from})")))
-    memory = plan(parallel.tp, parallel.pp)
+    def choose(on: Gpu | None) -> ParallelChoice:
+        def plan(tp: int, pp: int) -> MemoryPlan:
+            return _memory(target, draft, spec, scheme, tp, pp, request.max_batch_size, request.max_seq_len, on)
+        return choose_parallelism(runtime=request.runtime, method=draft.method, models=models, tp=request.tp,
+                                  pp=request.pp, gpu=on, gpus=request.gpus, plan=plan)
+
+    def supported(on: Gpu) -> ParallelChoice | None:
+        try:
+            check_support(scheme, draft.method, on) if request.runtime == Runtime.TRTLLM.value else None
+        except CompatibilityError:
+            return None
+        return choose(on)
+
+    parallel = choose(gpu)
+    checks.append(_parallel_check(parallel, request, lambda: on_common_gpus(supported, [lookup_gpu(g) for g in COMMON_GPUS])))
+    memory = _memory(target, draft, spec, scheme, parallel.tp, parallel.pp, request.max_batch_size, request.max_seq_len, gpu)
     memory_error = None
     if gpu is None:
         memory.notes.append("fit not checked: name the GPU with --gpu")
     elif not memory.fits:
-        memory_error = _memory_error(target, draft, spec, scheme, request, gpu, parallel, memory)
+        memory_error = _memory_error(target, draft, scheme, request, gpu, parallel, memory) if suggest else "does not fit"
     checks.append(Check("memory plan", "ok" if memory.fits else ("not checked" if gpu is None else "failed"),
-                        f"{memory.total / GIB:.1f} GiB per GPU" + (f" of {memory.usable / GIB:.1f} usable on {gpu.name}" if gpu else "")))
+                        f"{memory.total / GIB:.1f} GiB per GPU (TP {parallel.tp} x PP {parallel.pp})"
+                        + (f" of {memory.usable / GIB:.1f} usable on {gpu.name}" if gpu else ": name the GPU with --gpu")))
     return PreflightResult(scheme=scheme, speculative=spec, gpu=gpu, memory=memory, checks=checks, memory_error=memory_error,
                            parallel=parallel)
 

@@ -107,7 +107,7 @@ def check_support(scheme: Scheme, method: str, gpu: Gpu | None) -> None:
         raise UnsupportedCombinationError(
             f"--quantization {scheme.name} with --draft method '{method}' is not supported by TensorRT-LLM's "
             f"engine flow ({spec.quantization_source or method}): use --quantization "
-            f"{' or '.join(allowed)}" + (", or --runtime trtllm-llmapi" if spec.method is Method.EAGLE else "")
+            f"{' or '.join(allowed)}"
         )
     if gpu is None:
         return
