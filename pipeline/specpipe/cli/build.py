@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import click
@@ -9,8 +10,13 @@ import click
 from specpipe.build_request import AUTO, RUNTIMES, BuildRequest, GpuCount
 from specpipe.errors import SpecpipeError
 from specpipe.speculative import Runtime
-from specpipe.trtllm.environment import cannot_run_here, detect_gpus, resolve_runtime, what_is_missing
+from specpipe.trtllm.environment import cannot_run_here, detect_gpu_setup, resolve_runtime, what_is_missing
+from specpipe.trtllm.preflight import MemoryPlanError
 from specpipe.cli.options import PARALLEL_SIZE, POSITIVE, QUANTIZATION, LookaheadType, engines_dir_option
+
+
+#: ``format`` of the JSON document ``--json`` prints for a failure (``{"format": ..., "error": ...}``).
+ERROR_FORMAT = "specpipe-build-error/1"
 
 
 @click.command()
@@ -56,17 +62,27 @@ from specpipe.cli.options import PARALLEL_SIZE, POSITIVE, QUANTIZATION, Lookahea
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (settings, inputs hash, what would be fetched, converted and written; TensorRT-LLM: "
                    "the memory table); run and write nothing.")
-@click.option("--json", "json_output", is_flag=True, help="With --dry-run: print one JSON document instead.")
+@click.option("--json", "json_output", is_flag=True,
+              help="With --dry-run: print one JSON document instead (on a failure too: its \"error\" says why).")
 @click.option("--force", is_flag=True, help="Rebuild even if nothing changed.")
 def build(**options) -> None:
     """Resolve presets, check compatibility, fetch and convert weights, and build an engine directory."""
+    try:
+        _build(options)
+    except SpecpipeError as error:
+        _json_error(options, error)
+        raise
+
+
+def _build(options: dict) -> None:
     requested = options.pop("runtime")
     runtime = resolve_runtime(options["target"], requested)
     if runtime is Runtime.CPU:  # auto means 1 there; other sizes and --gpus are refused by the CPU build
         options.update({k: 1 for k in ("tp", "pp") if options[k] == AUTO})
         options["gpus"] = None if options["gpus"] is None else GpuCount(options["gpus"], "--gpus")
     else:
-        options["gpu"], options["gpus"] = detect_gpus(options["gpu"], options["gpus"])
+        setup = detect_gpu_setup(options["gpu"], options["gpus"])
+        options.update(gpu=setup.gpu, gpus=setup.gpus, gpu_unknown=setup.unknown)
     request = BuildRequest(runtime=runtime.value, **options)
     if request.json_output and not request.dry_run:
         raise click.BadParameter("--json goes with --dry-run", param_hint="--json")
@@ -76,6 +92,13 @@ def build(**options) -> None:
             run_build(replace(request, dry_run=True, json_output=False))  # the plan; nothing is downloaded
             raise SpecpipeError(f"--runtime auto chose {runtime.value} for target {request.target}, {missing}")
     run_build(request)
+
+
+def _json_error(options: dict, error: SpecpipeError) -> None:
+    """With ``--json``, a failure is one JSON document on stdout too (a plan that does not fit was printed whole,
+    its ``error`` set, by the build stage)."""
+    if options.get("json_output") and not isinstance(error, MemoryPlanError):
+        click.echo(json.dumps({"format": ERROR_FORMAT, "error": str(error)}, indent=1))
 
 
 def run_build(request: BuildRequest) -> None:
