@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from specpipe.build_request import BuildRequest, GpuCount
 from specpipe.cli import main
+from specpipe.triton import deployment
 from specpipe.trtllm import environment, executor
 from specpipe.trtllm.build import plan_build
 from fake_programs import printing_program, write_program
@@ -208,6 +209,19 @@ def test_gpu_names_are_normalised_and_counts_singular(tmp_path, bin_dir):
     assert "not the h100-80gb planned for" in doc["parallel"]["available_from"]
     text = build(tmp_path, "--gpu", "h100-80gb", "--tp", "1", target="llama3-8b").stdout
     assert "1 GPUs" not in text and "memory per GPU (1 GPU, bf16)" in text
+
+
+
+def test_packaging_an_unchecked_plan_warns(tmp_path, bin_dir, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(deployment, "warn", warnings.append)
+    unchecked, checked = tmp_path / "unchecked.json", tmp_path / "checked.json"
+    unchecked.write_text(build(tmp_path, "--json").stdout)
+    checked.write_text(build(tmp_path, "--json", "--gpu", "h100-80gb").stdout)
+    assert deployment.from_plan(checked).tp == auto_tp(tmp_path, "h100-80gb") and warnings == []
+    assert deployment.from_plan(unchecked).tp == 1
+    assert warnings == ["plan unchecked.json: TP 1 x PP 1 was not fitted to a GPU (planned without --gpu and none "
+                        "detected): the repository uses those sizes; re-plan with --gpu NAME to have them checked"]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Any
 
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
 from specpipe.manifest import read_manifest
+from specpipe.progress import warn
 from specpipe.speculative import Method, Runtime, SpeculativeSettings
 from specpipe.tree import TreeError
 from specpipe.trtllm import release
@@ -211,6 +212,9 @@ def from_plan(plan_path: Path) -> Deployment:
         target, draft = Path(target_path), (Path(draft_path) if draft_path else None)
         tokenizer = target
     check_speculative(spec, f"plan {plan_path.name}")
+    if parallel.get("checked") is False:
+        warn(f"plan {plan_path.name}: TP {parallel['tp']} x PP {parallel['pp']} was not fitted to a GPU (planned without "
+             f"--gpu and none detected): the repository uses those sizes; re-plan with --gpu NAME to have them checked")
     return Deployment(
         name=str(plan.get("engine_name", engine_dir.name)), runtime=runtime, trtllm_version=version,
         container_image=str(plan["release"].get("container_image", release.CONTAINER_IMAGE)), speculative=spec,
