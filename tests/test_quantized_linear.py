@@ -63,10 +63,10 @@ def test_int4_error_is_at_most_half_a_step_per_group():
     assert layer.weight.dtype == torch.uint8 and layer.weight.shape == (576, 768)  # two weights a byte
 
 
-@pytest.mark.parametrize("scheme, bound", [("int8-wo", 0.02), ("int4-wo", 0.14)])
+@pytest.mark.parametrize("scheme, bound", [("int8-wo", 0.02), ("int4-wo", 0.11)])
 def test_output_error_against_fp32(scheme, bound):
     """Relative error of the layer's outputs against the fp32 layer's, Frobenius norm over 64 random rows:
-    measured 0.0155 (int8: the outlier columns set each channel's step) and 0.109 (int4, group 64)."""
+    measured 0.0158 (int8: the outlier columns set each channel's step) and 0.088 (int4, group 32)."""
     weight = random_weight(3072, 576)
     layer = QuantizedLinear(weight, None, scheme)
     x = torch.randn(64, 576, generator=torch.Generator().manual_seed(2))
@@ -89,7 +89,7 @@ def test_a_row_comes_out_bitwise_alike_whatever_batch_it_shares(scheme, shape):
 
 def test_int4_takes_a_smaller_group_or_falls_back_to_int8():
     assert int4_group_size(64, 96) == 32
-    assert int4_group_size(64, 576) == 64
+    assert int4_group_size(64, 576) == INT4_GROUP_SIZE == 32
     assert int4_group_size(40, 64) is None  # the packing needs out_features divisible by 16
     assert int4_group_size(64, 40) is None
     layer = QuantizedLinear(random_weight(40, 64), None, "int4-wo")
@@ -103,8 +103,8 @@ def test_bias_shapes_and_replacement():
     reference = [module[0].weight.detach().clone(), module[0].bias.detach().clone()]
     assert quantize_linear_layers(module, "int4-wo") == 2
     first, last = module[0], module[2]
-    assert isinstance(first, QuantizedLinear) and first.scheme == "int4-wo" and first.group == 64
-    assert (last.scheme, last.group) == ("int4-wo", 32)  # 32 inputs: the largest group dividing them
+    assert isinstance(first, QuantizedLinear) and first.scheme == "int4-wo" and first.group == 32
+    assert (last.scheme, last.group) == ("int4-wo", 32)
     x = torch.randn(2, 5, 64)
     out = first(x)
     assert out.shape == (2, 5, 32) and out.dtype == torch.float32
@@ -112,9 +112,9 @@ def test_bias_shapes_and_replacement():
     assert torch.allclose(out, want, rtol=2.0 ** -8, atol=1e-2)  # bf16 outputs, then the fp32 bias
     assert module(x.to(torch.bfloat16)).dtype == torch.float32  # inputs are cast to fp32
     assert first(torch.zeros(0, 64)).shape == (0, 32)
-    # 32 x 64 int4 (1024 B) + 1 group x 32 outputs x (scale, zero) bf16 (128 B) + fp32 bias (128 B); 48 x 32
+    # 32 x 64 int4 (1024 B) + 2 groups x 32 outputs x (scale, zero) bf16 (256 B) + fp32 bias (128 B); 48 x 32
     # int4 (768 B) + 1 group x 48 x 2 bf16 (192 B)
-    assert quantized_bytes(module) == 1024 + 128 + 128 + 768 + 192
+    assert quantized_bytes(module) == 1024 + 256 + 128 + 768 + 192
 
 
 def test_bad_scheme_and_prepacked_layers_are_refused():
