@@ -5,9 +5,12 @@ import io
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,11 +172,15 @@ def test_docker_prefix_is_the_executed_prefix_with_the_calling_user_and_a_home_i
             monkeypatch.delenv("HF_TOKEN", raising=False)
         prefix = docker_prefix(root)
         command = executor.command(step, step.argv)
-        assert command == [*prefix, *step.argv]
+        assert command == [*docker_run.docker_run_prefix(root, env_passthrough=()), *step.argv]
         user = command[command.index("--user") + 1]
         assert user == f"{os.getuid()}:{os.getgid()}"
         assert f"HOME={root}/{WORK_DIRNAME}/home" in command and command[command.index(f"HOME={root}/{WORK_DIRNAME}/home") - 1] == "-e"
-        assert ("HF_TOKEN" in command) == bool(token) and "secret" not in " ".join(command)
+        assert "HF_TOKEN" not in command  # trtllm-build reads local folders only
+        quantize = ["python3", f"{release.CONTAINER_EXAMPLES_ROOT}/{release.QUANTIZE}", "--output_dir", "x"]
+        calibrating = executor.command(replace(step, argv=quantize), quantize)  # its calibration set is on the Hub
+        assert calibrating == [*prefix, *quantize]
+        assert ("HF_TOKEN" in calibrating) == bool(token) and "secret" not in " ".join(calibrating)
         assert prefix[-1] == release.CONTAINER_IMAGE
     host_step = Step(name="download-target", argv=["hf", "download", "r"], output="y", inputs=[], runs_in="host", hash="1" * 16)
     assert executor.command(host_step, host_step.argv) == host_step.argv
@@ -258,3 +265,42 @@ def test_a_docker_step_runs_as_the_calling_user_and_its_marker_is_written(tmp_pa
     assert {p.stat().st_uid for p in written} == {os.getuid()} and {p.stat().st_gid for p in written} == {os.getgid()}
     assert list(container_home.iterdir()) == []  # nothing went to the container's own HOME
     assert run_step(step, executor, root / WORK_DIRNAME / "logs") == "cached"
+
+
+SIGNAL_CHILD = textwrap.dedent("""\
+    import signal, sys, time
+    from pathlib import Path
+    def got(signum, frame):
+        Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+        sys.exit(0)
+    signal.signal(signal.SIGINT, got)
+    signal.signal(signal.SIGTERM, got)
+    Path(sys.argv[1] + ".ready").write_text("")
+    time.sleep(60)
+""")
+
+MONITOR = textwrap.dedent("""\
+    import sys
+    from specpipe.trtllm.step_monitor import run_monitored
+    with open(sys.argv[2], "w") as log:
+        try:
+            run_monitored([sys.executable, "-c", sys.argv[1], sys.argv[3]], log, label="step", report=print,
+                          terminal=False)
+        except KeyboardInterrupt:
+            sys.exit(130)
+""")
+
+
+def test_a_sigint_to_specpipe_alone_reaches_the_step_as_sigint(tmp_path):
+    """Not to the process group, as ``kill -INT PID`` does: the step (``docker run``, which passes it on)
+    gets SIGINT too, at once, and specpipe ends with 130."""
+    seen = tmp_path / "seen"
+    monitor = subprocess.Popen([sys.executable, "-c", MONITOR, SIGNAL_CHILD, str(tmp_path / "log"), str(seen)],
+                               start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not Path(f"{seen}.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    start = time.monotonic()
+    monitor.send_signal(signal.SIGINT)
+    assert monitor.wait(30) == 130
+    assert seen.read_text() == "SIGINT" and time.monotonic() - start < 4

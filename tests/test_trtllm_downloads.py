@@ -10,8 +10,10 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -82,10 +84,10 @@ def build(tmp_path, hub):
              "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_TOKEN": "hf_granted", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
              release.EXAMPLES_ENV: str(tmp_path / "examples"), "SPECPIPE_CACHE": str(tmp_path / "cache")}
 
-    def run(engines: Path, **env: str) -> subprocess.CompletedProcess:
+    def run(engines: Path, wrap: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
         environment = {k: v for k, v in (base | env).items() if v is not None}
-        return subprocess.run([sys.executable, "-c", DRIVER, str(engines)], env=environment, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run([*wrap, sys.executable, "-c", DRIVER, str(engines)], env=environment,
+                              capture_output=True, text=True, timeout=120)
 
     return run
 
@@ -112,6 +114,8 @@ def test_an_interrupted_download_resumes_where_it_stopped_and_ends_byte_identica
     assert line.startswith(f"error: step download-target failed with exit status 1: download of {REPO}@main failed: "
                            "HfHubHTTPError: Server error '503 Service Unavailable' for url")
     assert "run the build again to resume" in line
+    assert "Traceback" not in first.stdout and "lines of the log" not in first.stdout  # the cause only: traceback in the log
+    assert line.endswith(".log") and "Traceback" in Path(line.rsplit("see ", 1)[1]).read_text()
     partial = blobs(tmp_path) / (FakeRepo(REPO, FILES).entry(SHARD)["lfs"]["oid"] + ".incomplete")
     kept = partial.stat().st_size
     assert 1_000_000 - CHUNK < kept <= 1_000_000 and partial.read_bytes() == FILES[SHARD][:kept]
@@ -226,3 +230,71 @@ def test_a_dry_run_lists_the_hub_check_as_not_checked_naming_the_gated_licence()
     (check,) = [c for c in plan.preflight.checks if c.name == HUB_CHECK]
     assert check.status == "not checked" and check.detail.startswith("dry run (offline)")
     assert f"gated: {REPO} (accept the licence at https://huggingface.co/{REPO})" in check.detail
+
+
+def offline_error(tmp_path: Path) -> str:
+    return (f"error: {REPO}@main is not in the Hugging Face cache {tmp_path / 'hf' / 'hub'} and HF_HUB_OFFLINE=1: "
+            f"unset it or run `hf download {REPO} --exclude 'original/*'`")
+
+
+def test_offline_with_an_empty_cache_refuses_before_any_step(tmp_path, hub, build):
+    proc = build(tmp_path / "engines", HF_HUB_OFFLINE="1")
+    assert error_line(proc) == offline_error(tmp_path)
+    assert "first-contact" not in proc.stderr and not (tmp_path / "engines").exists() and not hub.served
+
+
+def test_offline_with_the_model_cached_builds_and_with_a_shard_missing_refuses(tmp_path, hub, build):
+    assert build(tmp_path / "online").returncode == 0
+    hub.reset_counts()
+    offline = build(tmp_path / "offline", HF_HUB_OFFLINE="1")
+    assert offline.returncode == 0, offline.stdout + offline.stderr
+    assert f"hub: {REPO}@main in the Hugging Face cache" in offline.stderr and not hub.served
+    (snapshot,) = (tmp_path / "hf" / "hub" / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots").iterdir()
+    (snapshot / SHARD).unlink()
+    line = error_line(build(tmp_path / "again", HF_HUB_OFFLINE="1"))
+    assert line.startswith(f"error: {REPO}@main is only partly in the Hugging Face cache {tmp_path / 'hf' / 'hub'}")
+    assert line.endswith(f"and HF_HUB_OFFLINE=1: unset it or run `hf download {REPO} --exclude 'original/*'`")
+    assert not (tmp_path / "again").exists()
+
+
+def test_a_cache_this_user_cannot_write_refuses_before_any_step(tmp_path, hub, build):
+    """As an unprivileged user (root writes everywhere): HF_HOME in a folder owned by root, mode 755."""
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        pytest.skip("needs setpriv to run as an unprivileged user")
+    shared = Path(tempfile.mkdtemp(prefix="specpipe-rohf-"))
+    try:
+        (shared / "hf").mkdir()
+        engines = shared / "engines"
+        engines.mkdir(mode=0o777)
+        engines.chmod(0o777)
+        shared.chmod(0o755)
+        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        proc = build(engines, HF_HOME=str(shared / "hf"), SPECPIPE_CACHE=str(engines / "cache"), wrap=drop)
+        assert error_line(proc) == (f"error: the Hugging Face cache {shared / 'hf' / 'hub'} cannot be written: "
+                                    f"{shared / 'hf'} is not writable by this user: set HF_HOME (or HF_HUB_CACHE) to "
+                                    "a folder this user can write, or fix its permissions"), proc.stdout + proc.stderr
+        assert not hub.served and not (engines / ".trtllm-work").exists()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_ctrl_c_during_a_stalled_download_takes_effect_at_once_and_keeps_the_partial_file(tmp_path, hub):
+    """huggingface_hub waits up to 10 s (its read timeout) for a stalled connection: the interrupt does not."""
+    hub.stall_after[SHARD] = 1_500_000
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
+        "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_TOKEN": "hf_granted"}
+    code = ("import huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = %d\n"
+            "from specpipe.models.hub_access import HubSource\nfrom specpipe.models.hub_download import download_snapshot\n"
+            "download_snapshot(HubSource(%r, 'main', ('original/*',)))" % (CHUNK, REPO))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    partial = blobs(tmp_path) / (FakeRepo(REPO, FILES).entry(SHARD)["lfs"]["oid"] + ".incomplete")
+    deadline = time.monotonic() + 60
+    while not (partial.is_file() and partial.stat().st_size >= 1_500_000 - CHUNK) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the other files are done: the shard's read is stalled
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 3 and "KeyboardInterrupt" in stderr
+    assert partial.stat().st_size >= 1_500_000 - CHUNK

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 import textwrap
 
@@ -12,6 +13,7 @@ from specpipe.build_request import BuildRequest
 from specpipe.cli import main
 from specpipe.trtllm import release
 from specpipe.trtllm.build import build_trtllm
+from specpipe.trtllm import build as trtllm_build
 from specpipe.trtllm import executor
 from specpipe.trtllm.executor import NoExecutorError, StepFailedError
 from fake_programs import write_program
@@ -65,6 +67,7 @@ def standins(tmp_path, monkeypatch):
         return str(snapshot)
 
     monkeypatch.setattr(executor, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(trtllm_build, "check_cached", lambda source: tmp_path / "hf-cache" / "0123456789abcdef")
     monkeypatch.setenv("PATH", str(bin_dir))  # no `hf` next to this: the API is used
     return lambda: [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -228,3 +231,18 @@ def test_a_container_of_another_release_stops_the_build_before_any_download_nami
     assert "    [FAILED] tensorrt_llm 1.1.0: this TensorRT-LLM is 1.1.0" in "\n".join(tail)
     assert standins() == []  # no download ran
     assert not (tmp_path / "engines" / "llama3.1-8b-lookahead").exists()
+
+
+def test_ctrl_c_during_a_step_exits_130_saying_how_to_resume(tmp_path, standins, monkeypatch):
+    def interrupted_download(repo_id, revision, ignore_patterns):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(executor, "snapshot_download", interrupted_download)
+    result = CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "lookahead", "--runtime", "trtllm",
+                                       "--gpu", "h100-80gb", "--engines-dir", str(tmp_path / "e"), "--executor", "docker"])
+    assert result.exit_code == 130, result.output
+    assert ("interrupted: run the same command again to resume: finished steps and downloaded files are kept"
+            in result.output) and "Aborted!" not in result.output
+    assert re.search(r"  first-contact: running \(docker\), log ", result.output)
+    assert re.search(r"  download-target: running \(host\), log ", result.output)  # not in the container
+    assert not list((tmp_path / "e" / ".trtllm-work").glob("download-target-*"))  # nothing half-written kept

@@ -17,6 +17,9 @@ from specpipe import __version__
 from specpipe.cli import bench, build, client, demo, deploy, doctor, gateway, package, serve, train
 from specpipe.errors import FlagError, SpecpipeError
 
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
+
 
 class _Group(click.Group):
     """Turns :class:`SpecpipeError` into a one-line message and exit status 1 (2 for a :class:`FlagError`)."""
@@ -28,6 +31,9 @@ class _Group(click.Group):
         except SpecpipeError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2 if isinstance(exc, FlagError) else 1)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the shells' status for SIGINT, not click's "Aborted!" and 1
+            click.echo("interrupted", err=True)
+            sys.exit(INTERRUPTED)
 
 
 def _stop_on_sigterm(signum, frame) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,14 +121,21 @@ def describe_hub_error(exc: BaseException, repo_id: str, revision: str = "main")
         return (f"the Hugging Face Hub refused the token for {repo_id} (HTTP {status}): {LOGIN_FIX} "
                 f"(tokens: https://huggingface.co/settings/tokens)")
     if isinstance(exc, LocalEntryNotFoundError):
-        return (f"{repo_id} is not (completely) in the Hugging Face cache and the Hub cannot be used "
-                f"(HF_HUB_OFFLINE=1 or no connection): {_first_line(exc)}")
+        return (f"{repo_id}@{revision} is not (completely) in the Hugging Face cache {cache_root()} and the Hub "
+                f"cannot be used (HF_HUB_OFFLINE=1 or no connection): unset HF_HUB_OFFLINE, check the network, "
+                f"or run `hf download {repo_id}`")
+    if isinstance(exc, PermissionError):
+        path = Path(exc.filename or cache_root()).absolute()
+        in_cache = path.is_relative_to(cache_root().absolute())
+        fix = ("set HF_HOME (or HF_HUB_CACHE) to a folder this user can write" if in_cache
+               else "choose another --engines-dir")
+        return f"cannot write {path} (permission denied): {fix}, or fix its permissions"
     return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0][:300] if lines else repr(exc)
+    return textwrap.shorten(lines[0], 300, placeholder=" ...") if lines else repr(exc)
 
 
 def format_size(n: int) -> str:

@@ -23,8 +23,8 @@ import hashlib
 import os
 import re
 import shutil
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -35,6 +35,8 @@ from specpipe.models.hub_access import HubSource, RemoteFile, cache_root, plan_d
 SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Files fetched at once (huggingface_hub's ``snapshot_download`` default ``max_workers``).
 WORKERS = 8
+#: Seconds between two checks for Ctrl-C while the downloads run.
+JOIN_S = 0.2
 
 
 class CorruptDownloadError(SpecpipeError):
@@ -85,18 +87,38 @@ def download_snapshot(source: HubSource, *, workers: int = WORKERS) -> Path:
 
 
 def _fetch_all(repo_id: str, commit: str, files: list[RemoteFile], workers: int) -> None:
-    """Fetch ``files`` ``workers`` at a time; Ctrl-C stops every download at its next chunk."""
+    """Fetch ``files`` ``workers`` at a time, in daemon threads; the first error is raised once every file
+    was tried. Ctrl-C (or SIGTERM) is raised at once: the threads stop at their next chunk, and one blocked
+    in a stalled read (up to huggingface_hub's read timeout, ``HF_HUB_DOWNLOAD_TIMEOUT``, 10 s) does not
+    hold the exit back (what it wrote stays in the partial blob for the next run)."""
     cancelled = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(files))))
+    pending: queue.SimpleQueue[RemoteFile] = queue.SimpleQueue()
+    for f in files:
+        pending.put(f)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while not cancelled.is_set():
+            try:
+                file = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fetch_blob(repo_id, commit, file, cancelled)
+            except Exception as exc:  # noqa: BLE001 -- raised in the calling thread once all are done
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, name=f"download-{i}", daemon=True)
+               for i in range(max(1, min(workers, len(files))))]
+    for thread in threads:
+        thread.start()
     try:
-        futures = [pool.submit(fetch_blob, repo_id, commit, f, cancelled) for f in files]
-        wait(futures)
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(JOIN_S)
     except BaseException:
         cancelled.set()
-        pool.shutdown(wait=True, cancel_futures=True)
         raise
-    pool.shutdown()
-    errors = [exc for exc in (fu.exception() for fu in futures) if exc is not None]
     if errors:
         raise errors[0]
 

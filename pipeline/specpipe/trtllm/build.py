@@ -32,6 +32,7 @@ from specpipe.errors import PresetError, SpecpipeError
 from specpipe.fsutil import link_tree, write_dir_atomically
 from specpipe.manifest import Manifest, Part, write_manifest
 from specpipe.models.hub_access import HubSource, check_sources, is_offline, licence_page
+from specpipe.models.hub_cache import check_cache_writable, check_cached
 from specpipe.progress import note, result
 from specpipe.speculative import Method, Runtime, spec_of
 from specpipe.trtllm import release
@@ -112,10 +113,14 @@ def _dry_run_hub_note(plan: Plan) -> str:
 def check_downloads(plan: Plan, *, force: bool = False) -> list[str]:
     """Before anything is written: for each download step still to run, the Hub's access (token, gated
     licence) and the repository's size against free disk (:func:`specpipe.models.hub_access.check_sources`);
-    returns the report lines. Nothing is checked for an up-to-date engine or finished downloads, and
-    only a note is returned in offline mode (``HF_HUB_OFFLINE=1``: the downloads use the cache only).
+    returns the report lines; the cache must be writable (:func:`specpipe.models.hub_cache.check_cache_writable`).
+    Nothing is checked for an up-to-date engine or finished downloads. Offline (``HF_HUB_OFFLINE=1``: the
+    downloads use the cache only) each repository must be completely in the cache instead
+    (:func:`specpipe.models.hub_cache.check_cached`).
 
     Raises:
+        NotCachedError: offline, and a repository is not (completely) in the cache.
+        CacheNotWritableError: the cache cannot be written by this user.
         HubAccessError: gated licence not accepted, token refused, repository not found.
         DiskSpaceError: not enough free disk in the cache's or the engines directory's filesystem.
         SpecpipeError: the Hub cannot be reached.
@@ -125,12 +130,14 @@ def check_downloads(plan: Plan, *, force: bool = False) -> list[str]:
     steps = [s for s in _download_steps(plan) if force or not step_done(s)]
     if not steps:
         return []
-    if is_offline():
-        return ["hub: access and disk not checked (HF_HUB_OFFLINE=1: downloads use the Hugging Face cache only)"]
     sources = []
     for step in steps:
         options = download_arguments(step.argv)
         sources.append(HubSource(str(options["repo_id"]), str(options["revision"]), tuple(options["ignore_patterns"])))
+    if is_offline():
+        return [f"hub: {s.repo_id}@{s.revision} in the Hugging Face cache ({check_cached(s).name[:12]}): "
+                "HF_HUB_OFFLINE=1, access and disk not checked" for s in sources]
+    check_cache_writable([s.repo_id for s in sources])
     return check_sources(sources, plan.engine_dir.parent)
 
 
@@ -218,6 +225,7 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
 
     Raises:
         StepFailedError: a step failed; nothing is written to ``engines/NAME``.
+        KeyboardInterrupt: Ctrl-C or SIGTERM during a step (after a line saying how to resume).
     """
     if not force and up_to_date(plan.engine_dir, plan.inputs_hash):
         note(f"{plan.engine_dir} is up to date (inputs {plan.inputs_hash[:12]}): nothing to do (--force rebuilds)")
@@ -225,7 +233,11 @@ def execute(plan: Plan, executor_name: str, *, force: bool = False) -> Path:
     executor = Executor(executor_name, plan.examples_root, root=plan.engine_dir.parent, log=note)
     note(f"running {len(plan.steps)} steps with the {executor_name} executor")
     materialize(plan)
-    run_plan(plan, executor, force=force)
+    try:
+        run_plan(plan, executor, force=force)
+    except KeyboardInterrupt:
+        note("interrupted: run the same command again to resume: finished steps and downloaded files are kept")
+        raise
 
     def assemble(tmp: Path) -> None:
         if plan.runtime == "trtllm":

@@ -65,6 +65,22 @@ def user_spec(uid: int | None = None, gid: int | None = None) -> str:
     return f"{os.getuid() if uid is None else uid}:{os.getgid() if gid is None else gid}"
 
 
+#: Flags of a converter that make it calibrate on a Hub dataset (``--calib_dataset``, default
+#: ``ccdv/cnn_dailymail``: ``examples/models/core/llama/convert_checkpoint.py``
+#: @ fd96a08bdc489f41f139b295935b10ed43652fa1).
+CALIBRATING_FLAGS = ("--smoothquant", "-sq", "--int8_kv_cache")
+
+
+def reads_hub(argv: list[str]) -> bool:
+    """Whether a container step's ``argv`` reads from the Hugging Face Hub, so needs ``HF_TOKEN``:
+    ``quantize.py`` loads its calibration set from the Hub (``--calib_dataset``, default
+    ``cnn_dailymail``: ``examples/quantization/quantize.py`` @ c8c6df08bd0ead54cd47f7973e1e425c28a174cd),
+    as a converter does with :data:`CALIBRATING_FLAGS`; every other step reads local folders only."""
+    if any(token.endswith("/" + release.QUANTIZE) for token in argv):
+        return True
+    return any(token.endswith("convert_checkpoint.py") for token in argv) and any(f in argv for f in CALIBRATING_FLAGS)
+
+
 def docker_run_prefix(root: Path | str, *, image: str = release.CONTAINER_IMAGE,
                       env_passthrough: tuple[str, ...] = ("HF_TOKEN",), environ: Mapping[str, str] | None = None,
                       uid: int | None = None, gid: int | None = None) -> list[str]:

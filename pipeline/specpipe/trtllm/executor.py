@@ -5,14 +5,16 @@
 * ``docker``: steps that need TensorRT-LLM run as ``docker run --gpus all --rm --ipc=host --ulimit
   memlock=-1 --ulimit stack=67108864 --user UID:GID -e HOME=ROOT/.trtllm-work/home -v ROOT:ROOT -w ROOT
   [-e HF_TOKEN] IMAGE <argv>`` (the flags the TensorRT-LLM/Triton docs use for these containers, as the
-  calling user: :mod:`specpipe.trtllm.docker_run`), with the engines root mounted at the same path so
+  calling user: :mod:`specpipe.trtllm.docker_run`; ``HF_TOKEN`` only for a step that reads from the Hub,
+  :func:`specpipe.trtllm.docker_run.reads_hub`), with the engines root mounted at the same path so
   every path in the argv is valid inside; downloads run on the host.
 
 Host steps need no program on ``PATH``: downloads (shown as the equivalent ``hf download`` command) run
 through huggingface_hub's Python API into the Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``; resumable
 across runs: :mod:`specpipe.models.hub_download`) with the same repository, revision and ``--exclude``
 patterns, and the step's folder is filled with hard links to (across filesystems: copies of) the cache's
-files; a failed download keeps what it fetched in the cache and says why in one line; host
+files; a failed download keeps what it fetched in the cache and says why in one line (the traceback
+stays in the step's log); host
 ``python3`` steps run with the interpreter running specpipe (``sys.executable``), so a virtual
 environment need not be activated.
 
@@ -30,6 +32,7 @@ import json
 import os
 import shutil
 import sys
+import textwrap
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +43,13 @@ from specpipe.models import hub_download
 from specpipe.models.hub_access import HubSource, describe_hub_error
 from specpipe.trtllm import release, step_monitor
 from specpipe.trtllm.docker_errors import diagnose_log
-from specpipe.trtllm.docker_run import docker_run_prefix, prepare_home
+from specpipe.trtllm.docker_run import docker_run_prefix, prepare_home, reads_hub
 from specpipe.trtllm.plan import Plan, Step
 from specpipe.trtllm.step_monitor import log_tail, run_monitored
 
 MARKER = ".specpipe-step.json"
+FAILURE_CHARS = 400
+"""Characters of a tool's failure line quoted in a step's error (cut at a word)."""
 
 
 class NoExecutorError(SpecpipeError):
@@ -89,8 +94,13 @@ class Executor:
         """The vector actually executed for ``step`` (``argv`` with its output redirected): in the container,
         :func:`specpipe.trtllm.docker_run.docker_run_prefix` (the calling user, ``HOME`` in the work dir)."""
         if self.in_container(step):
-            return [*docker_run_prefix(self.root, image=self.image, env_passthrough=self.env_passthrough), *argv]
+            passed = self.env_passthrough if reads_hub(argv) else ()
+            return [*docker_run_prefix(self.root, image=self.image, env_passthrough=passed), *argv]
         return argv
+
+    def where(self, step: Step) -> str:
+        """Where ``step`` runs, as shown: ``docker`` (in the container), ``local`` or ``host``."""
+        return self.name if step.runs_in == "trtllm" else "host"
 
 
 def docker_prefix(root: Path) -> list[str]:
@@ -160,23 +170,38 @@ def run_download(argv: list[str], destination: Path, log) -> int:
         snapshot = snapshot_download(**options)
         placed = hub_download.place(Path(snapshot), destination, options["ignore_patterns"])
     except Exception as exc:  # network, authorisation (gated repositories), disk
-        log.write(f"error: download of {repo}@{revision} failed: {describe_hub_error(exc, repo, revision)}"
-                  " (what was downloaded stays in the Hugging Face cache: run the build again to resume)\n")
+        resume = "" if is_permanent(exc) else \
+            " (what was downloaded stays in the Hugging Face cache: run the build again to resume)"
+        log.write(f"error: download of {repo}@{revision} failed: {describe_hub_error(exc, repo, revision)}{resume}\n")
         log.write("".join(traceback.format_exception(exc)))
         return 1
     log.write(f"{len(placed)} files of {repo}@{revision} linked from {snapshot} into {destination}\n")
     return 0
 
 
+def is_permanent(exc: BaseException) -> bool:
+    """Whether a download failed for a cause a rerun does not cure (refused access, a revision or
+    repository missing, offline without the files, a cache it cannot write): no "run again" hint."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(exc, (SpecpipeError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+                        PermissionError)):
+        return True
+    return getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404)
+
+
 def failure_line(log_path: Path) -> str | None:
     """The first line of a step's log that says why it failed: a first-contact ``[FAILED] ...`` line (e.g.
-    both TensorRT-LLM releases of a version mismatch) or an ``error: ...`` line of specpipe's own steps."""
+    both TensorRT-LLM releases of a version mismatch, shortened at a word to :data:`FAILURE_CHARS`) or an
+    ``error: ...`` line of specpipe's own steps (whole: it names the cause and the fix)."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()[1:]  # line 0: the command
     except OSError:
         return None
     found = next((line.strip() for line in lines if line.startswith(("[FAILED]", "error:"))), None)
-    return found.removeprefix("error: ")[:400] if found else None
+    if found is None or found.startswith("error:"):
+        return found.removeprefix("error: ") if found else None
+    return textwrap.shorten(found, FAILURE_CHARS, placeholder=" ...")
 
 
 def step_done(step: Step) -> bool:
@@ -204,7 +229,7 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
     command = executor.command(step, argv)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{step.name}-{step.hash}.log"
-    executor.log(f"  {step.name}: running ({executor.name}), log {log_path}")
+    executor.log(f"  {step.name}: running ({executor.where(step)}), log {log_path}")
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
@@ -224,7 +249,8 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
         in_docker = executor.in_container(step)
         reason = (diagnose_log(log_path, code, image=executor.image, program=argv[0]) if in_docker else None) \
             or failure_line(log_path)
-        tail = log_tail(log_path)
+        own_error = reason is not None and not reason.startswith("[FAILED]")  # its traceback stays in the log
+        tail = [] if own_error else log_tail(log_path)
         quoted = f"\n  last {len(tail)} lines of the log:\n" + "\n".join(f"    {line}" for line in tail) if tail else ""
         raise StepFailedError(f"step {step.name} failed with exit status {code}: {reason + '; ' if reason else ''}"
                               f"see {log_path}{quoted}")

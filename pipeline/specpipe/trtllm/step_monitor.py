@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import signal
 import subprocess
 import time
 from collections import deque
@@ -191,7 +192,7 @@ def run_monitored(command: list[str], log: IO[str], *, label: str, report: Calla
     (updated every ``refresh_s`` seconds) or a status line passed to ``report`` every ``interval_s``
     seconds, prefixed by two spaces; a command that succeeds ends with ``  LABEL: finished after 12m03s``
     through ``report``. An exception while waiting (Ctrl-C, SIGTERM) stops the command
-    (SIGTERM, then SIGKILL after 5 s) and is raised again.
+    (SIGINT, SIGTERM after 5 s, SIGKILL after 5 more: :func:`_stop`) and is raised again.
 
     Raises:
         FileNotFoundError: the program does not exist.
@@ -235,12 +236,21 @@ def _watch(process: subprocess.Popen, follower: LogFollower, every_s: float, bea
             due = now + every_s
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+STOP_WAIT_S = 5.0
+"""Seconds a stopped step is given after SIGINT, and again after SIGTERM, before SIGKILL."""
+
+
+def _stop(process: subprocess.Popen, wait_s: float = STOP_WAIT_S) -> None:
+    """Stop a step as Ctrl-C would, whether the signal reached only specpipe or the whole process group:
+    SIGINT (``docker run`` passes it on to the container's process: its default ``--sig-proxy=true``),
+    then SIGTERM, then SIGKILL, ``wait_s`` seconds apart."""
+    for send in (lambda: process.send_signal(signal.SIGINT), process.terminate, process.kill):
+        if process.poll() is not None:
+            return
+        send()
+        try:
+            process.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
