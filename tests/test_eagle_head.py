@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from specpipe.build_request import BuildRequest
 from specpipe.trtllm.build import plan_build
+from specpipe.trtllm.checkpoint_flavour import CheckpointFlavourError, read_safetensors_header
 from specpipe.trtllm.eagle_head import EagleHeadError
 from specpipe.trtllm.prepare_eagle import prepare
 from trtllm_fakes import causal_lm, eagle1_head, llama_config
@@ -199,3 +200,39 @@ def test_the_head_is_given_the_targets_positions_when_it_has_fewer(tmp_path, hea
     assert config["max_position_embeddings"] == written and config["bias"] is True
     assert (f"max_position_embeddings {head_positions} -> {target_positions}" in proc.stderr) == (head_positions < target_positions)
     assert json.loads((src / "config.json").read_text())["max_position_embeddings"] == head_positions
+
+
+class _NotATensor:
+    pass
+
+
+@pytest.mark.parametrize("name, content", [
+    ("pytorch_model.bin", b"<html>rate limited</html>"),  # what a failed download may leave
+    ("pytorch_model.bin", None),  # a pickle of an object, which weights_only=True refuses to run
+    ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}"),
+])
+def test_a_file_that_is_not_weights_is_refused_in_one_line_naming_it(tmp_path, name, content):
+    src = write_head(tmp_path / "src", head_tensors(), fmt="bin")
+    (src / "pytorch_model.bin").unlink()
+    if content is None:
+        torch.save({"fc.weight": _NotATensor()}, src / name)
+    else:
+        (src / name).write_bytes(content)
+    proc = prepare_as_the_step_does(src, tmp_path / "dst")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {src / name} is not a safetensors/PyTorch weights file (")
+    assert lines[0].endswith("): re-download it") and "weights_only" not in lines[0]
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("content", [b"<html>rate limited</html>", b"\x02\x00\x00\x00\x00\x00\x00\x00[]",
+                                     b"\x09\x00\x00\x00\x00\x00\x00\x00{\"a\": {}}"])
+def test_draft_model_with_a_file_that_is_not_weights_is_refused_naming_it(tmp_path, content):
+    """``--draft-model PATH`` reads its safetensors headers: a header that is no name -> tensor mapping too."""
+    (tmp_path / "model.safetensors").write_bytes(content)
+    with pytest.raises(CheckpointFlavourError) as refused:
+        read_safetensors_header(tmp_path / "model.safetensors")
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'model.safetensors'} is not a safetensors/PyTorch weights file (")
+    assert message.endswith("): re-download it") and "\n" not in message

@@ -80,9 +80,10 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
             if length > 100_000_000:
                 raise ValueError("header length out of range")
             header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as exc:
-        raise CheckpointFlavourError(f"{path} is not a readable safetensors file ({exc}): re-export the weights") from exc
-    return {name: tuple(meta["shape"]) for name, meta in header.items() if name != "__metadata__"}
+        return {name: tuple(meta["shape"]) for name, meta in header.items() if name != "__metadata__"}
+    except (OSError, ValueError, struct.error, AttributeError, KeyError, TypeError) as exc:  # not a header mapping
+        raise CheckpointFlavourError(f"{path} is not a safetensors/PyTorch weights file (unreadable safetensors "
+                                     f"header: {type(exc).__name__}: {exc}): re-download it") from exc
 
 
 def read_config(directory: Path) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +40,46 @@ def load_head(src: Path) -> dict[str, torch.Tensor]:
     """All tensors of the head in ``src``: its safetensors files, else its ``.bin`` files (merged, sorted by name).
 
     Raises:
-        EagleHeadError: no weight file.
+        EagleHeadError: no weight file, or one that is not weights (:func:`load_weights`).
     """
     files = sorted(src.glob("*.safetensors"))
-    if files:
-        state: dict[str, torch.Tensor] = {}
-        for file in files:
-            state.update(load_file(str(file)))
-        return state
-    files = [f for f in sorted(src.glob("*.bin")) if f.name not in _NOT_WEIGHTS]
+    if not files:
+        files = [f for f in sorted(src.glob("*.bin")) if f.name not in _NOT_WEIGHTS]
     if not files:
         raise EagleHeadError(f"EAGLE head {src} has no weights (*.safetensors or pytorch_model*.bin): pass the exported head")
-    state = {}
+    state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(torch.load(file, map_location="cpu", weights_only=True))
+        state.update(load_weights(file))
     return state
+
+
+def load_weights(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one ``.safetensors`` file, or of a ``.bin`` PyTorch file loaded with
+    ``weights_only=True`` (a pickle of anything but tensors is refused, never run).
+
+    Raises:
+        EagleHeadError: the file cannot be read as weights (truncated, corrupt, not tensors), naming it.
+    """
+    try:
+        if file.suffix == ".safetensors":
+            state = load_file(str(file))
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise ValueError("it holds no name -> tensor mapping")
+    except Exception as exc:  # safetensors' SafetensorError, pickle's UnpicklingError, zip and I/O errors
+        raise EagleHeadError(f"{file} is not a safetensors/PyTorch weights file ({weights_error(exc)}): "
+                             "re-download it") from exc
+    return state
+
+
+def weights_error(exc: BaseException) -> str:
+    """The cause of a failed weights load in a few words: torch's ``weights_only`` refusal is named as such
+    (its message advises ``weights_only=False``, which would run the file's code: never quoted)."""
+    if isinstance(exc, pickle.UnpicklingError):
+        return "not a pickle of tensors only"
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return textwrap.shorten(first, 160, placeholder=" ...")
 
 
 def prepare(src: Path | str, dst: Path | str, max_position_embeddings: int | None = None) -> dict[str, Any]:
