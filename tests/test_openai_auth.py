@@ -131,18 +131,58 @@ def test_the_gateway_binds_loopback_unless_told_otherwise(tokenizer, capsys):
 
 def test_resolve_api_key(tmp_path):
     (tmp_path / "key").write_text(KEY + "\n")
-    assert resolve_api_key(None, tmp_path / "key") == KEY
-    assert resolve_api_key(KEY) == KEY and resolve_api_key("") is None and resolve_api_key() is None
-    with pytest.raises(APIKeyError, match="both give a key: pass one of them"):
-        resolve_api_key(KEY, tmp_path / "key")
+    assert resolve_api_key(None, tmp_path / "key", environ={}) == KEY
+    assert resolve_api_key(KEY, environ={}) == KEY and resolve_api_key(environ={}) is None
+    with pytest.raises(APIKeyError, match="--api-key and --api-key-file both give a key: pass one of them"):
+        resolve_api_key(KEY, tmp_path / "key", environ={})
+    with pytest.raises(APIKeyError, match=r"\$SPECPIPE_API_KEY and --api-key-file both give a key"):
+        resolve_api_key(None, tmp_path / "key", environ={"SPECPIPE_API_KEY": KEY})
     (tmp_path / "empty").write_text("\n")
-    with pytest.raises(APIKeyError, match="is empty: write the key into it"):
-        resolve_api_key(None, tmp_path / "empty")
+    with pytest.raises(APIKeyError, match="the API key file .*empty gives an empty API key, which would leave the gateway open"):
+        resolve_api_key(None, tmp_path / "empty", environ={})
     with pytest.raises(APIKeyError, match="cannot read the API key file"):
-        resolve_api_key(None, tmp_path / "missing")
-    with pytest.raises(APIKeyError, match="whitespace or non-ASCII"):
-        resolve_api_key("two words")
+        resolve_api_key(None, tmp_path / "missing", environ={})
+    with pytest.raises(APIKeyError, match="the API key of --api-key has whitespace or non-ASCII characters inside it"):
+        resolve_api_key("two words", environ={})
     assert bearer_token("Bearer abc") == "abc" and bearer_token("Token abc") is None and bearer_token(None) is None
+
+
+@pytest.mark.parametrize("raw", [KEY + "\n", f"  {KEY}\r\n", f"\t{KEY} "])
+def test_every_key_source_strips_surrounding_whitespace_alike(tmp_path, raw):
+    """A Secret made from ``print(...) > file`` keeps the newline: flag, variable and file all drop it."""
+    (tmp_path / "key").write_text(raw)
+    assert resolve_api_key(raw, environ={}) == KEY
+    assert resolve_api_key(environ={"SPECPIPE_API_KEY": raw}) == KEY
+    assert resolve_api_key(None, tmp_path / "key", environ={}) == KEY
+    assert resolve_api_key(KEY, environ={"SPECPIPE_API_KEY": "other"}) == KEY  # the flag wins over the variable
+
+
+@pytest.mark.parametrize("empty", ["", "\n", "   "])
+def test_a_given_but_empty_key_is_refused_not_an_open_gateway(empty):
+    with pytest.raises(APIKeyError, match=r"\$SPECPIPE_API_KEY gives an empty API key, which would leave the gateway open"):
+        resolve_api_key(environ={"SPECPIPE_API_KEY": empty})
+    with pytest.raises(APIKeyError, match="--api-key gives an empty API key"):
+        resolve_api_key(empty, environ={})
+
+
+def test_specpipe_gateway_refuses_an_empty_key_variable_before_binding():
+    env = {**os.environ, "SPECPIPE_API_KEY": ""}
+    try:  # an open gateway would serve until killed
+        done = subprocess.run([sys.executable, "-m", "specpipe.cli", "gateway", "--triton-url", "127.0.0.1:1", "--name", "x",
+                               "--port", str(free_port())], capture_output=True, text=True, env=env, timeout=30)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the gateway started with an empty key: {exc.stdout}") from exc
+    assert done.returncode == 1 and "$SPECPIPE_API_KEY gives an empty API key" in done.stderr + done.stdout
+
+
+def test_the_banner_brackets_an_ipv6_host(capsys):
+    port = free_port()
+    gateway = start_gateway(GatewayRequest("unused:0", NAME, port, host="::", api_key=KEY))
+    try:
+        banner = capsys.readouterr().out
+    finally:
+        gateway.stop()
+    assert f"http://[::]:{port}/v1 (API key required" in banner and ":::" not in banner
 
 
 def test_serve_refuses_two_keys(tmp_path):

@@ -13,14 +13,18 @@ from specpipe.openai.auth import API_KEY_ENV
 
 
 def api_key_options(command):
-    """``--api-key`` (or ``$SPECPIPE_API_KEY``) and ``--api-key-file``, passed on as ``api_key`` and ``api_key_file``."""
+    """``--api-key`` and ``--api-key-file``, passed on as ``api_key`` and ``api_key_file``.
+
+    ``$SPECPIPE_API_KEY`` is read by :func:`specpipe.openai.auth.resolve_api_key`, not by click,
+    which would take a variable set to nothing for no variable (and open the gateway)."""
     command = click.option(
         "--api-key-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
         help="OpenAI API: read the key clients must send from this file (a mounted secret).")(command)
     return click.option(
-        "--api-key", envvar=API_KEY_ENV, show_envvar=True, default=None,
-        help="OpenAI API: clients must send 'Authorization: Bearer KEY' (/health and /metrics stay open). "
-             "Prefer the environment variable or --api-key-file: a flag shows in process lists.")(command)
+        "--api-key", default=None,
+        help=f"OpenAI API: clients must send 'Authorization: Bearer KEY' (/health and /metrics stay open); "
+             f"default ${API_KEY_ENV} (set but empty: refused). Prefer the variable or --api-key-file: "
+             f"a flag shows in process lists.")(command)
 
 
 @click.command()

@@ -12,14 +12,17 @@ HTTP 401 with OpenAI's error object, as OpenAI's API answers: ``type`` ``invalid
 (:func:`hmac.compare_digest` over their SHA-256 digests, so the key's length does not leak either).
 
 The key reaches the gateway by ``--api-key``, the ``SPECPIPE_API_KEY`` environment variable (what a
-Kubernetes Secret or a compose file sets: the key stays out of process lists and manifests) or
-``--api-key-file`` (a mounted secret file): :func:`resolve_api_key`.
+compose file passes through: the key stays out of process lists and files) or ``--api-key-file`` (a
+mounted Kubernetes Secret: the key stays out of the environment too): :func:`resolve_api_key`, which
+strips and checks every source the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from specpipe.errors import SpecpipeError
@@ -38,31 +41,52 @@ class APIKeyError(SpecpipeError):
     """An API key given twice, empty, or in a file that cannot be read."""
 
 
-def resolve_api_key(key: str | None = None, key_file: Path | None = None) -> str | None:
-    """The gateway's key from ``--api-key`` (or its environment variable) or ``--api-key-file``.
-
-    The file's content is the key, surrounding whitespace (a trailing newline) removed. An empty
-    ``key`` counts as none (an environment variable set to nothing), as vLLM treats its
-    ``VLLM_API_KEY``. Returns ``None``: no key, the gateway is open.
+def _clean(value: str, source: str) -> str:
+    """``value`` without surrounding whitespace (a secret file's or ``print``'s trailing newline).
 
     Raises:
-        APIKeyError: both given, an unreadable or empty file, or a key with whitespace or
-            non-ASCII characters (it could never be sent in an HTTP header as it is).
+        APIKeyError: nothing left (an explicitly given key must not silently open the gateway), or
+            whitespace or non-ASCII characters inside the key (an HTTP header cannot carry them).
     """
-    key = key or None
-    if key is not None and key_file is not None:
-        raise APIKeyError(f"--api-key (or ${API_KEY_ENV}) and --api-key-file both give a key: pass one of them")
+    key = value.strip()
+    if not key:
+        raise APIKeyError(f"{source} gives an empty API key, which would leave the gateway open: put the key there, "
+                          f"or give no key at all for an open gateway")
+    if not key.isascii() or any(c.isspace() for c in key):
+        raise APIKeyError(f"the API key of {source} has whitespace or non-ASCII characters inside it, which an Authorization "
+                          f"header cannot carry: use printable ASCII, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+    return key
+
+
+def resolve_api_key(key: str | None = None, key_file: Path | None = None,
+                    environ: Mapping[str, str] | None = None) -> str | None:
+    """The gateway's key from ``--api-key``, the :data:`API_KEY_ENV` variable of ``environ``
+    (default :data:`os.environ`) or ``--api-key-file``, one rule for all three.
+
+    ``--api-key`` wins over the variable. Every source has its surrounding whitespace removed (the
+    trailing newline of a file, of a Kubernetes Secret made from one, of ``$(...)``). A source that
+    is given but empty (``--api-key ''``, the variable set to nothing, an empty file) is refused: an
+    empty Secret value must not start an open gateway. Returns ``None`` when no source is given: no
+    key, the gateway is open.
+
+    Raises:
+        APIKeyError: a file together with the flag or the variable, an unreadable file, an empty
+            key, or whitespace or non-ASCII characters inside the key.
+    """
+    environ = os.environ if environ is None else environ
+    given: list[tuple[str, str]] = []
+    if key is not None:
+        given.append(("--api-key", key))
+    elif API_KEY_ENV in environ:
+        given.append((f"${API_KEY_ENV}", environ[API_KEY_ENV]))
     if key_file is not None:
+        if given:
+            raise APIKeyError(f"{given[0][0]} and --api-key-file both give a key: pass one of them")
         try:
-            key = Path(key_file).read_text().strip()
+            given.append((f"the API key file {key_file}", Path(key_file).read_text()))
         except (OSError, UnicodeDecodeError) as exc:
             raise APIKeyError(f"cannot read the API key file {key_file} ({exc}): give a readable text file holding the key") from exc
-        if not key:
-            raise APIKeyError(f"the API key file {key_file} is empty: write the key into it")
-    if key is not None and (not key.isascii() or any(c.isspace() for c in key)):
-        raise APIKeyError("the API key has whitespace or non-ASCII characters, which an Authorization header cannot carry: "
-                          "use printable ASCII, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
-    return key
+    return _clean(given[0][1], given[0][0]) if given else None
 
 
 def _digest(text: str) -> bytes:

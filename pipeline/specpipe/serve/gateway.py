@@ -23,6 +23,11 @@ from specpipe.progress import out, warn
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets (``::`` -> ``[::]``, RFC 3986 section 3.2.2)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 @dataclass(frozen=True)
 class GatewayRequest:
     """What ``specpipe gateway`` was asked to do.
@@ -54,7 +59,7 @@ def start_gateway(request: GatewayRequest) -> GatewayServer:
     gateway = GatewayServer(Gateway(request.triton_url, request.name, tokenizer_dir=request.tokenizer_dir),
                             request.port, host=request.host, api_key=request.api_key)
     gateway.start()
-    where = f"http://{request.host}:{request.port}/v1" if request.host not in _LOOPBACK else gateway.url
+    where = f"http://{url_host(request.host)}:{request.port}/v1" if request.host not in _LOOPBACK else gateway.url
     key = "API key required" if request.api_key else "no API key"
     out.print(f"OpenAI-compatible API for {request.name}: {where} ({key}; /health and /metrics open; Triton {request.triton_url})",
               markup=False, highlight=False, soft_wrap=True)
