@@ -36,8 +36,8 @@ def test_cli_refusal_is_one_usage_error(tmp_path, monkeypatch):
                                        "--engines-dir", str(tmp_path / "engines")])
     assert result.exit_code == 2, result.output
     assert [line for line in result.output.splitlines() if line] == [
-        "error: -q/--quantization fp8 is not taken by the CPU runtime (it applies to --runtime trtllm or "
-        "trtllm-llmapi): give -q auto (fp32), int8-wo or int4-wo"]
+        ("error: -q/--quantization fp8 is not taken by the CPU runtime (it applies to --runtime trtllm or "
+         "trtllm-llmapi): give -q auto (fp32), int8-wo or int4-wo")]
     assert not (tmp_path / "engines").exists()
 
 
