@@ -76,8 +76,9 @@ def test_every_variant_validates_strictly_against_the_schemas(tp4, variant, gate
     for doc in manifests.values():
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     assert set(containers(files)) == ({"triton", "openai"} if gateway else {"triton"})
-    if gateway:  # the Secret's default key
-        assert containers(files)["openai"]["env"][0]["valueFrom"] == {"secretKeyRef": {"name": "gw-key", "key": "api-key"}}
+    if gateway:  # the Secret's default key, mounted as the file the gateway reads
+        secret = {v["name"]: v for v in pod(files)["volumes"]}["api-key"]["secret"]
+        assert secret == {"secretName": "gw-key", "items": [{"key": "api-key", "path": "api-key"}]}
     assert ("hostPath" in yaml.safe_dump(files["deployment.yaml"])) == (variant == "host-path")
     broken = yaml.safe_load(yaml.safe_dump(files["deployment.yaml"]))
     broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGets"] = {}
@@ -108,7 +109,9 @@ def test_deployment_gpus_probes_metrics_and_replicas(tp4, default):
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
     assert template["metadata"]["labels"] == deployment["spec"]["selector"]["matchLabels"]
     assert pod(files)["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert "nodeSelector" not in pod(files) and "strategy" not in deployment["spec"]  # 3 replicas: RWX claim, rolling
+    assert "nodeSelector" not in pod(files)
+    # 3 replicas: RWX claim, rolling one pod at a time without a surge pod (no spare GPUs needed)
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
 def test_default_is_a_claim_sized_from_the_data_on_disk(tp4, default):
@@ -164,23 +167,31 @@ def test_api_key_comes_from_the_secret_and_the_gateway_is_a_sidecar(tp4):
     _, files = deploy(tp4, "out-key", "--api-key-secret", "llm-gateway", "--api-key-secret-key", "token",
                       "--node-selector", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3", "--node-selector", "pool=gpu")
     sidecar = containers(files)["openai"]
-    assert sidecar["env"] == [{"name": "SPECPIPE_API_KEY", "valueFrom": {"secretKeyRef": {"name": "llm-gateway", "key": "token"}}}]
+    assert "env" not in sidecar  # the key is a mounted file, not in the environment
+    assert {v["name"]: v for v in pod(files)["volumes"]}["api-key"]["secret"] == {
+        "secretName": "llm-gateway", "items": [{"key": "token", "path": "api-key"}]}
+    assert {"name": "api-key", "mountPath": "/var/run/secrets/specpipe", "readOnly": True} in sidecar["volumeMounts"]
     assert sidecar["image"] == containers(files)["triton"]["image"] == "specpipe-triton:0.1.0-26.04"
     assert sidecar["command"][:4] == ["python3", "-m", "specpipe.cli", "gateway"]
     parsed = gateway_command.make_context("gateway", sidecar["command"][4:]).params  # the real command takes these arguments
     assert (parsed["triton_url"], parsed["name"], parsed["host"], parsed["port"]) == ("localhost:8001", "llama3.1_70b", "0.0.0.0", 9000)
-    assert parsed["api_key"] is None and parsed["api_key_file"] is None  # the key is in the environment only
+    assert parsed["api_key"] is None and str(parsed["api_key_file"]) == "/var/run/secrets/specpipe/api-key"
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "openai"}
     assert sidecar["ports"] == [{"name": "openai", "containerPort": 9000, "protocol": "TCP"}]
     assert "resources" in sidecar and "nvidia.com/gpu" not in yaml.safe_dump(sidecar)
     service = files["service.yaml"]
     assert service["spec"]["selector"] == files["deployment.yaml"]["spec"]["selector"]["matchLabels"]
+    # with a key, Triton's unauthenticated HTTP and gRPC ports stay out of the Service
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        "http": (8000, "http"), "grpc": (8001, "grpc"), "metrics": (8002, "metrics"), "openai": (9000, "openai")}
+        "metrics": (8002, "metrics"), "openai": (9000, "openai")}
     assert pod(files)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "gpu"}
     assert files["loader.yaml"]["spec"]["nodeSelector"] == pod(files)["nodeSelector"]
     assert "kubectl create secret generic llm-gateway --from-file=token=api-key.txt" in files["README.md"]
+    assert """print(secrets.token_urlsafe(32), end="")' > api-key.txt""" in files["README.md"]
+    assert "`--expose-triton` puts them back" in files["README.md"]
+    exposed = deploy(tp4, "out-key-exposed", "--api-key-secret", "llm-gateway", "--expose-triton")[1]["service.yaml"]
+    assert [p["name"] for p in exposed["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
 
 
 def test_without_gateway_the_service_has_triton_ports_only(tp4):

@@ -25,7 +25,8 @@ def deploy() -> None:
 @click.option("--pvc", default=None, metavar="CLAIM",
               help="Read the repository and engines from this existing PersistentVolumeClaim (default: a claim the output defines).")
 @click.option("--storage-size", default=None, metavar="SIZE",
-              help="Size of the claim the output defines, e.g. 200Gi (default: measured on disk plus 20%).")
+              help="Size of the claim the output defines, a Kubernetes quantity such as 200Gi or 1.5Ti; at least the data "
+                   "on disk (default: measured on disk plus 20%).")
 @click.option("--storage-class", default=None, help="Storage class of the claim the output defines (default: the cluster's).")
 @click.option("--image", default=None, metavar="REGISTRY/NAME:TAG",
               help="Bake the repository and engines into this image instead of a claim (writes its Dockerfile and build-image.sh).")
@@ -37,6 +38,8 @@ def deploy() -> None:
 @click.option("--api-key-secret", default=None, metavar="SECRET",
               help="Existing Secret holding the gateway's API key (clients send 'Authorization: Bearer KEY').")
 @click.option("--api-key-secret-key", default="api-key", show_default=True, metavar="KEY", help="The key of that Secret.")
+@click.option("--expose-triton", is_flag=True,
+              help="Keep Triton's HTTP and gRPC ports in the Service when the gateway has an API key (they have no authentication).")
 @click.option("--node-selector", multiple=True, metavar="KEY=VALUE", help="Node label the pods need (repeatable).")
 def deploy_k8s(name, repo_dir, engines_dir, out_dir, **options) -> None:
     """Write Kubernetes manifests (Deployment, Service, storage) for triton_repo/NAME (vLLM: engines/NAME)."""

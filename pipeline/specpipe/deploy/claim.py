@@ -9,7 +9,8 @@ CephFS, a cloud file store).
 
 ``load-data.sh`` fills the claim from the build host with ``kubectl cp`` through a loader pod that
 mounts the claim read-write (the serving image, which has ``tar``, idling), then deletes the pod;
-re-running it replaces the copies.
+re-running it replaces the copies. Every host path in it is absolute (it runs from any folder), and
+it checks that they all exist before its first ``kubectl`` call.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def load_script(name: str, data: PodData, defines_claim: bool) -> str:
     pod = loader_name(name)
     q = shlex.quote
     lines = ["#!/bin/sh", f"# Copy {data.repo_dir.name}'s repository and engine files onto its claim (kubectl's current "
-             "context and namespace).", "set -eu", 'here=$(cd "$(dirname "$0")" && pwd)']
+             "context and namespace).", "set -eu", 'here=$(cd "$(dirname "$0")" && pwd)', *data.check_script()]
     if defines_claim:
         lines.append('kubectl apply -f "$here/pvc.yaml"')
     lines += ['kubectl apply -f "$here/loader.yaml"', f"kubectl wait --for=condition=Ready pod/{pod} --timeout=15m"]

@@ -7,7 +7,8 @@ volume but ``/dev/shm``. The folders come in as named build contexts (``docker b
 --build-context NAME=PATH`` with ``COPY --from=NAME``; Docker's build documentation,
 ``content/manuals/build/concepts/context.md``, "Named contexts"; BuildKit, Docker's default builder
 since Docker 23), so nothing is copied to a staging folder first. ``build-image.sh`` builds the
-serving image when it is missing locally, then builds and pushes the baked one.
+serving image when it is missing locally, then builds and pushes the baked one; its host paths are
+absolute, and it checks they exist before it builds anything.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def build_script(image: str, data: PodData, serving_image: str, serving_build: l
     build), build ``image`` from the output folder's Dockerfile, push it."""
     q = shlex.quote
     lines = ["#!/bin/sh", f"# Build and push {image}: the serving image with the deployment's data baked in.", "set -eu",
-             'here=$(cd "$(dirname "$0")" && pwd)']
+             'here=$(cd "$(dirname "$0")" && pwd)', *data.check_script()]
     if serving_build:
         lines.append(f"docker image inspect {q(serving_image)} >/dev/null 2>&1 || {shlex.join(serving_build)}")
     build = ["docker", "build", "-f", '"$here/Dockerfile"', "--build-arg", q(f"SERVING_IMAGE={serving_image}")]

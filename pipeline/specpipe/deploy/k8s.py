@@ -2,8 +2,9 @@
 
 One pod serves one copy of the engine (:mod:`specpipe.deploy.pod`: Triton with TP x PP GPUs, and
 the OpenAI-compatible gateway as a sidecar for engine-flow repositories); ``--replicas`` copies
-scale out behind the Service, which has Triton's HTTP, gRPC and metrics ports and the gateway's
-``openai`` port. Triton's metrics port (8002, Prometheus text at ``/metrics``) is announced with
+scale out behind the Service, which has Triton's metrics port, the gateway's ``openai`` port, and
+Triton's HTTP and gRPC ports unless the gateway has an API key (Triton's ports have no
+authentication: with a key they would bypass it; ``--expose-triton`` keeps them). Triton's metrics port (8002, Prometheus text at ``/metrics``) is announced with
 the ``prometheus.io/*`` pod annotations that annotation-based Prometheus scrape configurations read.
 
 Where the repository and the engines come from (the pod's paths stay ``/models`` and ``/engines``):
@@ -28,11 +29,12 @@ import yaml
 from specpipe.deploy import claim as claim_files
 from specpipe.deploy import image as image_files
 from specpipe.deploy.options import STORAGE_IMAGE, STORAGE_PVC, DeployOptionError, K8sOptions
-from specpipe.deploy.pod import gateway_container, scheduling, triton_container, volumes
+from specpipe.deploy.pod import gateway_container, rollout_strategy, scheduling, triton_container, volumes
 from specpipe.deploy.readme import readme
-from specpipe.deploy.storage import claim_size, pod_data
+from specpipe.deploy.storage import check_size_fits, claim_size, pod_data
 from specpipe.errors import SpecpipeError
 from specpipe.fsutil import write_dir_atomically
+from specpipe.progress import warn
 from specpipe.openai import CONTAINER_PORT
 from specpipe.serve.trtllm import CONTAINER_PORTS, container_launch, serving_image
 from specpipe.triton.repo_meta import read_meta
@@ -51,15 +53,14 @@ def _labels(name: str) -> dict[str, str]:
 
 def deployment_manifest(name: str, containers: list[dict[str, Any]], pod_volumes: list[dict[str, Any]],
                         options: K8sOptions) -> dict[str, Any]:
-    """The ``apps/v1`` Deployment (``Recreate`` on a one-node claim: :mod:`specpipe.deploy.claim`)."""
-    recreate = options.storage == STORAGE_PVC and options.replicas == 1
+    """The ``apps/v1`` Deployment; its rollouts never need spare GPUs (:func:`specpipe.deploy.pod.rollout_strategy`)."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "labels": _labels(name)},
         "spec": {
             "replicas": options.replicas,
-            **({"strategy": {"type": "Recreate"}} if recreate else {}),
+            "strategy": rollout_strategy(options.replicas),
             "selector": {"matchLabels": _labels(name)},
             "template": {
                 "metadata": {
@@ -73,9 +74,11 @@ def deployment_manifest(name: str, containers: list[dict[str, Any]], pod_volumes
     }
 
 
-def service_manifest(name: str, gateway: bool = False) -> dict[str, Any]:
-    """The ``v1`` Service in front of the pods (HTTP, gRPC and metrics ports; the gateway's ``openai``)."""
-    ports = {**CONTAINER_PORTS, **({"openai": CONTAINER_PORT} if gateway else {})}
+def service_manifest(name: str, gateway: bool = False, triton: bool = True) -> dict[str, Any]:
+    """The ``v1`` Service in front of the pods: Triton's metrics port, its HTTP and gRPC ports when
+    ``triton``, the gateway's ``openai`` port when ``gateway``."""
+    ports = {n: p for n, p in CONTAINER_PORTS.items() if triton or n == "metrics"}
+    ports.update({"openai": CONTAINER_PORT} if gateway else {})
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -107,7 +110,7 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
             repository, or a claim to size whose engine is not on disk (pass ``storage_size``).
     """
     options = options or K8sOptions(**fields)
-    repo_dir = Path(repo_dir)
+    repo_dir = Path(repo_dir).absolute()
     meta = read_meta(repo_dir) if repo_dir.is_dir() else None
     if meta is None:
         raise SpecpipeError(f"no TensorRT-LLM repository at {repo_dir}: run 'specpipe package NAME' for a --runtime trtllm engine first")
@@ -122,7 +125,9 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
     claim = options.pvc or f"{name}-data"
     files: dict[str, str] = {}
     if storage == STORAGE_PVC and not options.pvc:
-        size = options.storage_size or claim_size(data)
+        if options.storage_size is not None:
+            check_size_fits(options.storage_size, data)
+        size = options.storage_size if options.storage_size is not None else claim_size(data)
         files["pvc.yaml"] = yaml.safe_dump(claim_files.claim_manifest(claim, size, options, _labels(name)), sort_keys=False)
     if storage == STORAGE_PVC:
         loader = claim_files.loader_manifest(name, claim, serving, options, _labels(name))
@@ -135,9 +140,10 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
     containers = [triton_container(meta, image, storage)]
     if gateway:
         containers.append(gateway_container(repo_dir.name, image, storage, options))
-    deployment = deployment_manifest(name, containers, volumes(storage, repo_dir, meta, claim), options)
+    deployment = deployment_manifest(name, containers, volumes(storage, repo_dir, meta, claim, options), options)
     files["deployment.yaml"] = yaml.safe_dump(deployment, sort_keys=False)
-    files["service.yaml"] = yaml.safe_dump(service_manifest(name, gateway), sort_keys=False)
+    triton_ports = options.expose_triton or not (gateway and options.api_key_secret)
+    files["service.yaml"] = yaml.safe_dump(service_manifest(name, gateway, triton_ports), sort_keys=False)
     files["README.md"] = readme(repo_dir.name, name, options, data, gateway, claim, image, serving, sorted(files))
 
     def fill(root: Path) -> None:
@@ -146,4 +152,8 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
             if filename.endswith(".sh"):
                 (root / filename).chmod(0o755)
 
-    return write_dir_atomically(out_dir, fill)
+    written = write_dir_atomically(out_dir, fill)
+    if not options.serving_image and storage != STORAGE_IMAGE:  # a baked image is pushed by build-image.sh
+        warn(f"the pods run {serving}, a local tag a cluster cannot pull: push it and write the manifests again with "
+             f"--serving-image REGISTRY/{serving} (steps: {written / 'README.md'})")
+    return written

@@ -43,6 +43,8 @@ class K8sOptions:
             repositories, which have the ensemble it talks to).
         api_key_secret: the existing Secret the gateway's API key comes from; api_key_secret_key: its key.
         node_selector: ``key=value`` node labels the pods need.
+        expose_triton: keep Triton's HTTP and gRPC ports in the Service although the gateway has an
+            API key (Triton's own ports have no authentication; metrics stay in the Service anyway).
     """
 
     replicas: int = 1
@@ -57,6 +59,7 @@ class K8sOptions:
     api_key_secret: str | None = None
     api_key_secret_key: str = SECRET_KEY
     node_selector: tuple[str, ...] = ()
+    expose_triton: bool = False
 
     @property
     def storage(self) -> str:
@@ -68,15 +71,15 @@ class K8sOptions:
         if self.replicas < 1:
             raise DeployOptionError(f"--replicas must be >= 1, got {self.replicas}")
         claim = [f for f, v in (("--pvc", self.pvc), ("--storage-size", self.storage_size),
-                                ("--storage-class", self.storage_class)) if v]
+                                ("--storage-class", self.storage_class)) if v is not None and v is not False]
         chosen = [f for f, v in (("--image", self.image), ("--host-path", self.host_path)) if v] + claim[:1]
         if len(chosen) > 1:
             raise DeployOptionError(f"{chosen[0]} and {chosen[1]} choose different storage: give one of --pvc (the default), "
                                     f"--image and --host-path")
-        if self.pvc and (self.storage_size or self.storage_class):
+        if self.pvc and (self.storage_size is not None or self.storage_class):
             raise DeployOptionError("--storage-size and --storage-class describe the claim the output defines; "
                                     f"--pvc {self.pvc} names an existing one: drop them")
-        if self.storage_size:
+        if self.storage_size is not None:  # "" is a wrong size, not no size
             check_quantity(self.storage_size)
         for flag, name in (("--pvc", self.pvc), ("--storage-class", self.storage_class), ("--api-key-secret", self.api_key_secret)):
             if name and not _DNS_NAME.match(name):

@@ -14,8 +14,13 @@ readiness (``/health``: its Triton is ready) makes the pod take traffic only whe
 answers. Its liveness asks ``/metrics``, which the gateway answers by itself: a liveness on
 ``/health`` would restart the gateway for as long as Triton loads or reloads an engine. It runs
 ``python3 -m specpipe.cli gateway`` from the serving image (which has specpipe installed), binds
-``0.0.0.0`` inside the pod, and reads its API key from ``SPECPIPE_API_KEY``, set from a Secret
-(``valueFrom.secretKeyRef``): no key is ever written into a manifest.
+``0.0.0.0`` inside the pod, and reads its API key with ``--api-key-file`` from the Secret mounted as
+a file (:data:`API_KEY_DIR`): no key is ever written into a manifest, nor put in the environment,
+and a trailing newline in the Secret is stripped as for every key source
+(:func:`specpipe.openai.auth.resolve_api_key`).
+
+**Rollouts** never need more GPUs than the replicas hold (:func:`rollout_strategy`): an update stops
+an old pod before it starts its replacement, since a surge pod would wait Pending for free GPUs.
 
 **Scheduling**: ``--node-selector`` labels, and a toleration of the ``nvidia.com/gpu`` taint that
 GPU node pools carry (``NoSchedule``), so the pods can land on tainted GPU nodes.
@@ -29,7 +34,6 @@ from typing import Any
 from specpipe.deploy.options import STORAGE_HOST_PATH, STORAGE_IMAGE, STORAGE_PVC, K8sOptions
 from specpipe.deploy.storage import CLAIM_ENGINES, CLAIM_REPOSITORY
 from specpipe.openai import CONTAINER_HOST, CONTAINER_PORT
-from specpipe.openai.auth import API_KEY_ENV
 from specpipe.serve.trtllm import CONTAINER_PORTS, SHM_SIZE, server_command, server_environment
 from specpipe.triton.deployment import CONTAINER_ENGINES, CONTAINER_REPO
 
@@ -40,6 +44,18 @@ PROBE_PERIOD_S = 10
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 #: The gateway's share of a node: tokenization and JSON, no GPU.
 GATEWAY_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+#: Where the gateway sidecar mounts the API-key Secret (read-only); the key is the file ``api-key``.
+API_KEY_DIR = "/var/run/secrets/specpipe"
+API_KEY_FILE = f"{API_KEY_DIR}/api-key"
+
+
+def rollout_strategy(replicas: int) -> dict[str, Any]:
+    """The Deployment's ``strategy``: ``Recreate`` for one replica (also what a ``ReadWriteOnce``
+    claim needs: :mod:`specpipe.deploy.claim`), else a rolling update that replaces one pod at a
+    time with no surge pod (``maxSurge: 0``), so an update never waits for GPUs the cluster lacks."""
+    if replicas == 1:
+        return {"type": "Recreate"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
 def _probe(path: str, port: str, failures: int) -> dict[str, Any]:
@@ -69,10 +85,9 @@ def gateway_container(name: str, image: str, storage: str, options: K8sOptions) 
     """The gateway sidecar for deployment ``name`` (the model id it serves)."""
     command = ["python3", "-m", "specpipe.cli", "gateway", "--triton-url", f"localhost:{CONTAINER_PORTS['grpc']}",
                "--name", name, "--host", CONTAINER_HOST, "--port", str(CONTAINER_PORT)]
-    container: dict[str, Any] = {"name": "openai", "image": image, "command": command}
     if options.api_key_secret:
-        container["env"] = [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
-            "name": options.api_key_secret, "key": options.api_key_secret_key}}}]
+        command += ["--api-key-file", API_KEY_FILE]
+    container: dict[str, Any] = {"name": "openai", "image": image, "command": command}
     container.update({
         "ports": [{"name": "openai", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "resources": GATEWAY_RESOURCES,
@@ -80,6 +95,8 @@ def gateway_container(name: str, image: str, storage: str, options: K8sOptions) 
         "livenessProbe": _probe("/metrics", "openai", 3),
     })
     mounts = _data_mounts(storage, repository=False)
+    if options.api_key_secret:
+        mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
     if mounts:
         container["volumeMounts"] = mounts
     return container
@@ -97,15 +114,22 @@ def _data_mounts(storage: str, repository: bool) -> list[dict[str, Any]]:
             for v, path, sub in mounts if repository or path != CONTAINER_REPO]
 
 
-def volumes(storage: str, repo_dir: Path, meta: dict[str, Any], claim: str | None) -> list[dict[str, Any]]:
-    """The pod's volumes: the data (claim, host folders or none for a baked image) and ``/dev/shm``."""
+def volumes(storage: str, repo_dir: Path, meta: dict[str, Any], claim: str | None,
+            options: K8sOptions | None = None) -> list[dict[str, Any]]:
+    """The pod's volumes: the data (claim, host folders or none for a baked image), ``/dev/shm`` and
+    the API-key Secret (its one key as the file ``api-key``) when ``options`` names one."""
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE.upper().replace("G", "Gi")}}
     if storage == STORAGE_PVC:
-        return [{"name": "data", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, shm]
-    if storage == STORAGE_HOST_PATH:
-        return [{"name": "model-repository", "hostPath": {"path": str(Path(repo_dir).absolute()), "type": "Directory"}},
-                {"name": "engines", "hostPath": {"path": str(meta["engines_root"]), "type": "Directory"}}, shm]
-    return [shm]
+        found = [{"name": "data", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, shm]
+    elif storage == STORAGE_HOST_PATH:
+        found = [{"name": "model-repository", "hostPath": {"path": str(Path(repo_dir).absolute()), "type": "Directory"}},
+                 {"name": "engines", "hostPath": {"path": str(Path(meta["engines_root"]).absolute()), "type": "Directory"}}, shm]
+    else:
+        found = [shm]
+    if options is not None and options.api_key_secret:
+        found.append({"name": "api-key", "secret": {"secretName": options.api_key_secret, "items": [
+            {"key": options.api_key_secret_key, "path": API_KEY_FILE.rsplit("/", 1)[1]}]}})
+    return found
 
 
 def scheduling(options: K8sOptions) -> dict[str, Any]:

@@ -49,11 +49,17 @@ def _key_steps(options: K8sOptions, gateway: bool) -> list[str]:
     if not gateway:
         return []
     if options.api_key_secret:
-        return [f"The gateway reads its API key from the Secret `{options.api_key_secret}`, key `{options.api_key_secret_key}` "
-                "(never from the manifests). Create it from a file holding the key:", "",
-                "    python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > api-key.txt",
+        triton = ("The Service keeps Triton's HTTP and gRPC ports (`--expose-triton`): they have no authentication, so "
+                  "anything that reaches them bypasses the key." if options.expose_triton else
+                  "The Service leaves out Triton's HTTP and gRPC ports, which have no authentication and would bypass the key "
+                  "(its metrics port 8002 stays for Prometheus); `--expose-triton` puts them back.")
+        return [f"The gateway reads its API key from the Secret `{options.api_key_secret}`, key `{options.api_key_secret_key}`, "
+                "mounted as a file (`--api-key-file`; never in the manifests or the environment). Create it (the key without "
+                "a trailing newline; surrounding whitespace is stripped anyway, an empty key is refused):", "",
+                "    python3 -c 'import secrets; print(secrets.token_urlsafe(32), end=\"\")' > api-key.txt",
                 f"    kubectl create secret generic {options.api_key_secret} --from-file={options.api_key_secret_key}=api-key.txt",
-                "", "Clients send it as `Authorization: Bearer KEY`; `/health` and `/metrics` stay open for probes and Prometheus."]
+                "", "Clients send it as `Authorization: Bearer KEY`; `/health` and `/metrics` stay open for probes and Prometheus.",
+                "", triton]
     return ["The gateway runs without an API key: anything that reaches the Service can use it. Write the manifests again "
             "with `--api-key-secret NAME` to require one."]
 
@@ -78,4 +84,6 @@ def readme(repo_name: str, name: str, options: K8sOptions, data: PodData, gatewa
                   "", f"Its own metrics are at `:{CONTAINER_PORT}/metrics` (the `prometheus.io/*` annotations name Triton's 8002)."]
     else:
         lines += [f"Triton answers on the Service `{name}` (HTTP 8000, gRPC 8001, metrics 8002)."]
+    lines += ["", "Updates stop an old pod before its replacement starts (`Recreate` for one replica, `maxSurge: 0` for "
+              "several), so a rollout never waits for spare GPUs."]
     return "\n".join(lines) + "\n"

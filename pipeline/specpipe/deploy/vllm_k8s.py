@@ -19,7 +19,7 @@ import yaml
 
 from specpipe.deploy.k8s import _labels, resource_name
 from specpipe.deploy.options import DeployOptionError, K8sOptions
-from specpipe.deploy.pod import scheduling
+from specpipe.deploy.pod import rollout_strategy, scheduling
 from specpipe.fsutil import write_dir_atomically
 from specpipe.serve.vllm import CONTAINER_PORT, engine_command
 from specpipe.vllm import release
@@ -32,7 +32,8 @@ def _refuse_triton_options(options: K8sOptions) -> None:
     given = [flag for flag, value in (("--pvc", options.pvc), ("--storage-size", options.storage_size),
                                       ("--storage-class", options.storage_class), ("--image", options.image),
                                       ("--host-path", options.host_path), ("--serving-image", options.serving_image),
-                                      ("--gateway", options.gateway), ("--api-key-secret", options.api_key_secret)) if value]
+                                      ("--gateway", options.gateway), ("--api-key-secret", options.api_key_secret),
+                                      ("--expose-triton", options.expose_triton)) if value]
     if given:
         raise DeployOptionError(f"{given[0]} is for Triton repositories; a vLLM engine ships nothing (the pods download the "
                                 f"weights) and serves its own OpenAI API: drop it")
@@ -77,7 +78,8 @@ def write_vllm_k8s(engine_dir: Path, out_dir: Path, options: K8sOptions) -> Path
            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
                        {"name": "hf-cache", "emptyDir": {}}], **scheduling(options)}
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": _labels(name)},
-                  "spec": {"replicas": options.replicas, "selector": {"matchLabels": _labels(name)},
+                  "spec": {"replicas": options.replicas, "strategy": rollout_strategy(options.replicas),
+                           "selector": {"matchLabels": _labels(name)},
                            "template": {"metadata": {"labels": _labels(name)}, "spec": pod}}}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": _labels(name)},
                "spec": {"type": "ClusterIP", "selector": _labels(name),
