@@ -215,7 +215,13 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
         PyCompose.from_yaml(resolved.replace("shm_size:", "shm_sizes:"))
     service = yaml.safe_load(resolved)["services"]["triton"]
     assert service["build"]["args"]["BASE_IMAGE"] == release.CONTAINER_IMAGE
-    assert service["ports"] == ["8000:8000", "8001:8001", "8002:8002"]
+    # Triton's unauthenticated ports on loopback only, unless the host address is given
+    assert service["ports"] == ["127.0.0.1:8000:8000", "127.0.0.1:8001:8001", "127.0.0.1:8002:8002"]
+    wide = yaml.safe_load(_interpolate(text, {**env, "SPECPIPE_TRITON_HOST": "0.0.0.0", "SPECPIPE_HTTP_PORT": "18000"}))
+    assert wide["services"]["triton"]["ports"][0] == "0.0.0.0:18000:8000"
+    grafana = dict(item.split("=", 1) for item in yaml.safe_load(resolved)["services"]["grafana"]["environment"])
+    assert grafana == {"GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+                       "GF_AUTH_DISABLE_LOGIN_FORM": "true", "GF_AUTH_BASIC_ENABLED": "false"}  # no admin login to guess
     assert {(v["target"], v["read_only"]) for v in service["volumes"]} == {("/models", True), ("/engines", True)}
     device = service["deploy"]["resources"]["reservations"]["devices"][0]
     assert device == {"driver": "nvidia", "count": 4, "capabilities": ["gpu"]}
