@@ -127,3 +127,17 @@ def test_eagle3_needs_captured_features_and_a_deep_enough_target(target, feature
         run(target, plain, None)
     with pytest.raises(SpecpipeError, match="--style eagle3 is not an EAGLE head style for --method medusa"):
         TrainConfig.defaults_for("medusa", style="eagle3")
+
+
+def test_cli_refuses_a_style_without_eagle_and_a_resume_without_checkpoint(tmp_path):
+    from click.testing import CliRunner
+
+    from specpipe.cli import main
+
+    for args, message in (
+        (["--method", "medusa", "--style", "eagle3"], "--style eagle3 is not an EAGLE head style for --method medusa"),
+        (["--method", "eagle", "--style", "eagle3", "--resume"], "holds no checkpoint of an interrupted run"),
+    ):
+        out = tmp_path / "out"
+        result = CliRunner().invoke(main, ["train-draft", "--target", "smollm2-135m", *args, "--out", str(out)])
+        assert result.exit_code == 1 and message in result.output and not out.exists(), result.output

@@ -100,6 +100,9 @@ def train_draft(request: TrainRequest) -> Path:
     if not (spec.num_prompts or spec.stdlib_tokens or spec.self_instruct or data):
         raise SpecpipeError("the training corpus would be empty (--num-prompts 0, --stdlib-tokens 0, no --self-instruct, "
                             "no --data): keep the built-in prompts or text, or add --self-instruct N or --data")
+    if request.resume and not (out_dir / CHECKPOINT_NAME).is_file():
+        raise SpecpipeError(f"--resume: {out_dir} holds no checkpoint of an interrupted run: check --out, or leave out "
+                            "--resume to start afresh")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
