@@ -145,12 +145,16 @@ def test_train_draft_receives_every_flag(tmp_path):
     with patch("specpipe.training.command.train_draft") as train_draft:
         result = invoke("train-draft", "--target", "smollm2-135m", "--method", "medusa", "--data", str(data), "--budget", "2.5",
                         "--max-steps", "7", "--schedule-steps", "9", "--out", "o", "--seed", "3", "--num-prompts", "5",
-                        "--stdlib-tokens", "0", "--no-trtllm-layout")
+                        "--stdlib-tokens", "0", "--no-trtllm-layout", "--self-instruct", "4", "--style", "eagle3",
+                        "--ttt-steps", "2", "--sampled-answers", "1", "--eval-every", "11", "--patience", "5",
+                        "--checkpoint-every", "13", "--resume")
     assert result.exit_code == 0, result.output
     request = train_draft.call_args.args[0]
     assert request == TrainRequest(
         target="smollm2-135m", method="medusa", data=data, budget_minutes=2.5, out_dir=Path("o"), seed=3, max_steps=7,
-        schedule_steps=9, num_prompts=5, stdlib_tokens=0, export_trtllm=False, command=request.command)
+        schedule_steps=9, num_prompts=5, stdlib_tokens=0, self_instruct=4, export_trtllm=False, style="eagle3",
+        resume=True, sampled_answers=1, overrides={"unroll": 2, "eval_every": 11, "patience": 5, "checkpoint_every": 13},
+        command=request.command)
 
 
 def test_train_draft_method_is_a_choice_of_the_trainable_methods():

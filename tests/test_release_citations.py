@@ -12,7 +12,7 @@ from specpipe.trtllm import release
 from specpipe.trtllm.flagcheck import FLAGS_DIR
 
 TRTLLM = Path(release.__file__).parent
-CITATION = re.compile(r"@ ?`{0,2}([0-9A-Za-z]+)")
+CITATION = re.compile(r"@ ?`{0,2}([0-9A-Za-z]+)(?![0-9A-Za-z:])")  # not an image digest, @sha256:HEX
 SHA = re.compile(r"^[0-9a-f]{7,40}$")
 
 

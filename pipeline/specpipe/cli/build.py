@@ -1,4 +1,4 @@
-"""``specpipe build``: options -> one :class:`BuildRequest` -> the CPU or TensorRT-LLM build stage."""
+"""``specpipe build``: options -> one :class:`BuildRequest` -> the CPU, TensorRT-LLM or vLLM build stage."""
 
 from __future__ import annotations
 
@@ -20,14 +20,15 @@ ERROR_FORMAT = "specpipe-build-error/1"
 
 
 @click.command()
-@click.option("--target", required=True,
+@click.option("--target", default=None,
               help="Target preset name (e.g. smollm2-135m, llama3-70b), a preset .toml path, or (TensorRT-LLM runtimes) "
-                   "a local Hugging Face checkpoint directory.")
+                   "a local Hugging Face checkpoint directory (required unless --from-vllm-args names the model).")
 @click.option("--draft", default="none", show_default=True,
               help="Draft preset: none, ngram, smollm2-draft, eagle, medusa, lookahead, a draft model preset, or a .toml path.")
 @click.option("--runtime", type=click.Choice(["auto", *RUNTIMES]), default="auto", show_default=True,
               help="Where the engine runs: cpu (the CPU reference runtime, here), trtllm (TensorRT-LLM engine flow) "
-                   "or trtllm-llmapi (TensorRT-LLM LLM API); auto: cpu for targets the CPU runtime serves, else trtllm "
+                   "trtllm-llmapi (TensorRT-LLM LLM API) or vllm (the `vllm serve` command and its --speculative-config); "
+                   "auto: cpu for targets the CPU runtime serves, else trtllm "
                    "(without a GPU and an executor here: the plan and what is missing, exit status 1).")
 @click.option("--name", default=None, help="Engine name, the directory under --engines-dir (default: <target>-<draft>, "
                                           "plus -int8-wo / -int4-wo for a quantized CPU engine).")
@@ -65,16 +66,24 @@ ERROR_FORMAT = "specpipe-build-error/1"
 @click.option("--json", "json_output", is_flag=True,
               help="With --dry-run: print one JSON document instead (on a failure too: its \"error\" says why).")
 @click.option("--force", is_flag=True, help="Rebuild even if nothing changed.")
-def build(**options) -> None:
+@click.option("--from-vllm-args", "vllm_args", default=None, metavar="'vllm serve MODEL ...'",
+              help="Read the spec from a vllm serve command line, old speculative flags included (--speculative-model, "
+                   "--num-speculative-tokens, ...): prints what each flag became; implies --runtime vllm; options given "
+                   "here override it.")
+def build(vllm_args, **options) -> None:
     """Resolve presets, check compatibility, fetch and convert weights, and build an engine directory."""
     try:
-        _build(options)
+        _build(vllm_args, options)
     except SpecpipeError as error:
         _json_error(options, error)
         raise
 
 
-def _build(options: dict) -> None:
+def _build(vllm_args, options: dict) -> None:
+    if vllm_args is not None:
+        _apply_vllm_args(vllm_args, options)
+    if options["target"] is None:
+        raise click.UsageError("give --target (a preset, a .toml or a checkpoint directory), or --from-vllm-args")
     requested = options.pop("runtime")
     runtime = resolve_runtime(options["target"], requested)
     if runtime is Runtime.CPU:  # auto means 1 there; other sizes and --gpus are refused by the CPU build
@@ -94,6 +103,23 @@ def _build(options: dict) -> None:
     run_build(request)
 
 
+def _apply_vllm_args(text: str, options: dict) -> None:
+    """Fill ``options`` from ``--from-vllm-args``, where the command line left them at their defaults."""
+    from specpipe.progress import note
+    from specpipe.vllm.legacy import translate
+
+    translation = translate(text)
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("runtime") is not click.core.ParameterSource.DEFAULT and options["runtime"] != "vllm":
+        raise click.BadParameter(f"--from-vllm-args plans for vLLM, not --runtime {options['runtime']}: drop --runtime",
+                                 param_hint="--runtime")
+    for key, value in translation.options.items():
+        if key not in options or ctx.get_parameter_source(key) is click.core.ParameterSource.DEFAULT:
+            options[key] = value
+    for line in translation.changes:
+        note(f"from vllm args: {line}")
+
+
 def _json_error(options: dict, error: SpecpipeError) -> None:
     """With ``--json``, a failure is one JSON document on stdout too (a plan that does not fit was printed whole,
     its ``error`` set, by the build stage)."""
@@ -102,11 +128,15 @@ def _json_error(options: dict, error: SpecpipeError) -> None:
 
 
 def run_build(request: BuildRequest) -> None:
-    """The build stage of ``request.runtime`` (TensorRT-LLM's imported only when asked for)."""
+    """The build stage of ``request.runtime`` (TensorRT-LLM's and vLLM's imported only when asked for)."""
     if request.runtime == Runtime.CPU.value:
         from specpipe.build_cpu import build_cpu
 
         build_cpu(request)
+    elif request.runtime == Runtime.VLLM.value:
+        from specpipe.vllm.build import build_vllm
+
+        build_vllm(request)
     else:
         from specpipe.trtllm.build import build_trtllm
 
