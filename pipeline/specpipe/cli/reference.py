@@ -1,5 +1,5 @@
-"""The command reference in README.md, generated from the CLI itself (cogapp; ``tests/test_docs.py``
-fails when the README is stale: regenerate it with ``cog -r README.md``)."""
+"""The command reference in docs/cli.md, generated from the CLI itself (cogapp; ``tests/test_docs.py``
+fails when it is stale: regenerate it with ``cog -r docs/cli.md``)."""
 
 from __future__ import annotations
 
