@@ -1,30 +1,29 @@
-"""Load-adaptive speculation against plain decoding, in one process, step by step (issue 11, item 3).
+"""How many output tokens per second does each CPU speculative deployment serve against plain decoding
+at concurrency 1 to 8, measured in one process?
 
 Every engine gets its own :class:`~specpipe.runtime.cpu.scheduler.BatchScheduler`; at each concurrency
 level the schedulers take **one step each in turn**, each kept at that many requests in flight (closed
-loop over the same chat prompts, 128 greedy tokens), until every one has served its prompts. A
-deployment's throughput is its output tokens over the seconds spent in its own steps. Interleaving at
-the step (tens of milliseconds) means a shared machine that slows down for a while slows every
-deployment alike, which runs one after another, even in rounds of whole requests, do not give: this
-is what resolves the few percent that decide "never slower than the baseline". Not a test: run it on
-an otherwise idle machine::
+loop over the same prompts, 128 greedy tokens), until every one has served its prompts. A deployment's
+throughput is its output tokens over the seconds spent in its own steps, so a shared machine that slows
+down for a while slows every deployment alike: this resolves the few percent that decide "never slower
+than the baseline", which deployments served one after another do not. The first engine is the
+baseline of the ratios; greedy texts are compared with the baseline's. Run it on an otherwise idle
+machine::
 
     PYTHONPATH=pipeline python benchmarks/adaptive_interleaved.py engines/smollm2-135m-{none,ngram,eagle} \\
         [--concurrency 1,2,4,8] [--prompts 8] [--tokens 128] [--prompt-set chat|training-style]
         [--llama-gguf /tmp/smollm2-f32.gguf] [--out benchmarks/results/adaptive_interleaved.json]
 
-The first engine is the baseline of the ratios; greedy texts are compared with the baseline's.
 ``--llama-gguf`` adds llama.cpp's plain greedy decoding on the same weights as a lane at concurrency 1,
-one token per turn (:class:`llama_cpp_column.LlamaCppLane`); its texts may differ from the baseline's
-where two tokens' logits are within the two kernels' rounding.
+one token per turn (:class:`plain_step.LlamaCppLane`; setup in ``plain_step.py``); its texts may differ
+from the baseline's where two tokens' logits are within the two kernels' rounding.
 ``--prompt-set training-style`` takes the prompts of ``draft_acceptance.py``'s training-style set instead
-of the chat set: what the drafts do on the distribution they were trained on.
+of ``specpipe bench --chat``'s: what the drafts do on the distribution they were trained on.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import shlex
@@ -44,7 +43,7 @@ from specpipe.runtime.cpu.scheduler import BatchScheduler
 from specpipe.training.prompts import builtin_prompts
 
 from draft_acceptance import CHAT_CATEGORIES, TRAINING_STYLE_SEED
-from llama_cpp_column import LlamaCppLane, load_llama
+from plain_step import LlamaCppLane, load_llama
 
 
 class Lane:
@@ -118,7 +117,7 @@ def run_level(lanes: list[Lane], prompt_ids: list[list[int]], concurrency: int, 
 
 
 def level_arguments(parser: argparse.ArgumentParser, concurrency: str = "1,2,4,8", prompts: int = 8) -> None:
-    """The options every step-interleaved benchmark takes: ``--concurrency``, ``--prompts``, ``--tokens``, ``--out``."""
+    """The level options: ``--concurrency``, ``--prompts``, ``--tokens``, ``--out``."""
     parser.add_argument("--concurrency", default=concurrency)
     parser.add_argument("--prompts", type=int, default=prompts, help="prompts per level (at least 2 x concurrency)")
     parser.add_argument("--tokens", type=int, default=128)
@@ -143,23 +142,8 @@ def run_levels(lanes: list[Lane], prompt_ids: list[list[int]], args: argparse.Na
     return report
 
 
-def paired_lanes(baseline: Path, engines: list[Path], variant, label: str) -> tuple[list[Lane], Path]:
-    """The baseline engine's lane, then per engine a lane ``"NAME (label)"`` of ``variant(engine, cost_model)``
-    (a scheduler on the same loaded engine, given a copy of the shipped scheduler's measured cost curve)
-    and the shipped scheduler's lane: an A/B of one rule on one engine and one curve. Also returns the
-    baseline's tokenizer directory."""
-    engine, manifest = load_engine(baseline)
-    lanes = [Lane(manifest.name, BatchScheduler(engine, max_batch_size=8))]
-    for engine_dir in engines:
-        engine, engine_manifest = load_engine(engine_dir)
-        shipped = BatchScheduler(engine, max_batch_size=8)
-        other = variant(engine, copy.deepcopy(shipped.cost_model))
-        lanes += [Lane(f"{engine_manifest.name} ({label})", other), Lane(engine_manifest.name, shipped)]
-    return lanes, baseline / manifest.target.path
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("engines", nargs="+", type=Path)
     level_arguments(parser)
     parser.add_argument("--threads", type=int, default=2)
@@ -168,7 +152,7 @@ def main() -> None:
                              "requests of the heads' training templates, with another seed (draft_acceptance.py)")
     parser.add_argument("--llama-gguf", type=Path,
                         help="also decode with llama.cpp (llama-cpp-python) on this f32 GGUF of the same checkpoint, "
-                             "at concurrency 1, as one more lane (see llama_cpp_column.py)")
+                             "at concurrency 1, as one more lane (see plain_step.py)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lanes, cost_curves = [], {}

@@ -1,24 +1,26 @@
-"""CPU speculative-decoding benchmark on the default model (SmolLM2-135M-Instruct): results as JSON.
+"""At batch 1, how fast does each of specpipe's CPU speculative methods decode against plain decoding
+and against transformers' assisted generation and prompt lookup (and, optionally, llama.cpp and EAGLE
+served through Triton)?
 
-Not a test: it takes tens of minutes on 2 cores. Every method decodes the same chat-formatted prompts
-greedily (128 new tokens, batch 1, 2 threads) and is timed per prompt, interleaved so that machine
-noise hits all methods alike:
+Every method decodes the same chat-formatted prompts of the default model (SmolLM2-135M-Instruct)
+greedily (128 new tokens, batch 1, 2 threads), timed per prompt and interleaved so that machine noise
+hits all methods alike:
 
-* in process (specpipe's CPU engine): baseline, n-gram prompt lookup, distilled draft model, Medusa
-  tree, EAGLE tree (static ``eagle_choices``), EAGLE-2 dynamic tree;
-* through Triton + gRPC: EAGLE, built, packaged and served by specpipe (``--triton``);
+* in process (specpipe's CPU engine, each built from its preset as a deployment is): baseline, n-gram
+  prompt lookup, distilled draft model, Medusa tree, EAGLE tree (static ``eagle_choices``), EAGLE-2
+  dynamic tree;
 * peers in the same run: transformers' ``generate`` (plain), assisted generation with the same
   distilled draft model, and prompt lookup decoding;
-* llama.cpp (``llama-cpp``, optional): plain greedy decoding through llama-cpp-python on an f32 GGUF
-  converted from the same checkpoint by llama.cpp's ``convert_hf_to_gguf.py`` (:mod:`llama_cpp_column`).
+* ``llama-cpp`` (optional): plain greedy decoding through llama-cpp-python on an f32 GGUF of the same
+  checkpoint (setup in ``plain_step.py``);
+* ``--triton``: EAGLE built, packaged and served by specpipe, through gRPC.
 
 For each method: tokens/s per prompt and overall (total tokens / total seconds), mean accepted length
-(tokens per decoding target forward), and whether its output equals the baseline's token for token.
-Ratios against the baseline and the issue's targets are in ``summary``.
+(tokens per decoding target forward), and whether its output equals the baseline's token for token;
+ratios against the baseline and the issue's targets are in ``summary``. The JSON is written after every
+prompt. It takes tens of minutes on 2 cores; run it on an otherwise idle machine::
 
-Usage::
-
-    python benchmarks/cpu_speculative.py --out benchmarks/results/cpu_speculative.json [--prompts 24]
+    PYTHONPATH=pipeline python benchmarks/cpu_speculative.py --out benchmarks/results/cpu_speculative.json [--prompts 24]
         [--methods baseline,ngram,draft,medusa,eagle,eagle-dynamic,hf,hf-assisted,hf-lookup,llama-cpp] [--triton]
         [--gguf smollm2-f32.gguf | --llama-convert path/to/llama.cpp]
 """
@@ -162,7 +164,7 @@ def run_engine(engine, ids: list[int], max_tokens: int):
 
 
 def run_llama(llm, ids: list[int], max_tokens: int, eos: int):
-    from llama_cpp_column import generate_greedy
+    from plain_step import generate_greedy
 
     t0 = time.perf_counter()
     tokens = generate_greedy(llm, ids, max_tokens, eos)
@@ -189,7 +191,7 @@ def run_hf(target, ids: list[int], max_tokens: int, eos: int, **kwargs):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_speculative.json"))
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -212,7 +214,7 @@ def main() -> None:
     methods = [m for m in args.methods.split(",") if m]
     engines, extra = build_engines(methods, prepack=not args.no_prepack)
     if "llama-cpp" in methods:
-        from llama_cpp_column import load_llama
+        from plain_step import load_llama
 
         gguf = args.gguf or Path("/tmp/specpipe-bench/smollm2-135m-f32.gguf")
         extra["llama"] = load_llama(target_dir, gguf, args.llama_convert, threads=args.threads)

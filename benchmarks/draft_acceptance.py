@@ -1,9 +1,10 @@
-"""Tokens per decoding step of a speculative CPU engine on the benchmark's chat prompts against prompts of
-its draft's training distribution (not a test; the figures do not depend on the machine's speed).
+"""How many tokens per decoding step does a speculative CPU engine's full draft commit on the
+benchmark's chat prompts, against prompts of its draft's training distribution?
 
-Each prompt is decoded greedily alone, with every step verifying the engine's full draft (fixed
+Each prompt is decoded greedily alone, every step verifying the engine's full draft (fixed
 ``max_draft_len``, the adaptive rule off), so the figure is the draft's quality, not the rule's
-choice: output tokens over decoding steps, the prefill's token left out. The two prompt sets:
+choice: output tokens over decoding steps, the prefill's token left out. It does not depend on the
+machine's speed. The two prompt sets:
 
 * ``bench-chat``: the first ``--prompts`` of ``specpipe bench --chat`` (written for the benchmark,
   never trained on);
@@ -11,7 +12,7 @@ choice: output tokens over decoding steps, the prefill's token left out. The two
   :func:`~specpipe.training.prompts.builtin_prompts` (:data:`CHAT_CATEGORIES`) with a seed other than
   training's, i.e. the templates and topics the heads were trained on.
 
-Usage::
+Run::
 
     PYTHONPATH=pipeline python benchmarks/draft_acceptance.py engines/smollm2-135m-eagle \\
         [--prompts 6] [--tokens 96] [--out benchmarks/results/draft_acceptance.json]
@@ -57,7 +58,7 @@ def tokens_per_step(scheduler: BatchScheduler, tokenizer, prompts: list[str], ma
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("engine", type=Path)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=96)

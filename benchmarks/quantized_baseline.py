@@ -1,7 +1,7 @@
-"""Weight-only int8 / int4 against fp32 on the CPU runtime (issue 33): how fast does the plain greedy
-baseline decode with ``-q int8-wo`` and ``-q int4-wo`` against fp32, side by side in one run, and how
-much resident memory does each deployment's model process hold beside its weight files? Not a test:
-run it on an otherwise idle machine::
+"""What does weight-only quantization (``-q int8-wo``, ``-q int4-wo``) do to the plain greedy CPU
+baseline against fp32: its decoding speed, its tokens, and its model process's resident memory?
+
+Run it on an otherwise idle machine::
 
     specpipe build --target smollm2-135m --draft none                 # engines/smollm2-135m-none
     specpipe build --target smollm2-135m --draft none -q int8-wo      # engines/smollm2-135m-none-int8-wo
@@ -124,7 +124,7 @@ def speed(engine_dirs: list[Path], prompts: int, tokens: int, rounds: int) -> li
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("engines", nargs="+", type=Path, help="engine directories; the first is the reference (fp32)")
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=128)

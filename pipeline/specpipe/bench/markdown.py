@@ -129,9 +129,9 @@ def interleaved_table(path: str | Path) -> str:
 
 
 def ngram_ceiling_table(path: str | Path) -> str:
-    """The table of ``benchmarks/ngram_ceiling.py``'s JSON at ``path``: per drafter (rows) and prompt set
-    (columns), tokens per target forward and, in brackets, the speed-up predicted with the forward cost
-    measured in that run; with its command.
+    """The table of the n-gram ceiling experiment's JSON at ``path`` (``docs/experiments.md``): per
+    drafter (rows) and prompt set (columns), tokens per target forward and, in brackets, the speed-up
+    predicted with the forward cost measured in that run; with its command.
 
     Raises:
         FileNotFoundError: no such file; json.JSONDecodeError / KeyError: not that benchmark's output.

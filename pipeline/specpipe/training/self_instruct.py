@@ -1,11 +1,11 @@
 """Prompts the target writes itself (self-instruct), for self-distillation corpora.
 
-Heads trained on answers to templated prompts learn those answers more than the target's language:
-``benchmarks/draft_acceptance.py`` measured EAGLE's full tree at 1.65 tokens a step on the benchmark's
-chat prompts against 3.01 on prompts of its training templates. Requests that the target writes itself,
-sampled, vary in subject and phrasing. They need no downloaded data set and no stronger model. The
-scheme follows Self-Instruct (Wang et al. 2023, arXiv:2212.10560), reduced to one round without the
-paper's filtering model: the target is asked for a user message and its reply becomes a prompt.
+Heads trained on answers to templated prompts learn those answers more than the target's language
+(``benchmarks/draft_acceptance.py`` measures the gap; figures in ``docs/cpu-measurements.md``).
+Requests that the target writes itself, sampled, vary in subject and phrasing. They need no downloaded
+data set and no stronger model. The scheme follows Self-Instruct (Wang et al. 2023, arXiv:2212.10560),
+reduced to one round without the paper's filtering model: the target is asked for a user message and its
+reply becomes a prompt.
 
 Each request is "Write {kind} about {topic} that a person might send to an AI assistant. Reply with only
 that message, in one or two sentences.", in the target's chat template. Kind and topic come from

@@ -27,26 +27,17 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   drafting seconds per depth (EWMA of its proposals' time, with the drafter's catching up on the
   previous step's tokens; after steps without drafts that catching up, over the prompt or all the
   tokens committed meanwhile, is timed apart);
-* ``r_i``: for a request that drafted before but not in the previous step, the cost of resuming: the
-  drafter must first catch up on the tokens committed during the pause (EAGLE: a head pass over them,
-  measured at about 4 ms, twice a continuing step's). It is paid once per run of drafting steps, so
-  the rule charges the deployment's mean resume seconds over its mean run length (both EWMAs, see
-  :class:`ResumeCost`). Uncharged, requests at concurrency 8 paused and resumed step after step and
-  the drafting steps took 5 ms longer than the rule expected. For a request that has not drafted yet,
-  ``r_i`` is the cost of starting: its drafter first catches up on the whole context (the 4-layer
-  draft model: 17-24 ms over 46-114 tokens, most of a target step). It is paid once per request, so
-  the rule charges the deployment's mean first catch-up per token times the request's context over
-  the mean number of steps the finished requests drafted in (:class:`StartCost`; nothing until a first
-  catch-up was timed; forgotten by :data:`IDLE_FORGETTING` a step while a fresh request does not
-  start). Uncharged, a request with a long context starts drafting as soon as its acceptance looks
-  good, and the whole batch waits for its catch-up; on the chat prompts the charge measured the same as
-  none within the noise (``benchmarks/start_charge_ab.py``). And no request *starts* drafting in a
-  step that prefills a prompt chunk: beside a chunk's tens of tokens a few more verified tokens look
-  nearly free, and runs started there ended at the next step, each after catching up on its whole
-  context. At concurrency 8 on the chat prompts such steps cost EAGLE 80-110 ms more than the rule expected
-  (285 and 277 ms against 199 and 207), several requests each catching up on 42-170 tokens (3-21 ms
-  apiece), and EAGLE measured 0.92-0.97× the baseline there; 0.99× without such starts
-  (``benchmarks/prefill_start_ab.py``).
+* ``r_i``: the drafter's catching up before it drafts. A request resuming after a pause catches up on
+  the tokens committed meanwhile, once per run of drafting steps: charged the deployment's mean resume
+  seconds over its mean run length (:class:`ResumeCost`). A request that has not drafted yet catches
+  up on its whole context, once: charged the mean first catch-up per token times its context, over the
+  mean number of steps finished requests drafted in (:class:`StartCost`). Uncharged, the whole batch
+  waits for catch-ups the rule did not expect.
+
+No request *starts* drafting in a step that prefills a prompt chunk: beside the chunk's tens of tokens
+a few verified tokens look nearly free, but such a start first catches up on the whole context and its
+run ends at the next step. Requests already drafting go on. Figures for each of these choices are in
+``docs/experiments.md``.
 
 The maximum is found by coordinate ascent (each request in turn takes its best m with the others
 fixed, until nothing changes; a few sweeps); a request drafts only where that beats its plain decoding
@@ -228,17 +219,14 @@ class StartCost:
         """Scale :attr:`seconds_per_token` by ``factor``: the scheduler does it by
         :data:`IDLE_FORGETTING` in every step in which a request that has not drafted yet could start and
         did not. A start the charge prevents is never timed, so without forgetting, one catch-up slowed
-        by a busy machine (a tester's run timed 0.03-0.05 s a token, 100 times the usual) would keep
-        every later request from drafting for good."""
+        by a busy machine would keep every later request from drafting for good."""
         self.seconds_per_token *= factor
 
 
 #: Drafting must raise the batch's expected tokens per second by this share over plain decoding: the
-#: estimates are noisy, and a gain within their noise is as likely a loss. 0.08 rather than 0.03: in two
-#: paired runs (``benchmarks/margin_ab.py``) it raised n-gram and EAGLE at concurrency 8 by 2.4-3.6 % and
-#: EAGLE at 4 by 3-8 %, and cost them 1-3.5 % at concurrency 1. The margin is on the batch's rate and
-#: each request is weighed alone, so in a batch of 8 one request's draft must add 8 % to all eight's
-#: tokens per second: under load only drafts expected to pay well are verified.
+#: estimates are noisy, and a gain within their noise is as likely a loss. The margin is on the batch's
+#: rate and each request is weighed alone, so under load only drafts expected to pay well are verified
+#: (0.08 against 0.03: ``docs/experiments.md``).
 DRAFT_MARGIN = 0.08
 
 

@@ -4,13 +4,12 @@ A :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` built with a dense copy
 at most ``dense_rows`` rows with ``F.linear`` on that copy instead of its packed kernel.
 
 Where the packed kernel is MKL's packed GEMM (:func:`~specpipe.runtime.cpu.prepack.mkl_packed_gemm_available`),
-``auto`` loads no copies (:func:`dense_copies_wanted`): on 2 cores of an Intel Xeon (AVX-512, AMX) a
-SmolLM2 forward with it takes 1.03-1.10x the dense copy's time at 1-3 rows and 0.90-0.94x from 4 rows
-on (a verification, a batch, a prompt chunk), with one copy of the weights.
+``auto`` loads no copies (:func:`dense_copies_wanted`): it is within a few percent of the dense copy for
+1-3 rows and faster from 4 rows on (a verification, a batch, a prompt chunk), with one copy of the
+weights.
 
-Where it is oneDNN's, which is faster depends on the CPU: on the same Xeon the dense copy made a
-one-token forward about 25 % faster and was about as fast from 8 rows on; on AMD Zen the packed kernel
-won from 2 rows on. :func:`choose_dense_rows` then times the target's batched forward both ways at 1, 2,
+Where it is oneDNN's, which is faster for few rows depends on the CPU (figures in
+``docs/experiments.md``). :func:`choose_dense_rows` then times the target's batched forward both ways at 1, 2,
 4, 8 and 12 rows (one token per request) and at 32 and 128 rows (a prompt chunk), and keeps one of
 three layouts:
 

@@ -1,9 +1,8 @@
 """One GEMM for a decoder layer's query, key and value projections, and one for its MLP's gate and up
 projections (as vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear`` do).
 
-On 2 AMD Zen 5 cores, with oneDNN's fp32 kernel, SmolLM2's 30 layers spent 8.4 ms in their five
-separate calls (q, k, v, gate, up) at one row and 6.8 ms in the two fused ones; 12.1 and 10.3 ms at 12
-rows. The fused layer is an ordinary ``nn.Linear`` (``self_attn.qkv_proj``, ``mlp.gate_up_proj``) with
+A layer then makes 4 GEMM calls instead of 7, which saves per-call overhead (figures in
+``docs/experiments.md``). The fused layer is an ordinary ``nn.Linear`` (``self_attn.qkv_proj``, ``mlp.gate_up_proj``) with
 the weights stacked along the output dimension, so :func:`~specpipe.runtime.cpu.prepack.prepack_linear_layers`
 packs it like any other layer and the weights are held once.
 

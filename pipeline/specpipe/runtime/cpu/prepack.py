@@ -6,37 +6,19 @@ draft tokens costs far more than one decoding step. Packing the weight once, at 
 packed kernels exist in PyTorch, each the one TorchInductor's CPU freezing pass emits:
 
 * **MKL's packed GEMM** (``torch.ops.mkl._mkl_reorder_linear_weight`` / ``_mkl_linear``, i.e.
-  ``cblas_sgemm_pack`` / ``cblas_sgemm_compute``), for fp32 where PyTorch has MKL. Measured on 2 cores
-  of an Intel Xeon (AVX-512, AMX), SmolLM2-135M's linear layers and lm_head (ms, fastest of 5):
-
-  =====  ===============  ==============
-  rows   ``F.linear``     MKL packed
-  =====  ===============  ==============
-  1       21.2             19.9
-  4       37.0             26.3
-  8       49.7             30.6
-  12      58.8             32.0
-  128    145.2            120.8
-  =====  ===============  ==============
-
-  One packing serves every row count, and on that Xeon each output row was computed the same way
-  whatever the other rows (bitwise), so a request's logits do not depend on the batch it shares.
+  ``cblas_sgemm_pack`` / ``cblas_sgemm_compute``), for fp32 on Intel CPUs where PyTorch has MKL;
 * **oneDNN's linear** with a reordered weight (``torch.ops.mkldnn._reorder_linear_weight`` /
   ``_linear_pointwise``; ``aten.mkldnn_linear`` on a ``Tensor.to_mkldnn`` weight where that pair is
-  missing), for bf16 layers (drafts) and for fp32 without MKL. On 2 Zen 4 cores it took a SmolLM2
-  forward plus lm_head from 38 to 22 ms at one row and from 71 to 28 ms at 12 rows; on the Xeon above
-  it is slower than ``F.linear`` for few rows.
+  missing), for bf16 layers (drafts) and for fp32 elsewhere.
 
-Which fp32 kernel runs depends on the CPU (:func:`mkl_packed_gemm_available`): MKL's packed GEMM on
-Intel CPUs, oneDNN's elsewhere. On 2 AMD Zen 5 cores MKL took SmolLM2's 210 decoder linear layers
-19.6 / 38.5 / 45.1 ms at 1 / 4 / 12 rows and oneDNN 12.7 / 14.9 / 19.7 ms; MKL's packed buffers there also
-held 1.6 times the weights' bytes (oneDNN's: the weights' bytes), and with 2 threads it computed 1-5 rows
-unlike 8 rows or more.
+One packing serves every row count. The fp32 kernel is chosen by CPU (:func:`mkl_packed_gemm_available`):
+on an AMD CPU MKL's was much slower than oneDNN's, held more than the weights' bytes and computed a few
+rows differently from many (figures in ``docs/experiments.md``).
 
 Each layer pads inputs of fewer than :attr:`PrepackedLinear.min_rows` rows with zero rows (found per
-layer shape at load, :meth:`PrepackedLinear.batch_invariant_min_rows`), so that a row's output is bitwise the same
-whatever the rows computed with it: on that Zen 5, oneDNN computed a one-row input with ``in_features``
-1536 (SmolLM2's ``down_proj``) differently from 2 rows or more, and every row count from 2 to 160 alike.
+layer shape at load, :meth:`PrepackedLinear.batch_invariant_min_rows`), so that a row's output is bitwise
+the same whatever the rows computed with it: kernels pick their code path by the input's shape, and some
+compute one row, or a few, differently from more.
 
 Precision stays fp32 (bf16 would be faster still, but its rounding makes greedy decoding depend on how
 many tokens a forward holds, which breaks the greedy identity of speculative decoding).
@@ -60,8 +42,7 @@ ALL_ROWS = 1 << 62
 
 
 #: The row count MKL's packing is tuned for (``cblas_sgemm_pack``'s ``m``; the packed weight serves
-#: any row count). Measured on 2 Xeon cores with SmolLM2's layers: a hint of 16 or 128 gives the same
-#: time at 1-16 rows, 128 is faster for a 32- or 128-token prompt chunk.
+#: any row count): 128 is as fast as 16 for 1-16 rows and faster for a prompt chunk.
 MKL_PACK_ROWS = 128
 
 
@@ -210,9 +191,8 @@ class PrepackedLinear(torch.nn.Module):
         count): 1 where every row count agrees; at most :data:`MAX_PAD_ROWS`; 1 also where it takes more
         (then a row's last bits may depend on its batch).
 
-        Kernels pick their code path by the input's shape: on 2 AMD Zen 5 cores oneDNN computed one row
-        with ``in_features`` 1536 differently from 2-160 rows (2 here); MKL's packed GEMM there, with 2
-        threads, computed 1-5 rows unlike 8 or more (8)."""
+        Kernels pick their code path by the input's shape, so a CPU may compute one row, or a few,
+        differently from more (examples in ``docs/experiments.md``)."""
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(max(INVARIANCE_ROWS), self.in_features, generator=generator)
         with torch.inference_mode():

@@ -5,10 +5,9 @@ them in 8 or 4 bits cuts those bytes to about a quarter or an eighth of fp32's. 
 weight-only schemes of the same names, the activations enter the kernel in 16 bits (bf16 here, the
 scales and zeros too) and the layer returns float32.
 
-Why bf16 activations: with float32 inputs both ATen kernels take a slow path. Measured on 2 Xeon cores
-(AVX-512, AMX), SmolLM2's ``gate_up_proj`` (3072 x 576; ms at 1 / 4 / 12 rows): fp32 prepacked 0.23 /
-0.26 / 0.33; int8 with fp32 inputs 0.62 / 2.37 / 7.1, with bf16 0.076 / 0.135 / 0.40; int4 with fp32
-inputs 1.66 / 6.7 / 19.9, with bf16 0.083 / 0.123 / 0.33.
+Why bf16 activations: with float32 inputs both ATen kernels take a slow path, slower than the fp32
+prepacked layer itself; with bf16 inputs they are 2-3 times faster than it at 1-4 rows and close to it
+at 12 (figures in ``docs/experiments.md``).
 
 Kernels (ATen ops, the ones TorchInductor's CPU lowering and torchao's CPU layouts call; torch 2.13):
 
@@ -21,10 +20,10 @@ Kernels (ATen ops, the ones TorchInductor's CPU lowering and torchao's CPU layou
   matmul in ``tests/test_quantized_linear.py``). The packing needs ``N`` divisible by 16 and the kernel a
   group of 32, 64, 128 or 256 dividing ``K``; a layer that does not fit gets ``int8-wo``.
 
-Batch invariance: on 2 Xeon cores (AVX-512) both kernels computed a row bitwise alike at every row
-count of :data:`~specpipe.runtime.cpu.prepack.INVARIANCE_ROWS` for SmolLM2's layer shapes; each layer
-still checks at load (:func:`invariant_min_rows`) and pads short inputs as
-:class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` does where a CPU computes them differently.
+Batch invariance: each layer checks at load (:func:`invariant_min_rows`) that its kernel computes a row
+bitwise alike at every row count of :data:`~specpipe.runtime.cpu.prepack.INVARIANCE_ROWS`, and pads
+short inputs as :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` does where a CPU computes them
+differently.
 """
 
 from __future__ import annotations

@@ -37,8 +37,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.adaptive import (
-    DRAFT_MARGIN, IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, StartCost, choose_draft_lengths,
-    ewma, shared_acceptance,
+    IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, StartCost, choose_draft_lengths, ewma, shared_acceptance,
 )
 from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
 from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
@@ -71,12 +70,6 @@ class BatchScheduler:
         cost_model: forward cost against tokens; ``None``: measured now (call on the serving thread).
         adaptive: choose draft lengths by the rule; ``False``: always draft ``max_draft_len``.
     """
-
-    #: Whether a request that is not drafting may start in a step that prefills a prompt chunk (no: such
-    #: runs end at the next step, after catching up on the whole context; adaptive module doc).
-    start_beside_prefill = False
-    #: Share by which drafting must beat plain decoding in the rule's estimate (:data:`DRAFT_MARGIN`).
-    draft_margin = DRAFT_MARGIN
 
     def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
                  prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True):
@@ -250,13 +243,13 @@ class BatchScheduler:
         depths = [self._node_depths(request) for request in decoding]
         if not self.adaptive:
             return [(len(d), d[-1] if d else 0) for d in depths]
-        if prefill_tokens and not self.start_beside_prefill:
+        if prefill_tokens:  # beside a prompt chunk only requests already drafting draft (adaptive module doc)
             depths = [d if request.draft_length else [] for request, d in zip(decoding, depths)]
         candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth,
                                         self._catch_up_charge(request))
                       for request, d in zip(decoding, depths)]
         chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
-                                      margin=self.draft_margin, prefill=prefill_tokens > 0)
+                                      prefill=prefill_tokens > 0)
         if any(request.fresh and d and not m for request, d, m in zip(decoding, depths, chosen)):
             self.start_cost.forget(1.0 - IDLE_FORGETTING)
         return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
