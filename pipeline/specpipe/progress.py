@@ -7,6 +7,7 @@ Library modules print nothing themselves and import no click.
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -29,6 +30,20 @@ def status(message: str) -> Iterator[None]:
 def is_terminal() -> bool:
     """Whether progress (stderr) goes to a terminal, where a live line can be rewritten in place."""
     return console.is_terminal
+
+
+#: huggingface_hub's switch for its tqdm bars, which transformers' bars (weights loading) follow too.
+LIBRARY_BARS_OFF = "HF_HUB_DISABLE_PROGRESS_BARS"
+
+
+def quiet_library_bars() -> None:
+    """Turn off third-party progress bars when stderr is not a terminal.
+
+    A tqdm bar redraws itself with carriage returns, so in a log file its redraws join into one line of
+    thousands of characters. Sets :data:`LIBRARY_BARS_OFF` (unless the user set it), before huggingface_hub
+    or transformers are imported, so it reaches them and every child process (Triton's model stubs)."""
+    if not is_terminal():
+        os.environ.setdefault(LIBRARY_BARS_OFF, "1")
 
 
 @contextmanager

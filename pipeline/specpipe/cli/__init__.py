@@ -16,6 +16,7 @@ import click
 from specpipe import __version__
 from specpipe.cli import bench, build, client, demo, deploy, doctor, gateway, package, serve, train
 from specpipe.errors import FlagError, SpecpipeError
+from specpipe.progress import quiet_library_bars
 
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
@@ -46,6 +47,7 @@ def _stop_on_sigterm(signum, frame) -> None:
 @click.version_option(__version__, prog_name="specpipe")
 def main() -> None:
     """specpipe: build, package, serve, validate and benchmark speculative-decoding deployments."""
+    quiet_library_bars()
 
 
 for command in (build.build, package.package, serve.serve, client.generate, client.validate, demo.demo,

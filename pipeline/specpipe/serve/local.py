@@ -33,6 +33,7 @@ from pathlib import Path
 
 from specpipe.errors import SpecpipeError
 from specpipe.paths import cache_dir
+from specpipe.progress import LIBRARY_BARS_OFF
 from specpipe.serve.cold_start import ColdStart, model_load_times
 from specpipe.serve.ports import check_ports
 from specpipe.serve.triton_log import log_tail, model_load_failures
@@ -244,7 +245,8 @@ class LocalTritonServer:
             raise SpecpipeError(f"no Triton model repository at {self.repo_dir}: run 'specpipe package' first")
         check_ports(self._ports())
         cmd, env_vars = self.command()
-        env = {**os.environ, **env_vars, DRAIN_FILE_ENV: str(self.drain_path), SERVE_PID_ENV: str(os.getpid())}
+        env = {**os.environ, **env_vars, DRAIN_FILE_ENV: str(self.drain_path), SERVE_PID_ENV: str(os.getpid()),
+               LIBRARY_BARS_OFF: "1"}  # the log is a file: no tqdm redraws in it
         clear_drain(self.drain_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_path.is_file() and self.log_path.stat().st_size:  # a restart keeps the last run's log
