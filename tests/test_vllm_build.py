@@ -137,3 +137,24 @@ def test_a_build_writes_the_manifest_with_the_command_and_skips_an_unchanged_reb
     assert package.exit_code == 1 and "without a Triton repository" in package.stderr
     assert "specpipe serve llama3-8b-ngram --runtime vllm" in package.stderr
     assert not (engines.parent / "repo").exists()
+
+
+def test_parallelism_is_a_check_as_on_tensorrt_llm(tmp_path, monkeypatch):
+    """Without a GPU the sizes are marked not checked with what auto picks on common GPUs; sizes beyond the
+    GPUs at hand are a warning; fitted ones are ok."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+
+    def parallelism(*args):
+        argv = ["build", "--runtime", "vllm", "--engines-dir", str(tmp_path / "e"), "--target", "llama3-70b",
+                "--draft", "eagle", "--dry-run", "--json", *args]
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 0, result.output
+        return next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "parallelism")
+
+    unknown = parallelism()
+    assert unknown["status"] == "not checked"
+    assert "with --gpu h100-80gb: TP 4 x PP 1; h200-141gb: TP 2 x PP 1" in unknown["detail"]
+    assert parallelism("--gpu", "h100-80gb", "--gpus", "8")["status"] == "ok"
+    beyond = parallelism("--gpu", "h100-80gb", "--gpus", "2", "--tp", "4")
+    assert beyond["status"] == "warning" and "needs 4 GPUs, 2 available" in beyond["detail"]

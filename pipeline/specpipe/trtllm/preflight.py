@@ -273,7 +273,7 @@ def _memory_error(target: Target, draft: Draft, scheme: Scheme, request: BuildRe
             f"({scheme.name}, {limits}), {has}: {fixes}")
 
 
-def _parallel_check(parallel: ParallelChoice, request: BuildRequest, hint: Callable[[], str]) -> Check:
+def parallel_check(parallel: ParallelChoice, request: BuildRequest, hint: Callable[[], str]) -> Check:
     """The ``parallelism`` check: ``ok`` only when the sizes were fitted to a known GPU and the GPUs
     available hold them; ``not checked`` without a GPU (why, and auto's choice on common GPUs); ``warning``
     for sizes beyond the GPUs available; ``failed`` when nothing fits."""
@@ -363,7 +363,7 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
         return choose(on)
 
     parallel = choose(gpu)
-    checks.append(_parallel_check(parallel, request, lambda: on_common_gpus(supported, [lookup_gpu(g) for g in COMMON_GPUS])))
+    checks.append(parallel_check(parallel, request, lambda: on_common_gpus(supported, [lookup_gpu(g) for g in COMMON_GPUS])))
     memory = _memory(target, draft, spec, scheme, parallel.tp, parallel.pp, request.max_batch_size, request.max_seq_len, gpu)
     memory_error = None
     if gpu is None:

@@ -31,10 +31,12 @@ from specpipe.errors import CompatibilityError, PresetError
 from specpipe.manifest import canonical_hash
 from specpipe.presets import load_draft
 from specpipe.speculative import Method, Runtime, SpeculativeSettings
-from specpipe.trtllm.gpus import GIB, lookup_gpu
+from specpipe.trtllm.gpus import GIB, Gpu, lookup_gpu
 from specpipe.trtllm.memory import MemoryPlan, plan_memory
-from specpipe.trtllm.parallelism import ParallelChoice, check_parallelism, choose_parallelism, render_parallel
-from specpipe.trtllm.preflight import Check, check_heads_match
+from specpipe.trtllm.parallelism import (
+    COMMON_GPUS, ParallelChoice, check_parallelism, choose_parallelism, on_common_gpus, render_parallel,
+)
+from specpipe.trtllm.preflight import Check, check_heads_match, parallel_check
 from specpipe.trtllm.quant import resolve_scheme
 from specpipe.trtllm.resolve import Draft, Target, resolve_draft, resolve_target
 from specpipe.vllm import release, settings
@@ -149,15 +151,19 @@ def make_plan(request: BuildRequest) -> VllmPlan:
     for name, arch, method in models:
         check_parallelism(name, arch, 1 if request.tp == AUTO else request.tp, 1 if request.pp == AUTO else request.pp, method)
 
-    def memory(tp: int, pp: int) -> MemoryPlan:
+    def memory(tp: int, pp: int, on: Gpu | None = gpu) -> MemoryPlan:
         return plan_memory(target=target.arch, scheme=scheme, tp=tp, pp=pp, batch=request.max_batch_size,
                            max_seq_len=request.max_seq_len, method=spec.method.value, max_draft_len=spec.max_draft_len,
                            num_eagle_layers=1 if spec.method is Method.EAGLE else 0,
-                           draft_arch=draft.arch if spec.spec.weights == "model" else None, gpu=gpu)
+                           draft_arch=draft.arch if spec.spec.weights == "model" else None, gpu=on)
 
-    parallel = choose_parallelism(runtime=Runtime.VLLM.value, method=draft.method, models=models, tp=request.tp,
-                                  pp=request.pp, gpu=gpu, gpus=request.gpus, plan=memory)
+    def choose(on: Gpu | None) -> ParallelChoice:
+        return choose_parallelism(runtime=Runtime.VLLM.value, method=draft.method, models=models, tp=request.tp,
+                                  pp=request.pp, gpu=on, gpus=request.gpus, plan=lambda tp, pp: memory(tp, pp, on))
+
+    parallel = choose(gpu)
     mem = memory(parallel.tp, parallel.pp)
+    checks.append(parallel_check(parallel, request, lambda: on_common_gpus(choose, [lookup_gpu(g) for g in COMMON_GPUS])))
     engine_name = request.engine_name(target.name, draft.name)
     if not is_engine_name(engine_name):
         raise PresetError(f"engine name {engine_name!r} is not a plain name: give one with --name")
