@@ -20,6 +20,10 @@ same concurrency. With a control (``BenchSettings.control``) every speed-up also
 :mod:`specpipe.bench.noise`: the table shows ``busy`` instead of a figure the machine's noise made
 meaningless and ``~`` before one within the control's spread; the files keep every raw figure with
 its verdict and the rule's findings (``bench.json`` ``"noise"``).
+
+Greedy runs also report each deployment's agreement with the first deployment's texts
+(:mod:`specpipe.bench.agreement`): a line under the table, ``greedy_agreement`` per result in
+``bench.json`` and ``greedy_*`` columns in ``bench.csv``; ``None`` for the reference and sampled runs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specpipe.bench.agreement import agreement_line, greedy_agreement
 from specpipe.bench.export import write_profile_exports
 from specpipe.bench.machine import machine_facts
 from specpipe.bench.noise import BUSY, NOISE, NoiseReport, assess
@@ -59,6 +64,9 @@ METRIC_DEFINITIONS = {
                          "of its process tree (server + Python backend stubs; memory_kind 'process'); else "
                          "nv_cpu_memory_used_bytes (host-wide); sampled every second during the level",
     "output_tokens": "num_output_tokens perf output, else OpenAI usage.completion_tokens, else re-tokenized text, else streamed chunks",
+    "greedy_agreement": "greedy runs: over the prompts this deployment and the reference (the first deployment) both "
+                        "completed at the level, the share of identical texts and the mean common prefix (characters / the "
+                        "reference text's length); first completed text per prompt; null for the reference and sampled runs",
 }
 
 CSV_COLUMNS = (
@@ -68,6 +76,7 @@ CSV_COLUMNS = (
     "e2e_ms_p50", "e2e_ms_p90", "e2e_ms_p99", "e2e_ms_mean", "output_tokens_mean",
     "acceptance_rate", "acceptance_rate_mean", "mean_accepted_length", "mean_accepted_length_mean", "acceptance_source",
     "memory_peak_bytes", "memory_kind", "incomplete", "reason", "verdict", "acceptance_by_position", "thin_percentiles",
+    "greedy_identical", "greedy_common_prefix", "greedy_prompts", "greedy_reference",
 )
 REQUEST_COLUMNS = (
     "deployment", "concurrency", "index", "round", "prompt_id", "scheduled_s", "start_s", "end_s", "latency_s", "ttft_s", "itl_s",
@@ -82,10 +91,11 @@ def noise_report(run: BenchRun) -> NoiseReport:
 
 
 def rows(run: BenchRun, noise: NoiseReport | None = None) -> list[dict[str, Any]]:
-    """One summary per level: ``level`` (the :class:`LevelResult`), ``aggregate``, ``speedup`` and the
+    """One summary per level: ``level`` (the :class:`LevelResult`), ``aggregate``, ``speedup``, the
     figure's ``verdict`` (:meth:`~specpipe.bench.noise.NoiseReport.figure`; ``noise`` defaults to
-    :func:`noise_report`)."""
+    :func:`noise_report`) and its greedy ``agreement`` (:mod:`specpipe.bench.agreement`, or ``None``)."""
     noise = noise_report(run) if noise is None else noise
+    agreements = greedy_agreement(run)
     aggregates = [(level, level_aggregate(level)) for level in run.levels]
     base = {level.key: None if level.incomplete else agg.output_token_throughput
             for level, agg in aggregates if level.deployment == run.settings.baseline}
@@ -93,7 +103,8 @@ def rows(run: BenchRun, noise: NoiseReport | None = None) -> list[dict[str, Any]
     for level, agg in aggregates:
         gain = None if level.incomplete else speedup(agg.output_token_throughput, base.get(level.key))
         found.append({"level": level, "aggregate": agg, "speedup": gain,
-                      "verdict": noise.figure(level.deployment, level.concurrency, gain)})
+                      "verdict": noise.figure(level.deployment, level.concurrency, gain),
+                      "agreement": agreements.get((level.deployment, level.key))})
     return found
 
 
@@ -203,6 +214,8 @@ def _caption(run: BenchRun, noise: NoiseReport) -> str:
     parts = [line] if (line := first_ttft_line(run)) else []
     if line := control_line(run, noise):
         parts.append(line)
+    if line := agreement_line(run):
+        parts.append(line)
     parts += noise.messages()
     if any(d.thin for r in rows(run, noise) for d in (r["aggregate"].ttft_ms, r["aggregate"].itl_ms, r["aggregate"].e2e_ms)):
         parts.append("*: from fewer requests than the percentile needs (" + ", ".join(f"{k} {v}" for k, v in MIN_REQUESTS.items()) + ")")
@@ -233,6 +246,7 @@ def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
         "acceptance_by_position": " ".join(f"{v:.4f}" for v in agg.acceptance_by_position or []) or None,
         "thin_percentiles": " ".join(sorted({f"{m}:{p}" for m in ("ttft", "itl", "e2e")
                                              for p in getattr(agg, f"{m}_ms").thin})) or None,
+        **{f"greedy_{k}": getattr(row["agreement"], k, None) for k in ("identical", "common_prefix", "prompts", "reference")},
     }
 
 
@@ -252,6 +266,7 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
             "counters": asdict(level.counters) if level.counters else None,
             "speedup_vs_baseline": row["speedup"], "verdict": row["verdict"], "aggregate": agg.to_dict(),
+            "greedy_agreement": row["agreement"].to_dict() if row["agreement"] else None,
         })
     return {
         "specpipe_version": __version__,
