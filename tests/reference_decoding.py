@@ -13,7 +13,8 @@ def next_token_logits(model: PreTrainedModel, token_ids: list[int]) -> torch.Ten
 
 
 def greedy_reference(
-    model: PreTrainedModel, prompt_ids: list[int], max_tokens: int, banned_ids: tuple[int, ...] = ()
+    model: PreTrainedModel, prompt_ids: list[int], max_tokens: int, banned_ids: tuple[int, ...] = (),
+    bad_words: tuple[tuple[int, ...], ...] = (),
 ) -> list[int]:
     """Greedy decoding, recomputing the whole sequence each token (O(n²), for tests and checks).
 
@@ -22,6 +23,8 @@ def greedy_reference(
         prompt_ids: prompt token ids.
         max_tokens: tokens to generate (no end id is honoured).
         banned_ids: token ids never chosen.
+        bad_words: token-id sequences never completed: a sequence's last token is not chosen where the
+            sequence so far (prompt included) ends with its other tokens.
 
     Returns:
         the ``max_tokens`` generated token ids.
@@ -31,5 +34,8 @@ def greedy_reference(
         logits = next_token_logits(model, ids)
         if banned_ids:
             logits = logits.index_fill(0, torch.tensor(banned_ids), float("-inf"))
+        for words in bad_words:
+            if len(ids) >= len(words) - 1 and ids[len(ids) - len(words) + 1 :] == list(words[:-1]):
+                logits = logits.index_fill(0, torch.tensor([words[-1]]), float("-inf"))
         ids.append(int(logits.argmax()))
     return ids[len(prompt_ids) :]

@@ -88,3 +88,48 @@ def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request
     assert abandoned.sender.sent[-1] == (None, FINAL) and len(abandoned.sender.tokens()) < 100
     assert neighbour.sender.tokens() == run_alone(engine, ps[1], SamplingParams(max_tokens=30))
     assert set(stop_request_values()) <= {spec.name for spec in TENSORRT_LLM.inputs}
+
+
+def test_a_request_sent_without_an_id_is_stopped_by_the_id_the_engine_gave_it(model, monkeypatch):
+    """tritonclient sends no request id unless asked: such a request gets one from the engine model,
+    returned as ``engine_request_id`` and handed by the ensemble to postprocessing, which stops the
+    abandoned request by it (issue 34: a stream cancelled with tritonclient's own call kept decoding)."""
+    from specpipe.triton.interface import ENSEMBLE_STEPS, POSTPROCESSING
+    from specpipe.triton.models import postprocessing
+
+    instance, engine = model
+    stops = []
+
+    class _BlsRequest:
+        def __init__(self, model_name, inputs, requested_output_names, request_id):
+            stops.append(request_id)
+            self.request = FakeRequest(request_id, **{t.name: t.value for t in inputs})
+
+        def exec(self, decoupled):
+            instance.execute([self.request])
+            return [types.SimpleNamespace(has_error=lambda: response.error is not None, error=lambda: response.error)
+                    for response, _ in self.request.sender.sent if response is not None]
+
+    monkeypatch.setattr(FAKE_PB, "InferenceRequest", _BlsRequest, raising=False)
+    post = postprocessing.TritonPythonModel()
+    post.detok = _Echo()
+    post.abandoned = AbandonedRequests(lambda rid: postprocessing.send_stop_request("tensorrt_llm", rid))
+    ps = prompts(3, seed=6)
+    anonymous, other = generate_request("", ps[0], 400), generate_request("", ps[1], 30)
+    instance.execute([anonymous, other])
+    wait_for(lambda: len(anonymous.sender.sent) >= 3 and other.sender.sent)
+    ids = {response.outputs["engine_request_id"].reshape(-1)[0] for response, _ in anonymous.sender.sent}
+    assert len(ids) == 1 and (given := ids.pop().decode()).startswith("specpipe-anonymous-")
+    assert other.sender.sent[0][0].outputs["engine_request_id"].reshape(-1)[0].decode() != given
+    cancelled = _Cancelled("", [5, 6])
+    cancelled.inputs["ENGINE_REQUEST_ID"] = types.SimpleNamespace(as_numpy=lambda: np.array([[given.encode()]], np.object_))
+    (reply,) = post.execute([cancelled])
+    assert reply.error is None and stops == [given]
+    assert anonymous.sender.done.wait(60) and other.sender.done.wait(60)
+    assert anonymous.sender.sent[-1] == (None, FINAL) and len(anonymous.sender.tokens()) < 100
+    assert other.sender.tokens() == run_alone(engine, ps[1], SamplingParams(max_tokens=30))
+    # the ensemble hands the id over (CPU runtime's wiring)
+    engine_step, post_step = ENSEMBLE_STEPS[1], ENSEMBLE_STEPS[2]
+    assert ("engine_request_id", "_ENGINE_REQUEST_ID") in engine_step.output_map
+    assert ("ENGINE_REQUEST_ID", "_ENGINE_REQUEST_ID") in post_step.input_map
+    assert any(spec.name == "ENGINE_REQUEST_ID" and spec.optional for spec in POSTPROCESSING.inputs)

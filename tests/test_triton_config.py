@@ -77,10 +77,12 @@ def test_ensemble_interface_matches_tensorrt_llm():
 
 
 def test_engine_flow_has_none_of_the_cpu_only_outputs():
-    assert {s.name for s in itf.TENSORRT_LLM.outputs} >= {"prior_output_ids", "draft_length"}
-    assert not {s.name for s in itf.TENSORRT_LLM_ENGINE.outputs} & {"prior_output_ids", "draft_length"}
+    cpu_only = {"prior_output_ids", "draft_length", "engine_request_id"}
+    assert {s.name for s in itf.TENSORRT_LLM.outputs} >= cpu_only
+    assert not {s.name for s in itf.TENSORRT_LLM_ENGINE.outputs} & cpu_only
     for step in itf.ENGINE_ENSEMBLE_STEPS:
-        assert not {name for name, _ in step.output_map} & {"prior_output_ids", "draft_length"}
+        assert not {name for name, _ in step.output_map} & cpu_only
+        assert not {name for name, _ in step.input_map} & {"PRIOR_TOKENS_BATCH", "ENGINE_REQUEST_ID"}
     assert "draft_length" in dict(next(s for s in itf.ENSEMBLE_STEPS if s.model_name == "tensorrt_llm").output_map)
 
 

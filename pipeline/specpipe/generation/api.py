@@ -24,8 +24,9 @@ class SamplingParams:
         end_id: end-of-sequence token id (``None``: the tokenizer's EOS).
         stop_words: token-id sequences; generation stops when the output ends with one of them, and
             the stop sequence itself is not returned.
-        bad_words: token-id sequences that must not be generated (only single-token entries are
-            enforced, by masking their logits).
+        bad_words: token-id sequences that must not be generated: a single token's logit is masked
+            everywhere, a longer sequence's last token wherever the tokens before end with the rest
+            of it (TensorRT-LLM's ``banBadWords``; prompt and draft tokens count).
         repetition_penalty: > 0; 1.0 is off. The logit of every token that occurs in the prompt or the
             output so far is divided by it when positive, multiplied by it when negative.
         presence_penalty: subtracted once from the logit of every token that occurs so far; 0.0 is off.

@@ -12,7 +12,9 @@ Budget rules (as OpenAI and vLLM): ``max_tokens`` absent means the rest of the c
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,3 +136,36 @@ class Prompter:
             raise APIError(400, f"max_tokens is {max_tokens} but the prompt has {prompt_tokens} tokens and the context "
                                 f"limit is {limit} tokens: ask for at most {room} tokens", "max_tokens")
         return max_tokens
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of generated ``text`` (no special tokens added)."""
+        return len(self.pre.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    def warm_up(self) -> None:
+        """Pay the first use's costs now: the chat template, one formatting and tokenization."""
+        messages = [{"role": "user", "content": "Hello"}]
+        text = self.template().format(messages) if self.pre.tokenizer.chat_template else "Hello"
+        self.pre.encode_prompt(text)
+        self.count_tokens(text)
+
+
+#: Seconds between tries to load the tokenizer while Triton cannot name it yet.
+WARM_UP_RETRY_S = 1.0
+
+
+async def warm_up(prompter: Callable[[], Awaitable[Prompter]]) -> None:
+    """Load a gateway's tokenizer (``prompter()``: transformers' import and the files, seconds) and warm
+    it up before its first request, retrying while Triton cannot be asked (503); other failures are left
+    to the requests to report."""
+    while True:
+        try:
+            loaded = await prompter()
+            break
+        except APIError as exc:
+            if exc.status != 503:
+                return
+        await asyncio.sleep(WARM_UP_RETRY_S)
+    try:
+        await asyncio.to_thread(loaded.warm_up)
+    except Exception:  # noqa: BLE001 - the first request meets the same failure and reports it
+        pass

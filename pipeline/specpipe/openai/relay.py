@@ -8,6 +8,7 @@ import asyncio
 from specpipe.client.llm import GenerationResult
 from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
+from specpipe.openai.protocol import usage
 from specpipe.openai.stops import StopStrings
 
 #: How often a waiting handler checks that its HTTP client is still connected, seconds.
@@ -20,10 +21,13 @@ class Generation:
     The request runs as a task; :meth:`next` returns the next released text (``None`` at the end).
     A completed stop string ends the request, and a closed HTTP transport cancels the task: either way
     the client cancels the gRPC stream and stops the engine request (:meth:`~specpipe.client.llm.LLMClient.stop`).
+    ``count_tokens`` (text -> its token count, the deployment's tokenizer) gives :meth:`usage` the tokens
+    of the text sent when a stop string ended it.
     """
 
-    def __init__(self, client, request: GenerationRequest, stops: tuple[str, ...], http_request):
+    def __init__(self, client, request: GenerationRequest, stops: tuple[str, ...], http_request, count_tokens=None):
         self.stops = StopStrings(stops)
+        self.sent, self.count_tokens = "", count_tokens
         self.http = http_request
         self.queue: asyncio.Queue = asyncio.Queue()
         self.task = asyncio.create_task(client.generate(request, on_text=self._on_text))
@@ -32,6 +36,7 @@ class Generation:
 
     def _on_text(self, text: str) -> bool:
         released = self.stops.feed(text)
+        self.sent += released
         if released:
             self.queue.put_nowait(released)
         return self.stops.stopped
@@ -56,6 +61,7 @@ class Generation:
             if item is None:
                 self._ended = True
                 tail = self.stops.flush()
+                self.sent += tail
                 return tail or None
             return item
 
@@ -65,6 +71,16 @@ class Generation:
             return self.task.result()
         except SpecpipeError as exc:
             return GenerationResult(error=f"UNAVAILABLE: {exc}")
+
+    def usage(self, perf: dict[str, float]) -> dict[str, int]:
+        """OpenAI ``usage`` of the finished request. After a stop string the engine has decoded past it
+        (the rest of its speculative step, and steps until the stop reached it, which vary from run to
+        run): ``completion_tokens`` is then the token count of the text sent, at most the engine's."""
+        used = usage(perf)
+        if self.stops.stopped and self.count_tokens is not None:
+            completion = min(used["completion_tokens"], self.count_tokens(self.sent))
+            used.update(completion_tokens=completion, total_tokens=used["prompt_tokens"] + completion)
+        return used
 
     def cancel(self) -> None:
         """Cancel the request if it is still running (the client cancels its gRPC stream and engine request)."""

@@ -31,24 +31,16 @@ from specpipe.errors import SpecpipeError
 from specpipe.openai import LOCAL_HOST
 from specpipe.openai.auth import api_key_middleware
 from specpipe.openai.metrics import GatewayMetrics
-from specpipe.openai.prompting import PreparedPrompt, Prompter
+from specpipe.openai.prompting import PreparedPrompt, Prompter, warm_up
 from specpipe.openai.protocol import (
-    APIError,
-    ParsedRequest,
-    api_error_for,
-    chat_object,
-    chunk_object,
-    completion_object,
-    finish_reason,
-    model_object,
-    models_object,
-    new_id,
-    parse_request,
-    usage,
-    usage_chunk,
+    APIError, ParsedRequest, api_error_for, chat_object, chunk_object, completion_object, finish_reason, model_object,
+    models_object, new_id, parse_request, usage_chunk,
 )
 from specpipe.openai.schema import openapi_document
 from specpipe.openai.relay import Generation
+
+#: Seconds ``/health`` waits for the tokenizer's warm-up before answering 503 (:func:`.prompting.warm_up`).
+WARM_UP_WAIT_S = 5.0
 
 
 class Gateway:
@@ -80,6 +72,7 @@ class Gateway:
         self.stopping = False
         self._prompter: Prompter | None = None
         self._inputs: set[str] | None = None
+        self._warming: asyncio.Future | None = None
 
     async def start(self, app=None) -> None:
         if self.client is None:
@@ -87,8 +80,11 @@ class Gateway:
 
             self.client = LLMClient(self.grpc_url, self.model)
             await self.client.__aenter__()
+        self._warming = asyncio.ensure_future(warm_up(self.prompter))  # /health waits for it
 
     async def stop(self, app=None) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
         if self.client is not None and self._own_client:
             await self.client.close()
             self.client = None
@@ -196,6 +192,10 @@ class Gateway:
 
         if self.stopping:
             return web.json_response({"ready": False, "stopping": True}, status=503)
+        if self._warming is not None and not self._warming.done():
+            await asyncio.wait([self._warming], timeout=WARM_UP_WAIT_S)
+            if not self._warming.done():
+                return web.json_response({"ready": False, "warming_up": True}, status=503)
         try:
             ready = await self.client.raw.is_server_ready(client_timeout=5)
         except Exception:
@@ -213,8 +213,9 @@ class Gateway:
             parsed = parse_request(body, chat)
             if parsed.model != self.name:
                 return self._model_not_found(parsed.model)
-            prompt = (await self.prompter()).prepare(parsed, segments_supported=await self._segments_supported())
-            generation = Generation(self.client, await self.ensemble_request(parsed, prompt), parsed.stop, request)
+            prompter = await self.prompter()
+            prompt = prompter.prepare(parsed, segments_supported=await self._segments_supported())
+            generation = Generation(self.client, await self.ensemble_request(parsed, prompt), parsed.stop, request, prompter.count_tokens)
         except APIError as exc:
             return web.json_response(exc.body(), status=exc.status)
         try:
@@ -245,7 +246,7 @@ class Gateway:
         self.metrics.record(self.name, result.perf)
         build = chat_object if parsed.chat else completion_object
         reason = finish_reason(result.perf, prompt.max_tokens, self._context(), generation.stops.stopped)
-        return web.json_response(build(new_id(parsed.chat), int(time.time()), self.name, "".join(texts), reason, usage(result.perf)))
+        return web.json_response(build(new_id(parsed.chat), int(time.time()), self.name, "".join(texts), reason, generation.usage(result.perf)))
 
     async def _stream(self, request, parsed: ParsedRequest, prompt: PreparedPrompt, generation: Generation, first: str | None):
         from aiohttp import web
@@ -275,7 +276,7 @@ class Gateway:
             reason = finish_reason(result.perf, prompt.max_tokens, self._context(), generation.stops.stopped)
             await send(chunk_object(parsed.chat, request_id, created, self.name, None, reason, include_usage=parsed.include_usage))
             if parsed.include_usage:
-                await send(usage_chunk(parsed.chat, request_id, created, self.name, usage(result.perf)))
+                await send(usage_chunk(parsed.chat, request_id, created, self.name, generation.usage(result.perf)))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

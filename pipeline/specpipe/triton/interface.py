@@ -206,6 +206,8 @@ TENSORRT_LLM = ModelInterface(
         _t("num_input_tokens", "INT32", [1]),
         _t("num_output_tokens", "INT32", [1]),
         _t("draft_length", "INT32", [1], doc="specpipe: draft length chosen for the latest step (0 = plain decoding)"),
+        _t("engine_request_id", "STRING", [1], doc="specpipe: the id the engine model knows the request by: the "
+           "client's, or one it gave a request sent without (postprocessing stops an abandoned request by it)"),
     ),
 )
 
@@ -217,6 +219,7 @@ POSTPROCESSING = ModelInterface(
         _t("TOKENS_BATCH", "INT32", [-1, -1], doc="[beam, T] token ids"),
         _t("SEQUENCE_LENGTH", "INT32", [-1], doc="[beam] valid tokens per beam"),
         _t("PRIOR_TOKENS_BATCH", "INT32", [-1, -1], True, doc="specpipe: [beam, P] tokens of earlier chunks"),
+        _t("ENGINE_REQUEST_ID", "STRING", [1], True, doc="specpipe: the engine model's id of the request"),
     ),
     outputs=(_t("OUTPUT", "STRING", [-1], doc="[beam] text"),),
 )
@@ -281,6 +284,7 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
             ("num_input_tokens", "num_input_tokens"),
             ("num_output_tokens", "num_output_tokens"),
             ("draft_length", "draft_length"),
+            ("engine_request_id", "_ENGINE_REQUEST_ID"),
         ),
     ),
     EnsembleStep(
@@ -289,6 +293,7 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
             ("TOKENS_BATCH", "_TOKENS_BATCH"),
             ("SEQUENCE_LENGTH", "_SEQUENCE_LENGTH"),
             ("PRIOR_TOKENS_BATCH", "_PRIOR_TOKENS_BATCH"),
+            ("ENGINE_REQUEST_ID", "_ENGINE_REQUEST_ID"),
         ),
         output_map=(("OUTPUT", "text_output"),),
     ),
@@ -308,7 +313,7 @@ PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_t
                 "num_output_tokens", "draft_length")
 
 #: Outputs of the CPU runtime's models that TensorRT-LLM's engine flow does not have.
-_CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length")
+_CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length", "engine_request_id")
 
 
 # --- the TensorRT-LLM engine flow ----------------------------------------------------------------------
@@ -338,7 +343,7 @@ TENSORRT_LLM_ENGINE = ModelInterface(
 ENGINE_ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = tuple(
     EnsembleStep(
         step.model_name,
-        input_map=tuple(m for m in step.input_map if m[0] != "PRIOR_TOKENS_BATCH"),
+        input_map=tuple(m for m in step.input_map if m[0] not in ("PRIOR_TOKENS_BATCH", "ENGINE_REQUEST_ID")),
         output_map=tuple(m for m in step.output_map if m[0] not in _CPU_ONLY_OUTPUTS),
     )
     for step in ENSEMBLE_STEPS

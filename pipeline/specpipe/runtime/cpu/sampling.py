@@ -1,6 +1,8 @@
 """Logits processing, token choice, and the speculative acceptance rule.
 
-Processing order (applied identically to target and draft logits): bad-word mask, temperature,
+Processing order (applied identically to target and draft logits): bad-word mask (a multi-token bad
+word bans its last token wherever the tokens before the row end with the rest of it, TensorRT-LLM's
+``banBadWords``), temperature,
 penalties (repetition, presence, frequency; then the ``min_tokens`` end-id mask), top-k, top-p,
 softmax. Greedy requests skip the temperature and the filters. Penalties need the token history of
 each scored position: the sampler holds the request's live context (prompt + committed output), and
@@ -29,8 +31,13 @@ def is_greedy(params: SamplingParams) -> bool:
 
 
 def single_token_bad_words(params: SamplingParams) -> tuple[int, ...]:
-    """Token ids of the single-token bad words (longer bad-word sequences are not enforced)."""
+    """Token ids of the single-token bad words (masked everywhere)."""
     return tuple(sorted({words[0] for words in params.bad_words if len(words) == 1}))
+
+
+def multi_token_bad_words(params: SamplingParams) -> tuple[tuple[int, ...], ...]:
+    """The bad words of two tokens or more: each bans its last token after the rest of it."""
+    return tuple(tuple(words) for words in params.bad_words if len(words) > 1)
 
 
 def mask_tokens(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -112,6 +119,7 @@ class TokenSampler:
         self.top_p = params.top_p
         self.generator = generator
         self.banned = torch.tensor(single_token_bad_words(params), dtype=torch.long)
+        self.bad_sequences = multi_token_bad_words(params)
         self.history = history if history is not None else []
         self.prompt_len = len(self.history)
         if end_ids is None:
@@ -123,7 +131,30 @@ class TokenSampler:
         """Whether the choice is the argmax of the raw logits: greedy, with no bad words, penalties or
         ``min_tokens`` (such a request's logits may be screened,
         :class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen`)."""
-        return self.greedy and not self.banned.numel() and not self.params.penalised and self.params.min_tokens <= 0
+        return (self.greedy and not self.banned.numel() and not self.bad_sequences and not self.params.penalised
+                and self.params.min_tokens <= 0)
+
+    def _bad_words(self, logits: torch.Tensor, paths: list[list[int]] | None) -> torch.Tensor:
+        """Bad words masked: single tokens everywhere; a longer word's last token in each row whose
+        history (``history + paths[i]``, prompt included) ends with the word's other tokens."""
+        logits = mask_tokens(logits, self.banned)
+        if not self.bad_sequences:
+            return logits
+        paths = paths if paths is not None else [[] for _ in range(logits.shape[0])]
+        longest = max(len(words) for words in self.bad_sequences) - 1
+        recent = self.history[-longest:]
+        rows, columns = [], []
+        for row, path in enumerate(paths):
+            tail = (recent + list(path))[-longest:]
+            for words in self.bad_sequences:
+                before = len(words) - 1
+                if len(tail) >= before and tail[len(tail) - before:] == list(words[:-1]):
+                    rows.append(row)
+                    columns.append(words[-1])
+        if rows:
+            logits = logits.clone()
+            logits[torch.tensor(rows), torch.tensor(columns)] = NEG_INF
+        return logits
 
     def _history_rules(self, logits: torch.Tensor, paths: list[list[int]] | None) -> torch.Tensor:
         """Penalties and the ``min_tokens`` mask; row i's history is ``history + paths[i]``
@@ -153,7 +184,7 @@ class TokenSampler:
     def greedy_logits(self, logits: torch.Tensor, paths: list[list[int]] | None = None) -> torch.Tensor:
         """Logits ``[n, vocab]`` whose argmax is the greedy choice: bad words masked, penalties and
         ``min_tokens`` applied (``paths`` as in :meth:`distributions`)."""
-        return self._history_rules(mask_tokens(logits, self.banned), paths)
+        return self._history_rules(self._bad_words(logits, paths), paths)
 
     def distributions(self, logits: torch.Tensor, paths: list[list[int]] | None = None) -> torch.Tensor:
         """Processed float32 distributions ``[n, vocab]`` (rows sum to 1) of raw logits ``[n, vocab]``.
@@ -161,7 +192,7 @@ class TokenSampler:
         ``paths[i]``: the tokens between the committed history and row i (draft tokens before it);
         ``None``: every row directly follows the history.
         """
-        logits = mask_tokens(logits, self.banned) / self.temperature
+        logits = self._bad_words(logits, paths) / self.temperature
         logits = self._history_rules(logits, paths)
         logits = top_p_filter(top_k_filter(logits, self.top_k), self.top_p)
         return logits.softmax(dim=-1)

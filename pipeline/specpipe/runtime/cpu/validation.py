@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.sampling import is_greedy, single_token_bad_words
+from specpipe.runtime.cpu.sampling import is_greedy
 
 
 def validate_request(input_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context: int) -> None:
@@ -47,6 +47,6 @@ def validate_request(input_ids: list[int], params: SamplingParams, *, vocab_size
         raise ValueError(f"min_tokens must be >= 0 (0 disables it), got {params.min_tokens}")
     if params.end_id is not None and not 0 <= params.end_id < vocab_size:
         raise ValueError(f"end_id must be a token id in [0, {vocab_size}) (or unset: the tokenizer's), got {params.end_id}")
-    bad = [t for t in single_token_bad_words(params) if not 0 <= t < vocab_size]
+    bad = sorted({t for words in params.bad_words for t in words if not 0 <= t < vocab_size})
     if bad:
         raise ValueError(f"bad_words contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")

@@ -24,7 +24,8 @@ away: the engine model still decodes it, so this model sends the engine model (p
 ``engine_model_name``, default ``tensorrt_llm``) TensorRT-LLM's stop request for its id, once
 (:mod:`~specpipe.triton.models.stop_requests`). It still answers the request as usual: answered with an
 error (``CANCELLED``), Triton 2.51 never released the ensemble request (it stayed in flight until the
-server's exit timeout).
+server's exit timeout). A request sent without an id is named by the id the engine model gave it
+(optional input ``ENGINE_REQUEST_ID``, its output ``engine_request_id``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import functools
 import numpy as np
 
 from specpipe.triton.interface import TENSORRT_LLM
-from specpipe.triton.models.common import error_response, input_array, model_parameters, parse_bool, response
+from specpipe.triton.models.common import error_response, input_array, model_parameters, parse_bool, response, strings
 from specpipe.triton.models.preprocessing import load_tokenizer
 from specpipe.triton.models.stop_requests import AbandonedRequests, send_stop_request
 
@@ -92,6 +93,15 @@ def _rows(tokens: np.ndarray, lengths: np.ndarray | None) -> list[list[int]]:
     return rows
 
 
+def _engine_request_id(request) -> str:
+    """The engine model's id of the request (``ENGINE_REQUEST_ID``), ``""`` when absent or unreadable."""
+    try:
+        values = strings(input_array(request, "ENGINE_REQUEST_ID"), "ENGINE_REQUEST_ID")
+    except ValueError:
+        return ""
+    return values[0] if values else ""
+
+
 class TritonPythonModel:
     """Triton entry point (loaded through the repository's ``postprocessing/1/model.py``)."""
 
@@ -106,7 +116,7 @@ class TritonPythonModel:
         return [self._one(request) for request in requests]
 
     def _one(self, request):
-        self.abandoned.check(request.request_id(), request.is_cancelled())
+        self.abandoned.check(request.request_id() or _engine_request_id(request), request.is_cancelled())
         try:
             tokens = input_array(request, "TOKENS_BATCH")
             beams = _rows(tokens, input_array(request, "SEQUENCE_LENGTH"))

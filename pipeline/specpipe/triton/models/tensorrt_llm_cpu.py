@@ -12,6 +12,8 @@ A client that cancels its gRPC stream is seen through ``response_sender.is_cance
 Python backend, 23.10+; the pytriton 0.7.0 server is 2.51) and its request leaves the batch at the next
 step. A client of the ensemble, which Triton does not cancel in flight, sends TensorRT-LLM's stop
 request instead (input ``stop`` true, the same request id; :mod:`.stop_requests`), with the same effect.
+A request sent without an id gets one here (:data:`ANONYMOUS_ID`), returned in every response as
+``engine_request_id``, so that ``postprocessing`` can stop it when its client went away.
 
 Custom metrics on Triton's metrics port (speculative counters named as vLLM's, TTFT and inter-token
 latency, batch size, waiting requests, chosen draft lengths, errors by reason): :mod:`.scheduler_metrics`.
@@ -36,12 +38,15 @@ the weights).
 from __future__ import annotations
 
 import functools
+import itertools
 import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from specpipe.triton.models.common import ENGINE_FAILED, error_response, input_array, model_parameters, parse_bool, pb_utils, response
 from specpipe.triton.models.draining import ENDED_BY_STOP, REFUSED_WHILE_STOPPING, DrainSignal
@@ -54,6 +59,8 @@ from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
 from specpipe.triton.models.warmup import warm_up_engine
 
 
+#: Prefix of the ids given to requests sent without one (numbered from 1 in each model process).
+ANONYMOUS_ID = "specpipe-anonymous-"
 #: How often an idle worker looks for a drain request, seconds.
 IDLE_POLL_S = 0.2
 #: Seconds between a request's last data response and an error response ending it. Triton 2.51's
@@ -94,6 +101,7 @@ class TritonSender:
         pb = pb_utils()
         if final:
             self._ended()
+        outputs = {**outputs, "engine_request_id": np.array([[self.request_id.encode()]], dtype=np.object_)}
         self._sender.send(response(outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         self._last_data_at = time.monotonic()
 
@@ -320,6 +328,8 @@ DEFAULT_MAX_BATCH_SIZE = 8
 class TritonPythonModel:
     """Triton entry point (loaded through the repository's ``tensorrt_llm/1/model.py``)."""
 
+    anonymous = itertools.count(1)  # numbers of the ids given to requests sent without one
+
     def initialize(self, args):
         from specpipe.runtime.cpu.dense_rows import apply_dense_rows, dense_copies_wanted, parse_dense_rows
         from specpipe.runtime.cpu.loader import load_engine
@@ -360,6 +370,7 @@ class TritonPythonModel:
                     sender.acknowledge()
                     continue
                 parsed = parse_request(get, exclude_input_default=self.exclude_input_default)
+                sender.request_id = sender.request_id or f"{ANONYMOUS_ID}{next(self.anonymous)}"
             except ValueError as exc:
                 sender.error(str(exc))
                 continue
