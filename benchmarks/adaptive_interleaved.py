@@ -1,7 +1,7 @@
 """How many output tokens per second does each CPU speculative deployment serve against plain decoding
 at concurrency 1 to 8, measured in one process?
 
-Every engine gets its own :class:`~specpipe.runtime.cpu.scheduler.BatchScheduler`; at each concurrency
+Every engine gets its own :class:`~specpipe.runtime.cpu.scheduler.scheduler.BatchScheduler`; at each concurrency
 level the schedulers take **one step each in turn**, each kept at that many requests in flight (closed
 loop over the same prompts, 128 greedy tokens), until every one has served its prompts. A deployment's
 throughput is its output tokens over the seconds spent in its own steps, so a shared machine that slows
@@ -39,7 +39,7 @@ from specpipe.bench.prompts import load_prompts
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.dense_rows import apply_dense_rows, dense_copies_wanted
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.scheduler import BatchScheduler
+from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.training.prompts import builtin_prompts
 
 from draft_acceptance import CHAT_CATEGORIES, TRAINING_STYLE_SEED

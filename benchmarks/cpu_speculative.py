@@ -219,7 +219,7 @@ def main() -> None:
         gguf = args.gguf or Path("/tmp/specpipe-bench/smollm2-135m-f32.gguf")
         extra["llama"] = load_llama(target_dir, gguf, args.llama_convert, threads=args.threads)
     if not args.no_prepack:  # the transformers peers run on prepacked layers too
-        from specpipe.runtime.cpu.prepack import prepack_linear_layers
+        from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
 
         prepack_linear_layers(target)
     prompts = PROMPTS[: args.prompts]

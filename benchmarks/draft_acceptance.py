@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 from specpipe.bench.prompts import load_prompts
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.scheduler import BatchScheduler
+from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.training.prompts import Prompt, builtin_prompts, chat_input_ids
 
 

@@ -46,7 +46,7 @@ def child(engine_dir: Path, prompts: int, concurrency: int, tokens: int) -> dict
 
     from specpipe.generation.api import SamplingParams
     from specpipe.runtime.cpu.loader import load_engine
-    from specpipe.runtime.cpu.scheduler import BatchScheduler
+    from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 
     from adaptive_interleaved import Lane, chat_prompt_ids, run_level
 

@@ -3,7 +3,7 @@ llama.cpp on the same fp32 weights?
 
 Both decode the same chat prompt greedily, one token per forward, after the same prefill; the figure is
 the median over ``--reps`` interleaved repetitions of (wall time of ``--tokens`` steps) / ``--tokens``,
-in ms. specpipe is timed three ways (:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`, the
+in ms. specpipe is timed three ways (:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`, the
 scheduler's forward, plus the greedy argmax screen and the argmax): ``specpipe`` with the dense weight
 copies used for one row (``--dense-rows all``), ``specpipe_packed`` with the prepacked kernels only (a
 deployment's default), ``specpipe_packed_fp32_head`` the latter with the full fp32 lm_head instead of
@@ -54,7 +54,7 @@ PROMPT = "Why is the sky blue? Explain it to a ten-year-old."
 def specpipe_step_seconds(lm, prompt_ids: list[int], tokens: int, screened: bool = True) -> float:
     """Seconds per greedy step of one request on ``lm`` (a BatchedLM), after prefilling ``prompt_ids``;
     ``screened``: logits through the argmax screen (``BatchedLM.project``'s ``argmax_only``)."""
-    from specpipe.runtime.cpu.batched_lm import BatchEntry
+    from specpipe.runtime.cpu.model.batched_lm import BatchEntry
 
     slot = lm.allocate()
     try:
@@ -189,9 +189,9 @@ def main() -> None:
     from llama_cpp import Llama
     from transformers import AutoTokenizer
 
-    from specpipe.runtime.cpu.batched_lm import BatchedLM
+    from specpipe.runtime.cpu.model.batched_lm import BatchedLM
     from specpipe.runtime.cpu.loader import load_engine
-    from specpipe.runtime.cpu.prepack import set_dense_rows
+    from specpipe.runtime.cpu.model.prepack import set_dense_rows
 
     engine, manifest = load_engine(args.engine, dense_copy=True)
     tokenizer = AutoTokenizer.from_pretrained(args.engine / manifest.target.path)

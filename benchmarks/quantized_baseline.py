@@ -41,8 +41,8 @@ from transformers import AutoTokenizer
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.quantized_linear import quantized_bytes
-from specpipe.runtime.cpu.weights_memory import resident_bytes
+from specpipe.runtime.cpu.model.quantized_linear import quantized_bytes
+from specpipe.runtime.cpu.model.weights_memory import resident_bytes
 
 MiB = 2**20
 

@@ -1,19 +1,19 @@
 """Engines of every CPU method on tiny random models, and helpers that run requests through the batch
-scheduler (:mod:`specpipe.runtime.cpu.scheduler`) on the test's thread."""
+scheduler (:mod:`specpipe.runtime.cpu.scheduler.scheduler`) on the test's thread."""
 
 from __future__ import annotations
 
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.forward_cost import ForwardCostModel
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.eagle import EagleTreeDrafter
-from specpipe.runtime.cpu.eagle_head import EagleConfig, EagleHead
+from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
+from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.medusa import MedusaHeads, MedusaTreeDrafter
-from specpipe.runtime.cpu.scheduler import BatchScheduler
+from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
+from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.tree import Tree
 from tiny_models import tiny_llama

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
-from specpipe.runtime.cpu.prepack import bf16_prepack_available, prepack_linear_layers
-from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.model.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
+from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.model.prepack import bf16_prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
 from batch_helpers import make_engine, prompts, scheduler_for, submit
 from tiny_models import tiny_llama

@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu import scheduler as scheduler_module
-from specpipe.runtime.cpu.adaptive import (
+from specpipe.runtime.cpu.scheduler import scheduler as scheduler_module
+from specpipe.runtime.cpu.scheduler.adaptive import (
     DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, shared_acceptance,
 )
-from specpipe.runtime.cpu.batch_request import fork_drafter
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM, attention_groups
-from specpipe.runtime.cpu.cached_lm import CachedLM
-from specpipe.runtime.cpu.forward_cost import ForwardCostModel, non_decreasing
-from specpipe.runtime.cpu.sampling import TokenSampler
-from specpipe.runtime.cpu.scheduler import Cancelled, ServerBusy
-from specpipe.runtime.cpu.tree_accept import tree_attention
+from specpipe.runtime.cpu.scheduler.batch_request import fork_drafter
+from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM, attention_groups
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel, non_decreasing
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
+from specpipe.runtime.cpu.scheduler.scheduler import Cancelled, ServerBusy
+from specpipe.runtime.cpu.verify.tree_accept import tree_attention
 from batch_helpers import (
     FLAT_COST, LINEAR_COST, METHODS, make_engine, prompts, run_alone, run_batch, scheduler_for, submit,
 )
@@ -51,7 +51,7 @@ def test_batched_forward_matches_the_one_sequence_cache():
 def test_batched_forward_of_a_prepacked_model_matches_the_model_itself(act):
     """The batched forward calls each layer's kernels directly (``LayerOps``): the gated SiLU MLP as its
     three GEMMs, any other MLP as its module; either way the hidden states are the model's own."""
-    from specpipe.runtime.cpu.prepack import prepack_available, prepack_linear_layers
+    from specpipe.runtime.cpu.model.prepack import prepack_available, prepack_linear_layers
 
     model = tiny_llama(3)
     if act != "silu":

@@ -8,11 +8,11 @@ import torch
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, parse_dense_rows, rows_from_timings
-from specpipe.runtime.cpu.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.prepack import (ALL_ROWS, PrepackedLinear, drop_dense_copies, drop_packed_weights, prepack_available,
-                                          prepack_linear_layers, set_dense_rows)
+from specpipe.runtime.cpu.model.prepack import (ALL_ROWS, PrepackedLinear, drop_dense_copies, drop_packed_weights, prepack_available,
+                                                prepack_linear_layers, set_dense_rows)
 from tiny_engine import make_tiny_engine
 from tiny_models import tiny_llama
 

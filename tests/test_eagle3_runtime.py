@@ -9,12 +9,12 @@ import torch
 from specpipe import heads_format
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
-from specpipe.runtime.cpu.cached_lm import CachedLM
-from specpipe.runtime.cpu.drafters import NoDrafter
-from specpipe.runtime.cpu.eagle3 import Eagle3TreeDrafter
-from specpipe.runtime.cpu.eagle3_head import Eagle3Head, capture_layers
-from specpipe.runtime.cpu.eagle_head import EagleConfig
+from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.drafters.drafters import NoDrafter
+from specpipe.runtime.cpu.drafters.eagle3 import Eagle3TreeDrafter
+from specpipe.runtime.cpu.drafters.eagle3_head import Eagle3Head, capture_layers
+from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.tree import Tree

@@ -8,7 +8,7 @@ import torch
 
 from specpipe import heads_format
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.eagle3 import load_eagle3_drafter
+from specpipe.runtime.cpu.drafters.eagle3 import load_eagle3_drafter
 from specpipe.training.acceptance import ACCEPTANCE_TREE, heldout_prompts, mean_accepted_length
 from specpipe.training.config import TrainConfig
 from specpipe.training.data import Features, extract_features

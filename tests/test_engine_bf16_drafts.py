@@ -10,7 +10,7 @@ import torch
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine, resolve_draft_dtype
-from specpipe.runtime.cpu.prepack import bf16_prepack_available
+from specpipe.runtime.cpu.model.prepack import bf16_prepack_available
 
 PROMPTS = [
     [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198,

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from reference_decoding import greedy_reference
-from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")

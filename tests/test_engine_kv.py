@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.cached_lm import CachedLM
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from reference_decoding import greedy_reference, next_token_logits
 from tiny_models import tiny_llama

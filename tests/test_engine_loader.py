@@ -12,7 +12,7 @@ from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
 from specpipe.manifest import Manifest, Part, write_manifest
 from specpipe.speculative import Runtime, SpeculativeSettings
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.loader import load_engine
 from reference_decoding import greedy_reference
 from tiny_models import tiny_llama

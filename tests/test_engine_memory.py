@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_available
-from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
-from specpipe.runtime.cpu.weights_memory import own_memory, tensor_bytes
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_available
+from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
+from specpipe.runtime.cpu.model.weights_memory import own_memory, tensor_bytes
 from tiny_engine import make_tiny_engine
 from tiny_models import tiny_llama
 
@@ -141,7 +141,7 @@ def test_smollm2_engine_holds_one_copy(smollm2_engines, draft):
 def test_growing_the_kv_cache_keeps_entries_and_hands_the_old_cache_back(monkeypatch):
     """Capacity doubles as requests grow; each growth copies every slot's entries and then trims the
     heap, so the outgrown cache's memory leaves the process instead of staying in glibc's free lists."""
-    from specpipe.runtime.cpu import batched_lm
+    from specpipe.runtime.cpu.model import batched_lm
 
     trims = []
     monkeypatch.setattr(batched_lm, "trim_heap", lambda: trims.append(1))

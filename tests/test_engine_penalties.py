@@ -14,11 +14,11 @@ import torch
 
 from reference_decoding import next_token_logits
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.medusa import MedusaHeads, MedusaTreeDrafter
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.sampling import TokenSampler, apply_penalties
+from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.verify.sampling import TokenSampler, apply_penalties
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.runtime.cpu.validation import validate_request
 from specpipe.presets import load_draft

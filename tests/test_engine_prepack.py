@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_available, prepack_linear_layers
 from reference_decoding import greedy_reference
 from tiny_models import tiny_llama
 
@@ -27,7 +27,7 @@ KERNELS = {
 
 
 def _force_kernel(monkeypatch, kernel: str) -> None:
-    from specpipe.runtime.cpu import prepack
+    from specpipe.runtime.cpu.model import prepack
 
     if not KERNELS[kernel](prepack):
         pytest.skip(f"this PyTorch build lacks the {kernel} kernel")
@@ -57,7 +57,7 @@ def test_prepacked_linear_matches_nn_linear(shape, bias, kernel, monkeypatch):
 def test_rows_fast_path_gives_forwards_values_bitwise(kernel, dense_rows, monkeypatch):
     """``rows`` (2-D input, no reshapes) is what the batched forward calls; it must compute what
     ``forward`` computes, with the packed kernel, the dense copy up to ``dense_rows`` rows, or both."""
-    from specpipe.runtime.cpu.prepack import drop_packed_weights, set_dense_rows
+    from specpipe.runtime.cpu.model.prepack import drop_packed_weights, set_dense_rows
 
     _force_kernel(monkeypatch, kernel)
     torch.manual_seed(2)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from reference_decoding import next_token_logits
-from specpipe.runtime.cpu.sampling import (
+from specpipe.runtime.cpu.verify.sampling import (
     TokenSampler,
     residual_distribution,
     speculative_sample,

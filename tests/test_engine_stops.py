@@ -7,7 +7,7 @@ import math
 import pytest
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from reference_decoding import greedy_reference
 from specpipe.generation.stopping import StopConditions

@@ -1,6 +1,6 @@
 """A seeded sampled request's logits are bitwise the same whatever shares its batch and whatever it drafts.
 
-Sampling with position-keyed uniforms (``runtime/cpu/batch_request.py``) makes a seeded text depend on
+Sampling with position-keyed uniforms (``runtime/cpu/scheduler/batch_request.py``) makes a seeded text depend on
 nothing but its logits, so any rounding difference can flip a token where the uniform falls near a
 boundary of the distribution (a fresh tester's seeded poem changed half-way when a copy of it shared the
 batch). PyTorch's CPU flash attention rounds a row differently with one slot than with two, with keys
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.batch_request import PositionKeyedChooser
-from specpipe.runtime.cpu.batched_lm import EXACT_QUERY_ROWS, BatchEntry, BatchedLM
-from specpipe.runtime.cpu.fused_projections import fuse_projections
-from specpipe.runtime.cpu.prepack import prepack_available, prepack_linear_layers
-from specpipe.runtime.cpu.tree_accept import DraftTree
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.model.batched_lm import EXACT_QUERY_ROWS, BatchEntry, BatchedLM
+from specpipe.runtime.cpu.model.fused_projections import fuse_projections
+from specpipe.runtime.cpu.model.prepack import prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from batch_helpers import FLAT_COST, make_engine_of, run_alone, run_batch
 from tiny_models import tiny_llama
 

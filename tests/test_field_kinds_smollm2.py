@@ -24,7 +24,7 @@ from batch_helpers import FLAT_COST
 from specpipe.generation import spec_metrics as names
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.scheduler import BatchScheduler, Cancelled
+from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler, Cancelled
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("single_thread")]
 

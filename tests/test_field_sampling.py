@@ -16,13 +16,13 @@ import torch
 from batch_helpers import METHODS, make_engine, make_engine_of, prompts, run_alone, run_batch, scheduler_for, submit
 from reference_decoding import greedy_reference
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.batch_request import PositionKeyedChooser
-from specpipe.runtime.cpu.drafters import Draft, Drafter, DraftModelDrafter, NoDrafter
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.drafters.drafters import Draft, Drafter, DraftModelDrafter, NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.sampling import TokenSampler
-from specpipe.runtime.cpu.scheduler import Cancelled
-from specpipe.runtime.cpu.tree_accept import DraftTree
-from specpipe.runtime.cpu.tree_drafter import TreeDrafter
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
+from specpipe.runtime.cpu.scheduler.scheduler import Cancelled
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
+from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from tiny_models import tiny_llama
 

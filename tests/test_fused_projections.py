@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.runtime.cpu.fused_projections import FusedSlice, fuse_projections
-from specpipe.runtime.cpu.prepack import PrepackedLinear, prepack_linear_layers
+from specpipe.runtime.cpu.model.fused_projections import FusedSlice, fuse_projections
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_linear_layers
 from tiny_models import tiny_llama
 
 

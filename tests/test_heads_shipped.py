@@ -90,7 +90,7 @@ def test_build_heads_for_the_cpu_runtime(tmp_path, method):
     engine, _ = load_engine(engine_dir)
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
     tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=24))
-    from specpipe.runtime.cpu.drafters import NoDrafter
+    from specpipe.runtime.cpu.drafters.drafters import NoDrafter
     from specpipe.runtime.cpu.engine import SpeculativeEngine
 
     plain = SpeculativeEngine(engine.target.model, NoDrafter(), max_draft_len=0)

@@ -12,7 +12,7 @@ from specpipe.build_cpu import build_cpu, plan_cpu
 from specpipe.build_request import BuildRequest
 from specpipe.cli import main
 from specpipe.errors import FlagError, ManifestError
-from specpipe.runtime.cpu.quant_scheme import cpu_quantization, manifest_quantization
+from specpipe.runtime.cpu.model.quant_scheme import cpu_quantization, manifest_quantization
 from tiny_presets import write_tiny_presets
 
 
@@ -57,7 +57,7 @@ def test_plans_differ_by_scheme_and_auto_keeps_the_fp32_plan(presets):
 
 def test_built_engine_records_the_scheme_and_loads_quantized(presets):
     from specpipe.runtime.cpu.loader import load_engine
-    from specpipe.runtime.cpu.quantized_linear import QuantizedLinear
+    from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
 
     engine_dir = build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=presets, quantization="int4-wo"))
     assert engine_dir.name == "tiny-ngram-int4-wo"

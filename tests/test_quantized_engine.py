@@ -14,10 +14,10 @@ from specpipe import heads_format
 from specpipe.errors import ManifestError
 from specpipe.generation.api import SamplingParams
 from specpipe.manifest import Manifest, Part, write_manifest
-from specpipe.runtime.cpu.batched_lm import BatchedLM, BatchEntry
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.prepack import PrepackedLinear
-from specpipe.runtime.cpu.quantized_linear import QuantizedLinear
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear
+from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.speculative import Method, Runtime, SpeculativeSettings
 from specpipe.tree import Tree

@@ -1,4 +1,4 @@
-"""Weight-only int8 / int4 linear layers (runtime/cpu/quantized_linear.py): the kernels against a
+"""Weight-only int8 / int4 linear layers (runtime/cpu/model/quantized_linear.py): the kernels against a
 dequantized float64 matmul, the quantization error against fp32, batch invariance, and the fallbacks."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specpipe.runtime.cpu.quantized_linear import (INT4_GROUP_SIZE, QuantizedLinear, int4_group_size,
-                                                   linear_reference, quantize_linear_layers, quantized_bytes)
+from specpipe.runtime.cpu.model.quantized_linear import (INT4_GROUP_SIZE, QuantizedLinear, int4_group_size,
+                                                         linear_reference, quantize_linear_layers, quantized_bytes)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -120,7 +120,7 @@ def test_bias_shapes_and_replacement():
 def test_bad_scheme_and_prepacked_layers_are_refused():
     with pytest.raises(ValueError, match="int8-wo, int4-wo"):
         QuantizedLinear(torch.zeros(16, 32), None, "fp8")
-    from specpipe.runtime.cpu.prepack import PrepackedLinear
+    from specpipe.runtime.cpu.model.prepack import PrepackedLinear
 
     with pytest.raises(TypeError, match="before prepacking"):
         QuantizedLinear.from_linear(PrepackedLinear(torch.nn.Linear(32, 16)), "int8-wo")

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.quantized_linear import QuantizedLinear
+from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("single_thread")]
 

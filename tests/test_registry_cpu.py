@@ -25,8 +25,8 @@ def test_every_trainable_method_has_a_trainer():
 
 
 def test_head_methods_are_tree_drafters_on_cpu():
-    from specpipe.runtime.cpu.eagle import load_eagle_drafter
-    from specpipe.runtime.cpu.medusa import load_medusa_drafter
+    from specpipe.runtime.cpu.drafters.eagle import load_eagle_drafter
+    from specpipe.runtime.cpu.drafters.medusa import load_medusa_drafter
 
     heads = {m for m, spec in METHODS.items() if spec.weights == "heads" and spec.runs_on(Runtime.CPU)}
     assert heads and all(METHODS[m].has_tree for m in heads)

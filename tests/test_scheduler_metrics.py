@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from specpipe.runtime.cpu.scheduler import ServerBusy
+from specpipe.runtime.cpu.scheduler.scheduler import ServerBusy
 from specpipe.triton.models.common import ENGINE_FAILED
 from specpipe.triton.models.draining import ENDED_BY_STOP, REFUSED_WHILE_STOPPING
 from specpipe.triton.models.scheduler_metrics import ERROR_REASONS, SchedulerMetrics, error_reason

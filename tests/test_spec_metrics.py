@@ -10,7 +10,7 @@ import pytest
 from batch_helpers import run_batch, scheduler_for
 from specpipe.generation import spec_metrics as names
 from specpipe.generation.api import RequestStats, SamplingParams
-from specpipe.runtime.cpu.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.triton.models.scheduler_metrics import SchedulerMetrics, exported_series
 from specpipe.triton.models.stop_requests import StopRequests

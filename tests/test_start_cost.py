@@ -4,11 +4,11 @@ spread over the steps requests draft in (``StartCost``), and the scheduler measu
 import pytest
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu import scheduler as scheduler_module
-from specpipe.runtime.cpu.adaptive import (
+from specpipe.runtime.cpu.scheduler import scheduler as scheduler_module
+from specpipe.runtime.cpu.scheduler.adaptive import (
     IDLE_FORGETTING, DraftCandidate, NodeAcceptance, StartCost, choose_draft_lengths,
 )
-from specpipe.runtime.cpu.forward_cost import ForwardCostModel
+from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
 from batch_helpers import make_engine, prompts, scheduler_for, submit
 
 pytestmark = pytest.mark.usefixtures("single_thread")

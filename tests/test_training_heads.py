@@ -202,8 +202,8 @@ def test_cli_refuses_bad_input_before_writing(tmp_path):
 def test_unrolled_eagle_training_sees_what_the_drafter_computes(target, features):
     """Step d of the unrolled training pass at root position t equals the run-time drafter's depth-d
     feature for the chain that follows the same tokens (same inputs, positions and attention)."""
-    from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-    from specpipe.runtime.cpu.eagle import EagleTreeDrafter
+    from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+    from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
     from specpipe.training.tasks import EagleTask, unrolled_attention_mask
     from specpipe.tree import Tree
 

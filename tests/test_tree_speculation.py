@@ -7,15 +7,15 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
 from specpipe.presets import load_draft
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.eagle import EagleTreeDrafter
-from specpipe.runtime.cpu.eagle_head import EagleConfig, EagleHead
-from specpipe.runtime.cpu.medusa import MedusaHeads, MedusaTreeDrafter
-from specpipe.runtime.cpu.tree_accept import DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention
-from specpipe.runtime.cpu.tree_drafter import StaticTree, TreeDrafter
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
+from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
+from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention
+from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.tree import Tree
 from tiny_models import tiny_llama
@@ -164,7 +164,7 @@ def test_medusa_tree_deeper_than_heads_is_refused():
 
 
 def test_reduced_vocab_draft_model_keeps_greedy_output():
-    from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
+    from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
 
     model = tiny_llama(5, vocab_size=64)
     draft = tiny_llama(5, vocab_size=64, num_layers=1)
@@ -180,7 +180,7 @@ def test_reduced_vocab_draft_model_keeps_greedy_output():
 
 
 def engine_sampler():
-    from specpipe.runtime.cpu.sampling import TokenSampler
+    from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
     return TokenSampler(SamplingParams(max_tokens=1), torch.Generator())
 

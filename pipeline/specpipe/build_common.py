@@ -73,7 +73,7 @@ def check_cpu_batch_memory(arch, max_batch_size: int, memory_bytes: int | None =
     """Refuse a ``--max-batch-size`` whose KV cache cannot fit in this machine's memory.
 
     The CPU runtime keeps one fp32 KV cache slot per request decoded together, all as long as the
-    longest request (:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`), so at full context it holds
+    longest request (:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`), so at full context it holds
     ``max_batch_size x max_position_embeddings x 2 x layers x kv_heads x head_dim x 4`` bytes
     (SmolLM2-135M: 45 KiB a token, 3 GiB for 8 requests at 8,192 tokens).
 

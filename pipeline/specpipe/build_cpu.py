@@ -34,7 +34,7 @@ from specpipe.models.fetch import COMPLETE_MARKER, checkpoint_cache_dir, ensure_
 from specpipe.models.heads import place_heads, recipe, resolve_heads_dir
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import done, result
-from specpipe.runtime.cpu.quant_scheme import cpu_quantization
+from specpipe.runtime.cpu.model.quant_scheme import cpu_quantization
 from specpipe.speculative import (DYNAMIC_TREE_DEFAULTS, METHODS, Method, Runtime, SpeculativeSettings,
                                   methods_for, names)
 from specpipe.tree import Tree
@@ -81,7 +81,7 @@ def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
 
 
 #: The most draft tokens the CPU runtime verifies in a step: its forward cost is measured up to this many
-#: (``specpipe.runtime.cpu.forward_cost.MEASURED_TOKENS``); on a CPU more than a handful never pays.
+#: (``specpipe.runtime.cpu.scheduler.forward_cost.MEASURED_TOKENS``); on a CPU more than a handful never pays.
 CPU_MAX_DRAFT_LEN = 64
 
 

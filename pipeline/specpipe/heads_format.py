@@ -24,7 +24,7 @@ Two forms:
   (the target layers it reads, :func:`compact_style`), and its tensors are ``fc.weight`` [H, 3H],
   ``midlayer.*`` (``self_attn.{q,k,v}_proj`` [*, 2H], ``input_layernorm``, ``hidden_norm``,
   ``post_attention_layernorm``, ``mlp.*``), ``norm.weight`` and its own ``lm_head.weight`` [V', H]
-  (:mod:`specpipe.runtime.cpu.eagle3_head`).
+  (:mod:`specpipe.runtime.cpu.drafters.eagle3_head`).
 
 * **Converter layouts**, complete, which TensorRT-LLM's checkpoint converters read:
 

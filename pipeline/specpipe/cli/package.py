@@ -43,7 +43,7 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> No
 
 def _dense_rows(value: str) -> str:
     from specpipe.runtime.cpu.dense_rows import MAX_ROW_COUNT, parse_dense_rows
-    from specpipe.runtime.cpu.prepack import ALL_ROWS
+    from specpipe.runtime.cpu.model.prepack import ALL_ROWS
 
     try:
         if not value.strip():

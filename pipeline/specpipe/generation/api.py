@@ -74,7 +74,7 @@ class RequestStats:
         total_accepted_draft_tokens: draft tokens the target accepted.
         target_forwards: target forward passes, the prefill included.
         draft_length: draft tokens (a tree's nodes) the batch scheduler chose to verify in the request's
-            latest step (0 = plain decoding; the load-adaptive rule of :mod:`specpipe.runtime.cpu.adaptive`).
+            latest step (0 = plain decoding; the load-adaptive rule of :mod:`specpipe.runtime.cpu.scheduler.adaptive`).
     """
 
     num_input_tokens: int = 0

@@ -10,6 +10,6 @@ Modules:
   resumable, time budget); :mod:`specpipe.training.command`: the ``specpipe train-draft`` flow.
 
 Files are written in the heads file format (:mod:`specpipe.heads_format`). The head modules themselves
-live in the CPU runtime (:mod:`specpipe.runtime.cpu.eagle_head`, :mod:`specpipe.runtime.cpu.medusa`), so
+live in the CPU runtime (:mod:`specpipe.runtime.cpu.drafters.eagle_head`, :mod:`specpipe.runtime.cpu.drafters.medusa`), so
 the CPU engine loads exactly what was trained.
 """

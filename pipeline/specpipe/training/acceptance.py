@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.tree_drafter import TreeDrafter
+from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.training.data import Features
 from specpipe.tree import Tree

@@ -18,7 +18,7 @@ from specpipe.paths import cache_dir
 from specpipe.presets import load_target
 from specpipe.progress import console
 from specpipe.training.config import CHECKPOINT_NAME, TrainConfig
-from specpipe.runtime.cpu.eagle3_head import capture_layers
+from specpipe.runtime.cpu.drafters.eagle3_head import capture_layers
 from specpipe.training.data import SAMPLE_TEMPERATURE, CorpusSpec, build_corpus
 from specpipe.training.prompts import read_user_data
 from specpipe.training.train import environment, train

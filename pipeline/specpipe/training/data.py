@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
 from specpipe.training.prompts import Prompt, builtin_prompts, chat_input_ids, read_user_data, stdlib_files
 from specpipe.training.self_instruct import self_instruct_prompts
 

@@ -22,9 +22,9 @@ import random
 from pathlib import Path
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters import NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.scheduler import BatchScheduler
+from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.training.prompts import Prompt, chat_input_ids
 
 TOPICS = (

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead, frequent_tokens
-from specpipe.runtime.cpu.eagle_head import EagleConfig, EagleHead
-from specpipe.runtime.cpu.medusa import MedusaHeads
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead, frequent_tokens
+from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
+from specpipe.runtime.cpu.drafters.medusa import MedusaHeads
 from specpipe.speculative import Method
 from specpipe.training.config import TrainConfig
 from specpipe.training.data import Features

@@ -1,9 +1,9 @@
 """Which kernel runs a linear layer: decided at load, like the forward cost model.
 
-A :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` built with a dense copy can compute inputs of
+A :class:`~specpipe.runtime.cpu.model.prepack.PrepackedLinear` built with a dense copy can compute inputs of
 at most ``dense_rows`` rows with ``F.linear`` on that copy instead of its packed kernel.
 
-Where the packed kernel is MKL's packed GEMM (:func:`~specpipe.runtime.cpu.prepack.mkl_packed_gemm_available`),
+Where the packed kernel is MKL's packed GEMM (:func:`~specpipe.runtime.cpu.model.prepack.mkl_packed_gemm_available`),
 ``auto`` loads no copies (:func:`dense_copies_wanted`): it is within a few percent of the dense copy for
 1-3 rows and faster from 4 rows on (a verification, a batch, a prompt chunk), with one copy of the
 weights.
@@ -28,11 +28,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specpipe.runtime.cpu.batched_lm import BatchedLM, BatchEntry
-from specpipe.runtime.cpu.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.prepack import (ALL_ROWS, drop_dense_copies, drop_packed_weights, mkl_packed_gemm_available,
-                                          set_dense_rows)
-from specpipe.runtime.cpu.weights_memory import release_freed_memory
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.model.prepack import (ALL_ROWS, drop_dense_copies, drop_packed_weights, mkl_packed_gemm_available,
+                                                set_dense_rows)
+from specpipe.runtime.cpu.model.weights_memory import release_freed_memory
 
 #: Row counts timed by :func:`choose_dense_rows` as one token per request (12: an EAGLE tree verification).
 MEASURED_ROWS = (1, 2, 4, 8, 12)
@@ -59,7 +59,7 @@ class DenseRowsChoice:
 
     Attributes:
         rows: inputs of at most this many rows use the dense copies (0: copies dropped;
-            :data:`~specpipe.runtime.cpu.prepack.ALL_ROWS`: packed weights dropped, dense only).
+            :data:`~specpipe.runtime.cpu.model.prepack.ALL_ROWS`: packed weights dropped, dense only).
         measured_rows: the row counts timed.
         dense_ms / packed_ms: median forward time (ms) at each row count with / without the dense copies.
         copy_bytes: bytes of dense copies kept (``rows`` > 0) or freed (``rows`` = 0).
@@ -89,7 +89,7 @@ class DenseRowsChoice:
 def rows_from_timings(measured_rows: Sequence[int], dense_ms: Sequence[float], packed_ms: Sequence[float],
                       margin: float = MARGIN, one_copy_margin: float = ONE_COPY_MARGIN,
                       one_copy_worst: float = ONE_COPY_WORST) -> int:
-    """:data:`~specpipe.runtime.cpu.prepack.ALL_ROWS` (dense weights only) when the dense kernel's time
+    """:data:`~specpipe.runtime.cpu.model.prepack.ALL_ROWS` (dense weights only) when the dense kernel's time
     over the packed one has a geometric mean of at most ``one_copy_margin`` and is at most
     ``one_copy_worst`` at every measured count; else the largest measured row count up to which it is
     faster at every measured count (``dense <= margin * packed``), or 0 when it is not faster at the
@@ -161,7 +161,7 @@ MAX_ROW_COUNT = 4096
 
 
 def parse_dense_rows(setting: str | None) -> int | None:
-    """The ``dense_rows`` setting: ``None`` for ``"auto"`` (or empty), :data:`~specpipe.runtime.cpu.prepack.ALL_ROWS`
+    """The ``dense_rows`` setting: ``None`` for ``"auto"`` (or empty), :data:`~specpipe.runtime.cpu.model.prepack.ALL_ROWS`
     for ``"all"`` (dense weights only), else the row count.
 
     Raises:
@@ -205,7 +205,7 @@ def apply_dense_rows(engine, rows: int | None) -> str:
 
 def _use_or_drop(models, rows: int) -> int:
     """Use the models' dense copies up to ``rows`` rows, or drop them (and free their memory) for 0, or
-    drop the packed weights for :data:`~specpipe.runtime.cpu.prepack.ALL_ROWS`; returns the bytes of
+    drop the packed weights for :data:`~specpipe.runtime.cpu.model.prepack.ALL_ROWS`; returns the bytes of
     copies kept or dropped."""
     if rows >= ALL_ROWS:
         dropped = sum(drop_packed_weights(module) for module in models)

@@ -7,7 +7,7 @@ Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative S
 2. the target scores ``[last_committed, d1..dK]`` in one forward pass over its KV cache (positions
    continue the context), giving K + 1 next-token distributions;
 3. greedy: drafts are accepted while they equal the target's argmax; sampling: the speculative sampling
-   rule (see :mod:`specpipe.runtime.cpu.sampling`); either way the target adds one token (a
+   rule (see :mod:`specpipe.runtime.cpu.verify.sampling`); either way the target adds one token (a
    replacement or a bonus), so a step commits 1 .. K + 1 tokens;
 4. the rejected drafts' keys/values are cropped from the target cache (and the drafter's).
 
@@ -24,9 +24,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
-from specpipe.runtime.cpu.cached_lm import CachedLM
-from specpipe.runtime.cpu.drafters import Draft, Drafter
-from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.drafters.drafters import Draft, Drafter
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.validation import validate_request
 
@@ -55,7 +55,7 @@ class SpeculativeEngine:
 
     Args:
         target: the target causal LM (``LlamaForCausalLM``), in eval mode.
-        drafter: proposes draft tokens (:class:`~specpipe.runtime.cpu.drafters.NoDrafter` for plain
+        drafter: proposes draft tokens (:class:`~specpipe.runtime.cpu.drafters.drafters.NoDrafter` for plain
             decoding).
         max_draft_len: most draft tokens verified per step (>= 0).
         max_context: most tokens (prompt + output) per request; default the target's

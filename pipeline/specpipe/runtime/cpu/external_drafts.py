@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
-from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.validation import validate_request
 

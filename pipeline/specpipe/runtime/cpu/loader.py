@@ -18,20 +18,20 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
 from specpipe.heads_format import COMPACT_FILES, compact_style, load_draft_vocab
 from specpipe.manifest import Manifest, read_manifest
-from specpipe.runtime.cpu.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.eagle import load_eagle_drafter
-from specpipe.runtime.cpu.eagle3 import load_eagle3_drafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.eagle import load_eagle_drafter
+from specpipe.runtime.cpu.drafters.eagle3 import load_eagle3_drafter
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.medusa import load_medusa_drafter
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.fused_projections import fuse_projections
-from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available, prepack_linear_layers
-from specpipe.runtime.cpu.quant_scheme import manifest_quantization
+from specpipe.runtime.cpu.drafters.medusa import load_medusa_drafter
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.model.fused_projections import fuse_projections
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, bf16_prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.model.quant_scheme import manifest_quantization
 from specpipe.runtime.cpu.quantized_models import quantize_drafter, quantize_model
-from specpipe.runtime.cpu.reduced_draft import ReducedVocabDraftModelDrafter
-from specpipe.runtime.cpu.tree_drafter import TreeDrafter
+from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
+from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
-from specpipe.runtime.cpu.weights_memory import own_memory, release_freed_memory
+from specpipe.runtime.cpu.model.weights_memory import own_memory, release_freed_memory
 from specpipe.speculative import (
     ACCEPTANCE_RULES, DRAFT_VOCAB_DEFAULT, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime,
     SpeculativeSettings, methods_for, names,
@@ -178,7 +178,7 @@ DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def resolve_draft_dtype(name: str = "auto") -> torch.dtype:
     """The dtype drafts run in: ``"float32"``, ``"bfloat16"``, or ``"auto"`` = bf16 where oneDNN runs bf16
-    linear layers natively on this CPU (:func:`~specpipe.runtime.cpu.prepack.bf16_prepack_available`),
+    linear layers natively on this CPU (:func:`~specpipe.runtime.cpu.model.prepack.bf16_prepack_available`),
     else fp32 (ATen's bf16 fallback is slower than fp32 there).
 
     Drafts are proposals: the target verifies them in fp32, so greedy output is the same either way.
@@ -206,12 +206,12 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
         dense_copy: with ``prepack`` and no quantization, the decoder layers of the target and of a draft model also keep a
             dense copy of each weight for inputs of few rows (+ their size again; unused until
             :func:`~specpipe.runtime.cpu.dense_rows.choose_dense_rows` or
-            :func:`~specpipe.runtime.cpu.prepack.set_dense_rows` turns them on, or
-            :func:`~specpipe.runtime.cpu.prepack.drop_dense_copies` drops them).
+            :func:`~specpipe.runtime.cpu.model.prepack.set_dense_rows` turns them on, or
+            :func:`~specpipe.runtime.cpu.model.prepack.drop_dense_copies` drops them).
 
     A manifest ``quantization`` of ``int8-wo`` / ``int4-wo`` (``specpipe build -q``) replaces the linear
     layers of the target (lm_head included), of a draft model and of EAGLE/Medusa heads by weight-only
-    :class:`~specpipe.runtime.cpu.quantized_linear.QuantizedLinear` layers instead of prepacking them
+    :class:`~specpipe.runtime.cpu.model.quantized_linear.QuantizedLinear` layers instead of prepacking them
     (drafts then run in fp32, with no dense copies: :mod:`~specpipe.runtime.cpu.quantized_models`).
 
     Returns:

@@ -1,8 +1,8 @@
 """Quantize a loaded engine's models weight-only (``-q int8-wo|int4-wo``): the CPU counterpart of
-prepacking them (:mod:`~specpipe.runtime.cpu.prepack`), called by the loader instead of it.
+prepacking them (:mod:`~specpipe.runtime.cpu.model.prepack`), called by the loader instead of it.
 
 What is quantized: every linear layer of the target's decoder (``q/k/v`` and ``gate/up`` fused first,
-:mod:`~specpipe.runtime.cpu.fused_projections`; ``o_proj``, ``down_proj``) and its ``lm_head`` (its own
+:mod:`~specpipe.runtime.cpu.model.fused_projections`; ``o_proj``, ``down_proj``) and its ``lm_head`` (its own
 copy where tied: the input embedding stays fp32), the same of a draft model, the linear layers of EAGLE
 and Medusa heads and their reduced lm_head. Greedy decoding takes the argmax of the quantized
 lm_head's logits, on every path (the bf16 argmax screen of the fp32 lm_head is not used), and the
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.fused_projections import fuse_projections
-from specpipe.runtime.cpu.quantized_linear import QuantizedLinear, quantize_linear_layers
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.model.fused_projections import fuse_projections
+from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear, quantize_linear_layers
 
 
 def quantize_model(model: torch.nn.Module, scheme: str, drafter: object = None) -> int:
     """Fuse and quantize a Llama-style causal LM's decoder linear layers and its ``lm_head`` in place
-    (:func:`~specpipe.runtime.cpu.quantized_linear.quantize_linear_layers`); a tree drafter's lm_head
+    (:func:`~specpipe.runtime.cpu.model.quantized_linear.quantize_linear_layers`); a tree drafter's lm_head
     over the full vocabulary (``drafter.lm``, still dense) then shares the quantized ``lm_head``.
 
     Returns:

@@ -1,7 +1,7 @@
 """The tree engine: :class:`~specpipe.runtime.cpu.engine.SpeculativeEngine`'s request handling with tree
 steps and a feature-reading drafter (Medusa, EAGLE).
 
-A step (see :mod:`specpipe.runtime.cpu.tree_accept` for the papers):
+A step (see :mod:`specpipe.runtime.cpu.verify.tree_accept` for the papers):
 
 1. the tree drafter proposes a token tree below the newest committed token (the *root*);
 2. the target runs once over ``[root, node_1 .. node_N]`` after its KV cache, with tree position ids
@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from specpipe.runtime.cpu.engine import SpeculativeEngine, ActiveRequest
-from specpipe.runtime.cpu.tree_accept import (
+from specpipe.runtime.cpu.verify.tree_accept import (
     DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention, typical_tree_accept,
 )
-from specpipe.runtime.cpu.tree_drafter import TreeDrafter
+from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.speculative import ACCEPTANCE_RULES
 
 
@@ -30,7 +30,7 @@ class TreeSpeculativeEngine(SpeculativeEngine):
 
     Args:
         target: the target causal LM (``LlamaForCausalLM``), fp32, eval.
-        drafter: a :class:`~specpipe.runtime.cpu.tree_drafter.TreeDrafter` (kept as :attr:`drafter`).
+        drafter: a :class:`~specpipe.runtime.cpu.drafters.tree_drafter.TreeDrafter` (kept as :attr:`drafter`).
         max_draft_len: most tree nodes verified per step (the tree is pruned breadth-first to it).
         acceptance: ``"exact"`` (greedy, or multi-draft speculative sampling that preserves the target's
             distribution) or ``"typical"`` (Medusa's typical acceptance for sampled requests; opt-in,

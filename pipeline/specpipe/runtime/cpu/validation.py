@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.sampling import is_greedy
+from specpipe.runtime.cpu.verify.sampling import is_greedy
 
 
 def validate_request(input_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context: int) -> None:

@@ -122,7 +122,7 @@ class SchedulerMetrics:
 
     def update(self, scheduler) -> None:
         """Record a finished batch step of ``scheduler`` (a
-        :class:`~specpipe.runtime.cpu.scheduler.BatchScheduler`)."""
+        :class:`~specpipe.runtime.cpu.scheduler.scheduler.BatchScheduler`)."""
         if self._families is None:
             return
         lengths = scheduler.last_draft_lengths

@@ -3,7 +3,7 @@ speculative engine behind TensorRT-LLM's tensor interface.
 
 ``execute`` only validates each request (:func:`~specpipe.triton.models.engine_request.parse_request`)
 and queues it; one worker thread (:class:`RequestWorker`), the thread that loaded the engine, runs the
-batch scheduler (:mod:`specpipe.runtime.cpu.scheduler`): requests join and leave the running batch at
+batch scheduler (:mod:`specpipe.runtime.cpu.scheduler.scheduler`): requests join and leave the running batch at
 every step, up to the engine's ``max_batch_size`` (manifest ``limits``; default
 :data:`DEFAULT_MAX_BATCH_SIZE`), with a bounded queue behind it. Per request the worker sends one
 response per engine step when ``streaming`` is true, else one response at the end; the last response
@@ -51,8 +51,8 @@ import numpy as np
 from specpipe.triton.models.common import ENGINE_FAILED, error_response, input_array, model_parameters, parse_bool, pb_utils, response
 from specpipe.triton.models.draining import ENDED_BY_STOP, REFUSED_WHILE_STOPPING, DrainSignal
 from specpipe.triton.models.engine_request import EngineRequest, parse_request
-from specpipe.runtime.cpu.scheduler import BatchScheduler, ServerBusy
-from specpipe.runtime.cpu.scheduler import Cancelled as SchedulerCancelled
+from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler, ServerBusy
+from specpipe.runtime.cpu.scheduler.scheduler import Cancelled as SchedulerCancelled
 from specpipe.triton.models.generation import Cancelled, StepResponder, run_request
 from specpipe.triton.models.scheduler_metrics import SchedulerMetrics, error_reason
 from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
@@ -141,7 +141,7 @@ class RequestWorker:
 
     Two modes, by what ``engine`` (or ``load()``) is:
 
-    * a :class:`~specpipe.runtime.cpu.scheduler.BatchScheduler` (what the Triton model loads): in-flight
+    * a :class:`~specpipe.runtime.cpu.scheduler.scheduler.BatchScheduler` (what the Triton model loads): in-flight
       batching; the worker thread runs the scheduler loop, each request streams its own responses
       (:class:`~specpipe.triton.models.generation.StepResponder`), a request whose client cancelled
       (``sender.cancelled()``, checked every step) leaves the batch at the next step, and a request past

@@ -1,4 +1,4 @@
-"""The forward cost model of the load-adaptive rule (:mod:`specpipe.runtime.cpu.adaptive`): seconds of one
+"""The forward cost model of the load-adaptive rule (:mod:`specpipe.runtime.cpu.scheduler.adaptive`): seconds of one
 batched target forward against the tokens it processes, measured at load time and scaled while serving
 by the machine's speed learnt from the scheduler's own timed forwards."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
 
 #: Token counts of the load-time forward measurements: every count up to 12, where GEMM row blocking
 #: makes the curve step (8 rows to 9 cost a tenth of a step on the 2-core Xeon, not the 1/60 that a
@@ -49,7 +49,7 @@ class ForwardCostModel:
         learning_rate: weight of one observed forward in :meth:`observe` (0: the model stays fixed).
         mixed_seconds: extra seconds of a forward that mixes one-token entries (plain decoding) with
             multi-token ones (drafts, prompt chunks): their attention runs as two calls, with the rows
-            gathered and scattered (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`).
+            gathered and scattered (:func:`~specpipe.runtime.cpu.model.batched_lm.attention_groups`).
         speed: factor applied to the measured seconds (1.0 as measured; > 1: the machine is slower now).
         draft_factor: further factor for forwards in which requests verify draft tokens, learnt from
             served ones: the curve is measured one token per request, and a batch of chains and trees

@@ -1,9 +1,9 @@
-"""EAGLE-3 tree drafting on CPU: the EAGLE-2 tree drafter (:mod:`specpipe.runtime.cpu.eagle`) over an
-EAGLE-3 head (:mod:`specpipe.runtime.cpu.eagle3_head`), reading the target's fused low/mid/top features.
+"""EAGLE-3 tree drafting on CPU: the EAGLE-2 tree drafter (:mod:`specpipe.runtime.cpu.drafters.eagle`) over an
+EAGLE-3 head (:mod:`specpipe.runtime.cpu.drafters.eagle3_head`), reading the target's fused low/mid/top features.
 
 The target hands them over without an extra forward: an engine built on this drafter sets the target's
-``capture_layers`` (:class:`~specpipe.runtime.cpu.cached_lm.CachedLM`,
-:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`), whose hidden states then carry the captured layers'
+``capture_layers`` (:class:`~specpipe.runtime.cpu.model.cached_lm.CachedLM`,
+:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`), whose hidden states then carry the captured layers'
 outputs after the final ones; :meth:`Eagle3TreeDrafter.commit` keeps the captured part.
 """
 
@@ -15,19 +15,19 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.heads_format import COMPACT_FILES, check_for_target, load_compact
-from specpipe.runtime.cpu.eagle import EagleTreeDrafter
-from specpipe.runtime.cpu.eagle3_head import Eagle3Head, check_capture
-from specpipe.runtime.cpu.eagle_head import EagleConfig
-from specpipe.runtime.cpu.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
+from specpipe.runtime.cpu.drafters.eagle3_head import Eagle3Head, check_capture
+from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig
+from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
 from specpipe.speculative import DYNAMIC_TREE_DEFAULTS
 from specpipe.tree import Tree
 
 
 class Eagle3TreeDrafter(EagleTreeDrafter):
-    """:class:`~specpipe.runtime.cpu.eagle.EagleTreeDrafter` over an EAGLE-3 head, which also scores.
+    """:class:`~specpipe.runtime.cpu.drafters.eagle.EagleTreeDrafter` over an EAGLE-3 head, which also scores.
 
     Args:
-        head: a trained :class:`~specpipe.runtime.cpu.eagle3_head.Eagle3Head` (eval).
+        head: a trained :class:`~specpipe.runtime.cpu.drafters.eagle3_head.Eagle3Head` (eval).
         embed: float ``[V, H]`` the target's token embedding.
         tree, dynamic, top_k, depth, dtype: as :class:`EagleTreeDrafter`.
 
@@ -55,7 +55,7 @@ def load_eagle3_drafter(draft_dir: Path, target, tree: Tree | None, *, dynamic: 
                         draft_vocab: bool = True, prepack: bool = True,
                         dtype: torch.dtype = torch.float32) -> Eagle3TreeDrafter:
     """The EAGLE-3 drafter of an engine's ``draft/`` folder (``eagle_heads.safetensors`` with
-    ``style: eagle3``) for ``target``; arguments as :func:`~specpipe.runtime.cpu.eagle.load_eagle_drafter`,
+    ``style: eagle3``) for ``target``; arguments as :func:`~specpipe.runtime.cpu.drafters.eagle.load_eagle_drafter`,
     except ``draft_vocab``, which it ignores: an EAGLE-3 head always scores its own draft vocabulary.
 
     Raises:

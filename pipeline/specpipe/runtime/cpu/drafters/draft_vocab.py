@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available, prepack_available
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, bf16_prepack_available, prepack_available
 
 
 class ReducedLMHead:
@@ -36,7 +36,7 @@ class ReducedLMHead:
 
     def prepack(self) -> None:
         """Score with a prepacked oneDNN copy of the weight and drop the dense one (inference only; see
-        :mod:`specpipe.runtime.cpu.prepack`). A no-op where oneDNN is unavailable."""
+        :mod:`specpipe.runtime.cpu.model.prepack`). A no-op where oneDNN is unavailable."""
         if prepack_available() and (self.dtype == torch.float32 or bf16_prepack_available()):
             self.use_packed(PrepackedLinear.from_weight(self.weight))
 

@@ -1,8 +1,8 @@
 """One decoder layer's operations, looked up once for the batched forward
-(:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`): norms as single ``torch.rms_norm`` calls, linear
+(:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`): norms as single ``torch.rms_norm`` calls, linear
 layers as their prepacked kernels on 2-D rows, the query/key/value projections as one GEMM and the
 gated MLP's gate/up projections as another where the loader fused them
-(:mod:`~specpipe.runtime.cpu.fused_projections`)."""
+(:mod:`~specpipe.runtime.cpu.model.fused_projections`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import SiLUActivation
 
-from specpipe.runtime.cpu.prepack import PrepackedLinear
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 
@@ -43,7 +43,7 @@ class LayerOps:
         input_norm / post_norm: ``[T, H]`` -> ``[T, H]``.
         qkv: ``[T, H]`` -> ``[T, (heads + 2 * kv_heads) * head_dim]``, the query, key and value
             projections side by side (one GEMM where the layer has a fused ``qkv_proj``,
-            :mod:`~specpipe.runtime.cpu.fused_projections`).
+            :mod:`~specpipe.runtime.cpu.model.fused_projections`).
         o: the output projection, 2-D rows in and out.
         mlp: ``[T, H]`` -> ``[T, H]``: ``down(act(gate(x)) * up(x))`` from the layer's projections where
             its MLP is the gated Llama one with SiLU, else the MLP module itself.

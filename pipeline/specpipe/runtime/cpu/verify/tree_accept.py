@@ -17,7 +17,7 @@ position ids and the mask of :func:`tree_attention`; acceptance then walks down 
   **not** preserve the target's distribution.
 
 The keys/values of the accepted path are then compacted by
-:meth:`~specpipe.runtime.cpu.cached_lm.CachedLM.keep_path`.
+:meth:`~specpipe.runtime.cpu.model.cached_lm.CachedLM.keep_path`.
 """
 
 from __future__ import annotations

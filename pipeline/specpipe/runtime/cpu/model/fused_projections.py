@@ -3,14 +3,14 @@ projections (as vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear`` 
 
 A layer then makes 4 GEMM calls instead of 7, which saves per-call overhead (figures in
 ``docs/experiments.md``). The fused layer is an ordinary ``nn.Linear`` (``self_attn.qkv_proj``, ``mlp.gate_up_proj``) with
-the weights stacked along the output dimension, so :func:`~specpipe.runtime.cpu.prepack.prepack_linear_layers`
+the weights stacked along the output dimension, so :func:`~specpipe.runtime.cpu.model.prepack.prepack_linear_layers`
 packs it like any other layer and the weights are held once.
 
 The original attributes (``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj``) become
 :class:`FusedSlice` modules, so transformers' own forward (used by
-:class:`~specpipe.runtime.cpu.cached_lm.CachedLM`) still works: it calls the three (two) projections on
+:class:`~specpipe.runtime.cpu.model.cached_lm.CachedLM`) still works: it calls the three (two) projections on
 the same input one after the other, and the fused output computed for the first is reused for the others.
-The batched forward (:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`) calls the fused layer itself.
+The batched forward (:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`) calls the fused layer itself.
 """
 
 from __future__ import annotations

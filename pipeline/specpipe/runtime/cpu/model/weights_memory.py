@@ -1,7 +1,7 @@
 """One copy of the weights in a loaded CPU engine.
 
 transformers loads a ``model.safetensors`` checkpoint as tensors that view a memory map of the file
-(safetensors' zero-copy load), and :mod:`~specpipe.runtime.cpu.prepack` then copies every linear weight
+(safetensors' zero-copy load), and :mod:`~specpipe.runtime.cpu.model.prepack` then copies every linear weight
 into oneDNN's layout. The packed copies are all the engine computes with, but as long as one tensor still
 views the map (the embedding, a norm), the whole mapping stays and every page prepacking read stays
 resident: measured with SmolLM2-135M (540 MB fp32) and an EAGLE engine, 634 MB file-backed + 842 MB
@@ -104,7 +104,7 @@ def tensor_bytes(tensors: Iterable[torch.Tensor], packed_sizes: dict[int, int] |
 
     Args:
         packed_sizes: bytes of the packed tensors (by ``id``) whose element count is not their size:
-            MKL's packed GEMM (:class:`~specpipe.runtime.cpu.prepack.PrepackedLinear`, kernel ``"mkl"``)
+            MKL's packed GEMM (:class:`~specpipe.runtime.cpu.model.prepack.PrepackedLinear`, kernel ``"mkl"``)
             allocates a buffer of ``cblas_sgemm_pack_get_size`` floats, 2-4x the weight for SmolLM2's
             layers, and writes, so makes resident, only the weight's size of it.
     """

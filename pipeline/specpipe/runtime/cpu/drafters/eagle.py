@@ -1,5 +1,5 @@
 """EAGLE and EAGLE-2 tree drafting on CPU (Li et al. 2024, arXiv:2401.15077; EAGLE-2 dynamic trees,
-arXiv:2406.16858): the head (:mod:`specpipe.runtime.cpu.eagle_head`) drafts a token tree autoregressively
+arXiv:2406.16858): the head (:mod:`specpipe.runtime.cpu.drafters.eagle_head`) drafts a token tree autoregressively
 over the target's features, on a static ``eagle_choices`` tree or a dynamic, confidence-ranked one.
 """
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.eagle_head import EagleConfig, EagleHead
-from specpipe.runtime.cpu.prepack import prepack_linear_layers
-from specpipe.runtime.cpu.tree_accept import DraftTree
-from specpipe.runtime.cpu.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
-from specpipe.runtime.cpu.tree_plan import draft_mask, static_levels
+from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
+from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
+from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
+from specpipe.runtime.cpu.drafters.tree_plan import draft_mask, static_levels
 from specpipe.speculative import DYNAMIC_TREE_DEFAULTS
 from specpipe.tree import Tree
 
@@ -29,7 +29,7 @@ class EagleTreeDrafter(TreeDrafter):
     and its own token; draft entries are discarded after the proposal.
 
     Args:
-        head: a trained :class:`~specpipe.runtime.cpu.eagle_head.EagleHead` (eval, fp32).
+        head: a trained :class:`~specpipe.runtime.cpu.drafters.eagle_head.EagleHead` (eval, fp32).
         embed: float ``[V, H]`` the target's token embedding.
         lm: the target's lm_head over the draft vocabulary.
         tree: a static tree (``eagle_choices``), or ``None`` with ``dynamic=True``.
@@ -186,7 +186,7 @@ def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_voca
         target: the loaded target (its config shapes the head; its embedding and lm_head are shared).
         tree: the static tree, or ``None`` with ``dynamic``.
         draft_vocab: score the head's reduced vocabulary (if the file has one).
-        prepack: prepack the head's linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
+        prepack: prepack the head's linear layers (inference only; see :mod:`specpipe.runtime.cpu.model.prepack`).
         dynamic, top_k, depth: EAGLE-2's dynamic tree, candidates per expansion and levels.
         dtype: the head's and the reduced lm_head's dtype (bf16: cheaper drafts; verification stays fp32).
 

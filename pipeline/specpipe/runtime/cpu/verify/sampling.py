@@ -130,7 +130,7 @@ class TokenSampler:
     def argmax_only(self) -> bool:
         """Whether the choice is the argmax of the raw logits: greedy, with no bad words, penalties or
         ``min_tokens`` (such a request's logits may be screened,
-        :class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen`)."""
+        :class:`~specpipe.runtime.cpu.model.argmax_screen.ArgmaxScreen`)."""
         return (self.greedy and not self.banned.numel() and not self.bad_sequences and not self.params.penalised
                 and self.params.min_tokens <= 0)
 

@@ -260,7 +260,7 @@ def set_dense_rows(module: torch.nn.Module, rows: int) -> int:
 
 def drop_dense_copies(module: torch.nn.Module) -> int:
     """Drop the dense copies of the :class:`PrepackedLinear` layers inside ``module`` (then call
-    :func:`~specpipe.runtime.cpu.weights_memory.release_freed_memory` to hand the memory back).
+    :func:`~specpipe.runtime.cpu.model.weights_memory.release_freed_memory` to hand the memory back).
 
     Returns:
         bytes dropped.
@@ -275,7 +275,7 @@ def drop_dense_copies(module: torch.nn.Module) -> int:
 def drop_packed_weights(module: torch.nn.Module) -> int:
     """Keep only the dense copies of the :class:`PrepackedLinear` layers inside ``module`` that have one:
     their packed weights are dropped and ``F.linear`` on the copy runs every input (one copy of the
-    weights; then call :func:`~specpipe.runtime.cpu.weights_memory.release_freed_memory`).
+    weights; then call :func:`~specpipe.runtime.cpu.model.weights_memory.release_freed_memory`).
 
     Returns:
         bytes dropped (the packed weights' dense size; oneDNN's blocked layout may pad a little more).

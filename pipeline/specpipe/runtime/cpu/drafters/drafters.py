@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specpipe.runtime.cpu.cached_lm import CachedLM
-from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.speculative import NGRAM_MATCH_DEFAULT
 
 

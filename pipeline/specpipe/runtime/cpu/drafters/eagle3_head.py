@@ -1,7 +1,7 @@
 """The EAGLE-3 draft head (model code, CPU, PyTorch).
 
 EAGLE-3 (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
-Training-Time Test", arXiv:2503.01840) differs from EAGLE-1/2 (:mod:`specpipe.runtime.cpu.eagle_head`) in
+Training-Time Test", arXiv:2503.01840) differs from EAGLE-1/2 (:mod:`specpipe.runtime.cpu.drafters.eagle_head`) in
 three ways, all read from the authors' model code (SafeAILab/EAGLE ``eagle/model/cnets.py`` @ bfeb532e,
 ``Model`` and ``LlamaDecoderLayeremb``):
 
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.eagle_head import EagleConfig, RMSNorm, _Attention, _MLP, rope_tables
+from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, RMSNorm, _Attention, _MLP, rope_tables
 
 
 def capture_layers(num_layers: int) -> tuple[int, int, int]:
@@ -73,7 +73,7 @@ class Eagle3Head(nn.Module):
     """EAGLE-3 draft head: ``fc`` [H, 3H], ``midlayer.*``, ``norm``, ``lm_head`` [V', H].
 
     It also scores its own drafts (:meth:`logits`, :meth:`to_target_ids`), so a drafter uses it both as
-    the head and as the lm_head object of :class:`~specpipe.runtime.cpu.eagle.EagleTreeDrafter`.
+    the head and as the lm_head object of :class:`~specpipe.runtime.cpu.drafters.eagle.EagleTreeDrafter`.
 
     Args:
         config: the target's shape (:meth:`EagleConfig.from_target`).

@@ -7,13 +7,13 @@ Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching
    they wait in a queue of ``max_queue``; past it :meth:`~BatchScheduler.submit` raises
    :class:`ServerBusy` at once) and drops cancelled requests (their slot is freed);
 2. chooses each decoding request's draft length with the load-adaptive rule
-   (:func:`~specpipe.runtime.cpu.adaptive.choose_draft_lengths`; 0 = plain decoding) and drafts:
+   (:func:`~specpipe.runtime.cpu.scheduler.adaptive.choose_draft_lengths`; 0 = plain decoding) and drafts:
    a chain (``[last, d1..dk]``, causal) or a token tree (``[root, nodes]``, tree mask and positions);
 3. gives prefilling requests the next whole ``prefill_chunk`` of their own prompt, at most ``prefill_chunk``
    prompt tokens per step over all of them, so a long prompt does not stall the batch;
-4. runs **one** target forward over all of it (:class:`~specpipe.runtime.cpu.batched_lm.BatchedLM`)
+4. runs **one** target forward over all of it (:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`)
    and one ``lm_head`` over every row that needs logits;
-5. per request: chooses tokens (:mod:`~specpipe.runtime.cpu.batch_request`), accepts its own drafts,
+5. per request: chooses tokens (:mod:`~specpipe.runtime.cpu.scheduler.batch_request`), accepts its own drafts,
    rolls back its own rejected entries (chain: truncate; tree: compact the accepted path, one
    gather/scatter for the batch), applies its stop conditions (accepted drafts past them do not count) and emits its own
    :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot.
@@ -36,17 +36,17 @@ import torch
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
-from specpipe.runtime.cpu.adaptive import (
+from specpipe.runtime.cpu.scheduler.adaptive import (
     IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, StartCost, choose_draft_lengths, ewma, shared_acceptance,
 )
-from specpipe.runtime.cpu.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
-from specpipe.runtime.cpu.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.scheduler.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
+from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.forward_cost import ForwardCostModel
-from specpipe.runtime.cpu.tree_accept import DraftTree, greedy_tree_accept, tree_attention, typical_tree_accept
+from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree, greedy_tree_accept, tree_attention, typical_tree_accept
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.runtime.cpu.validation import validate_request
-from specpipe.runtime.cpu.weights_memory import trim_heap
+from specpipe.runtime.cpu.model.weights_memory import trim_heap
 from specpipe.speculative import ACCEPTANCE_RULES
 
 

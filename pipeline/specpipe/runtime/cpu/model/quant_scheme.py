@@ -3,11 +3,11 @@
 ``specpipe build -q`` names TensorRT-LLM's schemes (:data:`specpipe.speculative.ALL_QUANTIZATIONS`).
 The CPU runtime takes two of them, with the same meaning (weights stored in fewer bits, activations
 and arithmetic kept in floating point) but PyTorch's own CPU kernels
-(:mod:`~specpipe.runtime.cpu.quantized_linear`):
+(:mod:`~specpipe.runtime.cpu.model.quantized_linear`):
 
 * ``int8-wo``: int8 weights, one fp32 scale per output channel (symmetric);
 * ``int4-wo``: int4 weights, an fp32 scale and zero point per group of
-  :data:`~specpipe.runtime.cpu.quantized_linear.INT4_GROUP_SIZE` input channels (asymmetric).
+  :data:`~specpipe.runtime.cpu.model.quantized_linear.INT4_GROUP_SIZE` input channels (asymmetric).
 
 ``auto`` (the default) keeps fp32. The choice is written to the engine's ``manifest.json``
 (``quantization``) at build and applied when the engine is loaded.

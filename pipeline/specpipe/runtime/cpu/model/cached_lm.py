@@ -29,7 +29,7 @@ class CachedLM:
 
     Attributes:
         capture_layers: decoder layers whose outputs :meth:`hidden` also returns (an EAGLE-3 drafter's
-            :attr:`~specpipe.runtime.cpu.eagle3.Eagle3TreeDrafter.capture_layers`; the tree engine sets it);
+            :attr:`~specpipe.runtime.cpu.drafters.eagle3.Eagle3TreeDrafter.capture_layers`; the tree engine sets it);
             ``()``: only the final hidden states.
     """
 
@@ -97,7 +97,7 @@ class CachedLM:
             positions: int64 ``[n]`` position ids; default ``length .. length + n - 1`` (a chain). A token
                 tree passes ``root position + depth``.
             mask: bool ``[1, 1, n, length + n]`` (True = may attend), or ``None`` for causal attention
-                (a tree passes :func:`~specpipe.runtime.cpu.tree_accept.tree_attention`'s mask).
+                (a tree passes :func:`~specpipe.runtime.cpu.verify.tree_accept.tree_attention`'s mask).
 
         Returns:
             float ``[n, H]`` hidden states in the model's dtype; with :attr:`capture_layers` ``[n, (1 + k) H]``:

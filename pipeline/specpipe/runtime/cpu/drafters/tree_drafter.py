@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from specpipe.heads_format import COMPACT_FILES, check_for_target, load_compact
-from specpipe.runtime.cpu.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.tree_accept import DraftTree
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.tree import Tree
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.runtime.cpu.tree_drafter import StaticTree
+from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree
 
 
 @dataclass(frozen=True)

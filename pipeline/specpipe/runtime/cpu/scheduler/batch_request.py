@@ -23,10 +23,10 @@ import torch
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
-from specpipe.runtime.cpu.adaptive import NodeAcceptance
-from specpipe.runtime.cpu.cached_lm import CachedLM
-from specpipe.runtime.cpu.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.scheduler.adaptive import NodeAcceptance
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
 _MASK64 = (1 << 64) - 1
 

@@ -6,10 +6,10 @@ has no way to drop cache entries once written, whereas token-tree verification n
 mask per request and both chain and tree speculation need rollback (chain: truncate; tree: compact the
 accepted path). So this module keeps a slot-based static cache and runs the decoder layers itself,
 with the model's own weights (``embed_tokens``, norms, ``q/k/v/o_proj``, ``mlp``, ``lm_head``: the
-prepacked layers of :mod:`~specpipe.runtime.cpu.prepack` when the loader prepacked them). Each layer's
+prepacked layers of :mod:`~specpipe.runtime.cpu.model.prepack` when the loader prepacked them). Each layer's
 kernels are looked up once (:class:`LayerOps`) and called on 2-D rows: at batch 1 the linear layers
 stream 540 MB in about 20 ms and everything else is per-call overhead, which module calls, reshapes and
-index tensors had made 10 % of a step (:mod:`~specpipe.runtime.cpu.layer_ops`).
+index tensors had made 10 % of a step (:mod:`~specpipe.runtime.cpu.model.layer_ops`).
 
 Layout:
 
@@ -27,7 +27,7 @@ Layout:
 
 Numerics: fp32 throughout. A request's rows go through GEMMs whose row count depends on the batch, and
 through attention over padded keys (masked to exact zeros); the results agree with the one-request
-:class:`~specpipe.runtime.cpu.cached_lm.CachedLM` path to float32 rounding, and greedy argmaxes were
+:class:`~specpipe.runtime.cpu.model.cached_lm.CachedLM` path to float32 rounding, and greedy argmaxes were
 identical in every test (see ``tests/test_batched_scheduler.py``).
 """
 
@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specpipe.runtime.cpu.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
-from specpipe.runtime.cpu.layer_ops import LayerOps, norm_op
-from specpipe.runtime.cpu.quantized_linear import QuantizedLinear
-from specpipe.runtime.cpu.weights_memory import trim_heap
+from specpipe.runtime.cpu.model.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
+from specpipe.runtime.cpu.model.layer_ops import LayerOps, norm_op
+from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
+from specpipe.runtime.cpu.model.weights_memory import trim_heap
 
 @dataclass
 class BatchEntry:
@@ -185,11 +185,11 @@ class BatchedLM:
         max_batch_size: cache slots (requests decoded together), >= 1.
         capacity: initial tokens per slot (grows as needed).
         argmax_screen: score greedy rows through an
-            :class:`~specpipe.runtime.cpu.argmax_screen.ArgmaxScreen` (a bf16 copy of a tied lm_head,
+            :class:`~specpipe.runtime.cpu.model.argmax_screen.ArgmaxScreen` (a bf16 copy of a tied lm_head,
             ``vocab x hidden x 2`` bytes) where :meth:`ArgmaxScreen.for_model` offers one; never for a
             weight-only quantized lm_head.
         capture_layers: decoder layers whose outputs :meth:`hidden` also returns (as
-            :attr:`CachedLM.capture_layers <specpipe.runtime.cpu.cached_lm.CachedLM>`, for EAGLE-3 drafters).
+            :attr:`CachedLM.capture_layers <specpipe.runtime.cpu.model.cached_lm.CachedLM>`, for EAGLE-3 drafters).
 
     Not thread-safe: one scheduler thread owns it.
     """

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.prepack import prepack_linear_layers
-from specpipe.runtime.cpu.tree_accept import DraftTree
-from specpipe.runtime.cpu.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
+from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
+from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
 from specpipe.tree import Tree
 
 
@@ -71,7 +71,7 @@ class MedusaTreeDrafter(TreeDrafter):
     Args:
         heads: trained :class:`MedusaHeads` (eval).
         lm: the target's lm_head restricted to the draft vocabulary
-            (:class:`~specpipe.runtime.cpu.draft_vocab.ReducedLMHead`).
+            (:class:`~specpipe.runtime.cpu.drafters.draft_vocab.ReducedLMHead`).
         tree: the static tree (``medusa_choices``); its depth must not exceed the number of heads.
         dtype: the heads' dtype (the target's fp32 feature is cast to it).
 
@@ -113,7 +113,7 @@ def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: boo
     Args:
         tree: the static tree, checked against the number of heads.
         draft_vocab: score the heads' reduced vocabulary (if the file has one).
-        prepack: prepack the heads' linear layers (inference only; see :mod:`specpipe.runtime.cpu.prepack`).
+        prepack: prepack the heads' linear layers (inference only; see :mod:`specpipe.runtime.cpu.model.prepack`).
         dtype: the heads' and the reduced lm_head's dtype (bf16: cheaper drafts; verification stays fp32).
 
     Raises:

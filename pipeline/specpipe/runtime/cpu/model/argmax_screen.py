@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from specpipe.runtime.cpu.prepack import PrepackedLinear, bf16_prepack_available
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, bf16_prepack_available
 
 _BF16_ROUNDOFF = 2.0 ** -8
 _FP32_ROUNDOFF = 2.0 ** -24
@@ -73,7 +73,7 @@ class ArgmaxScreen:
     @classmethod
     def for_model(cls, model: PreTrainedModel) -> "ArgmaxScreen | None":
         """The screen of a causal LM whose ``lm_head`` is tied to its fp32 input embedding, where this CPU
-        runs bf16 linear layers natively (:func:`~specpipe.runtime.cpu.prepack.bf16_prepack_available`);
+        runs bf16 linear layers natively (:func:`~specpipe.runtime.cpu.model.prepack.bf16_prepack_available`);
         ``None`` otherwise (an untied lm_head keeps no dense fp32 copy to score candidates with)."""
         embedding = model.get_input_embeddings().weight
         if not (bf16_prepack_available() and getattr(model.config, "tie_word_embeddings", False)

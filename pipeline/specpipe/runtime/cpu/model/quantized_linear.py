@@ -21,8 +21,8 @@ Kernels (ATen ops, the ones TorchInductor's CPU lowering and torchao's CPU layou
   group of 32, 64, 128 or 256 dividing ``K``; a layer that does not fit gets ``int8-wo``.
 
 Batch invariance: each layer checks at load (:func:`invariant_min_rows`) that its kernel computes a row
-bitwise alike at every row count of :data:`~specpipe.runtime.cpu.prepack.INVARIANCE_ROWS`, and pads
-short inputs as :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear` does where a CPU computes them
+bitwise alike at every row count of :data:`~specpipe.runtime.cpu.model.prepack.INVARIANCE_ROWS`, and pads
+short inputs as :class:`~specpipe.runtime.cpu.model.prepack.PrepackedLinear` does where a CPU computes them
 differently.
 """
 
@@ -33,8 +33,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from specpipe.runtime.cpu.prepack import INVARIANCE_ROWS, MAX_PAD_ROWS, PrepackedLinear
-from specpipe.runtime.cpu.quant_scheme import CPU_QUANTIZATIONS
+from specpipe.runtime.cpu.model.prepack import INVARIANCE_ROWS, MAX_PAD_ROWS, PrepackedLinear
+from specpipe.runtime.cpu.model.quant_scheme import CPU_QUANTIZATIONS
 
 #: Input channels per int4 scale and zero point: the bf16 scale and zero (4 bytes a group) add 25 % to
 #: the int4 bytes at 32 (12.5 % at 64). SmolLM2-135M teacher-forced over 8 prompts (58 positions), logits'
@@ -55,9 +55,9 @@ _MIN_ROWS: dict[tuple, int] = {}
 def invariant_min_rows(kernel_rows: Callable[[torch.Tensor], torch.Tensor], in_features: int) -> int:
     """The fewest rows from which ``kernel_rows`` (float32 ``[T, in_features]`` -> ``[T, out]``) computes
     each row bitwise alike whatever the other rows, checked on random rows at each of
-    :data:`~specpipe.runtime.cpu.prepack.INVARIANCE_ROWS` (the rule of
-    :meth:`~specpipe.runtime.cpu.prepack.PrepackedLinear.batch_invariant_min_rows`): 1 where every count
-    agrees, at most :data:`~specpipe.runtime.cpu.prepack.MAX_PAD_ROWS`, and 1 where it takes more."""
+    :data:`~specpipe.runtime.cpu.model.prepack.INVARIANCE_ROWS` (the rule of
+    :meth:`~specpipe.runtime.cpu.model.prepack.PrepackedLinear.batch_invariant_min_rows`): 1 where every count
+    agrees, at most :data:`~specpipe.runtime.cpu.model.prepack.MAX_PAD_ROWS`, and 1 where it takes more."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(max(INVARIANCE_ROWS), in_features, generator=generator)
     with torch.inference_mode():
@@ -93,7 +93,7 @@ class QuantizedLinear(torch.nn.Module):
     Scales (and int4 zeros) are bf16, rounded up from ``max |w| / 127`` (int8) and ``(max - min) / 15``
     per group (int4), so the error per weight is at most half a step (int4: plus the zero's bf16
     rounding, ``|zero| * 2**-8``).
-        scheme: ``"int8-wo"`` or ``"int4-wo"`` (:data:`~specpipe.runtime.cpu.quant_scheme.CPU_QUANTIZATIONS`);
+        scheme: ``"int8-wo"`` or ``"int4-wo"`` (:data:`~specpipe.runtime.cpu.model.quant_scheme.CPU_QUANTIZATIONS`);
             an int4 layer whose shape the kernel does not take (:func:`int4_group_size`) becomes int8.
 
     Attributes:
@@ -140,7 +140,7 @@ class QuantizedLinear(torch.nn.Module):
         """The quantized copy of an ``nn.Linear`` (``linear`` is left unchanged).
 
         Raises:
-            TypeError: not an ``nn.Linear`` (a :class:`~specpipe.runtime.cpu.prepack.PrepackedLinear`'s
+            TypeError: not an ``nn.Linear`` (a :class:`~specpipe.runtime.cpu.model.prepack.PrepackedLinear`'s
                 weight is packed: quantize before prepacking). ValueError: what :class:`QuantizedLinear` raises.
         """
         if not isinstance(linear, torch.nn.Linear):
@@ -195,7 +195,7 @@ def _bf16_at_least(scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_linear_layers(module: torch.nn.Module, scheme: str) -> int:
     """Replace every float ``nn.Linear`` inside ``module`` (in place) by a :class:`QuantizedLinear` of
-    ``scheme``. Call after :func:`~specpipe.runtime.cpu.fused_projections.fuse_projections` and instead of
+    ``scheme``. Call after :func:`~specpipe.runtime.cpu.model.fused_projections.fuse_projections` and instead of
     prepacking; a linear layer that is ``module`` itself is not replaced (pass its parent). A tied
     ``lm_head`` gets its own quantized copy while the input embedding stays as it is.
 

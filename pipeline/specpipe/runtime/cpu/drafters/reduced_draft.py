@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from specpipe.runtime.cpu.drafters import Draft, DraftModelDrafter
-from specpipe.runtime.cpu.sampling import TokenSampler
+from specpipe.runtime.cpu.drafters.drafters import Draft, DraftModelDrafter
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
 
 class ReducedVocabDraftModelDrafter(DraftModelDrafter):
-    """:class:`~specpipe.runtime.cpu.drafters.DraftModelDrafter` whose greedy proposals score only
+    """:class:`~specpipe.runtime.cpu.drafters.drafters.DraftModelDrafter` whose greedy proposals score only
     ``draft_vocab`` (int64 target ids).
 
     Args:

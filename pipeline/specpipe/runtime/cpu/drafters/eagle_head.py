@@ -5,7 +5,7 @@ arXiv:2401.15077): an autoregressive head over features. The input at position t
 ``fc(concat(embed(x_{t+1}), f_t))`` (embedding first), followed by one Llama decoder layer without its
 input RMSNorm; the output predicts the target's next feature f_{t+1}, which the target's lm_head turns
 into logits for x_{t+2} (no final norm: features are already post-norm). Drafting a tree
-(:mod:`specpipe.runtime.cpu.eagle`) feeds the head its own predicted features, with its own small KV cache.
+(:mod:`specpipe.runtime.cpu.drafters.eagle`) feeds the head its own predicted features, with its own small KV cache.
 
 Tensor names follow the layout TensorRT-LLM's EAGLE converter reads (see :mod:`specpipe.heads_format`).
 """

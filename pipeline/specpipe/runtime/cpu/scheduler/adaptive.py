@@ -9,11 +9,11 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
     rate(m) = (P + sum_i E_i(m_i)) / (C(N_0 + sum_i m_i) + sum_i [m_i > 0] (depth_i(m_i) * c + r_i))
 
 * ``C(N)``: seconds of one batched target forward over N packed tokens, with logits for them all
-  (:class:`~specpipe.runtime.cpu.forward_cost.ForwardCostModel`), measured at load time (a few N from
+  (:class:`~specpipe.runtime.cpu.scheduler.forward_cost.ForwardCostModel`), measured at load time (a few N from
   1 to 64, spread over up to ``max_batch_size`` requests, sizes interleaved over rounds, the fastest of
   each made non-decreasing), interpolated linearly, and scaled while serving by the machine's speed
   learnt from the scheduler's own timed forwards. Attention is grouped so that one request's chain or
-  tree does not pad the others' queries (:func:`~specpipe.runtime.cpu.batched_lm.attention_groups`):
+  tree does not pad the others' queries (:func:`~specpipe.runtime.cpu.model.batched_lm.attention_groups`):
   a forward's cost then depends on its total tokens far more than on how they are spread over requests. ``N_0``
   counts the step's fixed tokens (prompt chunks and each decoding request's newest token), ``P`` the
   prompts that finish prefill this step;
@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specpipe.runtime.cpu.forward_cost import ForwardCostModel
+from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
 
 
 @dataclass
