@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from specpipe.client.llm import GenerationResult
@@ -95,3 +97,15 @@ class FakeLLM:
         result.perf = {"num_input_tokens": len(ids), "num_output_tokens": len(sent)}
         result.text = "".join(result.chunks)
         return result
+
+
+def post(server, path, body, raw: bytes | None = None):
+    """(status, parsed JSON or the event-stream text) of a POST of ``body`` (or the bytes ``raw``) to a running gateway."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(server.url.removesuffix("/v1") + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            text = reply.read().decode()
+            return reply.status, (json.loads(text) if reply.headers.get_content_type() == "application/json" else text)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

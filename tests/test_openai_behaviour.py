@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from conftest import free_port
-from openai_fake import CONTEXT, SCRIPT, FakeLLM, tokenizer_dir
+from openai_fake import CONTEXT, SCRIPT, FakeLLM, post, tokenizer_dir
 from specpipe.openai.server import Gateway, GatewayServer
 
 NAME = "fake-deployment"
@@ -42,18 +42,6 @@ def reset(fake):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
-
-
-def post(server, path, body, raw: bytes | None = None):
-    """(status, parsed JSON or text) of a POST with ``body``."""
-    data = raw if raw is not None else json.dumps(body).encode()
-    request = urllib.request.Request(server.url.removesuffix("/v1") + path, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            text = reply.read().decode()
-            return reply.status, (json.loads(text) if reply.headers.get_content_type() == "application/json" else text)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def chat(client, stream=False, **kw):

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import free_port
-from openai_fake import SCRIPT, FakeLLM, tokenizer_dir
+from openai_fake import SCRIPT, FakeLLM, post, tokenizer_dir
 from specpipe.openai.server import Gateway, GatewayServer
 from tiny_engine import tiny_tokenizer
 
@@ -50,18 +50,6 @@ def reset(fake):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
-
-
-def post(server, path, body):
-    """(status, parsed JSON or the event-stream text) of a POST with ``body``."""
-    request = urllib.request.Request(server.url.removesuffix("/v1") + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            text = reply.read().decode()
-            return reply.status, (json.loads(text) if reply.headers.get_content_type() == "application/json" else text)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def completion(client, stream: bool, **kw):
