@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from conftest import free_port
-from openai_fake import FakeLLM
+from openai_fake import FakeLLM, tokenizer_dir
 from specpipe.errors import SpecpipeError
 from specpipe.openai.server import Gateway, GatewayServer
 from specpipe.serve.local import LocalTritonServer
@@ -124,8 +124,8 @@ def _own_name() -> str:
     return psutil.Process().name()
 
 
-def test_the_gateway_health_answers_503_while_the_server_stops():
-    gateway = Gateway("unused:0", "fake", client=FakeLLM())
+def test_the_gateway_health_answers_503_while_the_server_stops(tmp_path):
+    gateway = Gateway("unused:0", "fake", tokenizer_dir=str(tokenizer_dir(tmp_path)), client=FakeLLM())
     with GatewayServer(gateway, free_port(), host="127.0.0.1") as running:
         url = running.url.removesuffix("/v1") + "/health"
         with urllib.request.urlopen(url, timeout=10) as reply:
