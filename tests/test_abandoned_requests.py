@@ -53,17 +53,16 @@ class _Cancelled(FakeRequest):
         return True
 
 
-def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request(model, monkeypatch):
-    """The BLS call of ``send_stop_request`` reaches the engine model's ``execute`` as a client's stop
-    request would: the abandoned request ends at the next step, its neighbour is untouched."""
+def postprocessing_stopping_through(instance, monkeypatch):
+    """A postprocessing model whose stop requests (BLS calls, decoupled) run on the engine model ``instance``;
+    returns it and the ``(model name, request id)`` of every stop request sent."""
     from specpipe.triton.models import postprocessing
 
-    instance, engine = model
-    bls_calls = []
+    calls = []
 
     class _BlsRequest:
         def __init__(self, model_name, inputs, requested_output_names, request_id):
-            bls_calls.append((model_name, request_id))
+            calls.append((model_name, request_id))
             self.request = FakeRequest(request_id, **{t.name: t.value for t in inputs})
 
         def exec(self, decoupled):
@@ -76,6 +75,15 @@ def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request
     post = postprocessing.TritonPythonModel()
     post.detok = _Echo()
     post.abandoned = AbandonedRequests(lambda rid: postprocessing.send_stop_request("tensorrt_llm", rid))
+    return post, calls
+
+
+def test_postprocessing_stops_the_engine_request_of_a_cancelled_ensemble_request(model, monkeypatch):
+    """The BLS call of ``send_stop_request`` reaches the engine model's ``execute`` as a client's stop
+    request would: the abandoned request ends at the next step, its neighbour is untouched."""
+
+    instance, engine = model
+    post, bls_calls = postprocessing_stopping_through(instance, monkeypatch)
     ps = prompts(2, seed=5)
     abandoned, neighbour = generate_request("gone", ps[0], 400), generate_request("here", ps[1], 30)
     instance.execute([abandoned, neighbour])
@@ -95,25 +103,9 @@ def test_a_request_sent_without_an_id_is_stopped_by_the_id_the_engine_gave_it(mo
     returned as ``engine_request_id`` and handed by the ensemble to postprocessing, which stops the
     abandoned request by it (issue 34: a stream cancelled with tritonclient's own call kept decoding)."""
     from specpipe.triton.interface import ENSEMBLE_STEPS, POSTPROCESSING
-    from specpipe.triton.models import postprocessing
 
     instance, engine = model
-    stops = []
-
-    class _BlsRequest:
-        def __init__(self, model_name, inputs, requested_output_names, request_id):
-            stops.append(request_id)
-            self.request = FakeRequest(request_id, **{t.name: t.value for t in inputs})
-
-        def exec(self, decoupled):
-            instance.execute([self.request])
-            return [types.SimpleNamespace(has_error=lambda: response.error is not None, error=lambda: response.error)
-                    for response, _ in self.request.sender.sent if response is not None]
-
-    monkeypatch.setattr(FAKE_PB, "InferenceRequest", _BlsRequest, raising=False)
-    post = postprocessing.TritonPythonModel()
-    post.detok = _Echo()
-    post.abandoned = AbandonedRequests(lambda rid: postprocessing.send_stop_request("tensorrt_llm", rid))
+    post, bls_calls = postprocessing_stopping_through(instance, monkeypatch)
     ps = prompts(3, seed=6)
     anonymous, other = generate_request("", ps[0], 400), generate_request("", ps[1], 30)
     instance.execute([anonymous, other])
@@ -124,7 +116,7 @@ def test_a_request_sent_without_an_id_is_stopped_by_the_id_the_engine_gave_it(mo
     cancelled = _Cancelled("", [5, 6])
     cancelled.inputs["ENGINE_REQUEST_ID"] = types.SimpleNamespace(as_numpy=lambda: np.array([[given.encode()]], np.object_))
     (reply,) = post.execute([cancelled])
-    assert reply.error is None and stops == [given]
+    assert reply.error is None and bls_calls == [("tensorrt_llm", given)]
     assert anonymous.sender.done.wait(60) and other.sender.done.wait(60)
     assert anonymous.sender.sent[-1] == (None, FINAL) and len(anonymous.sender.tokens()) < 100
     assert other.sender.tokens() == run_alone(engine, ps[1], SamplingParams(max_tokens=30))
