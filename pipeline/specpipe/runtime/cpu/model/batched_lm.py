@@ -191,6 +191,10 @@ class BatchedLM:
         capture_layers: decoder layers whose outputs :meth:`hidden` also returns (as
             :attr:`CachedLM.capture_layers <specpipe.runtime.cpu.model.cached_lm.CachedLM>`, for EAGLE-3 drafters).
 
+    Attributes:
+        quantized: the lm_head (and so the decoder) is weight-only quantized
+            (:class:`~specpipe.runtime.cpu.model.quantized_linear.QuantizedLinear`).
+
     Not thread-safe: one scheduler thread owns it.
     """
 
@@ -217,8 +221,8 @@ class BatchedLM:
         self._rotate_sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
         self.keys = self.values = torch.empty(0)
         self._grow(capacity)
-        quantized = isinstance(model.lm_head, QuantizedLinear)  # greedy: argmax of the quantized logits themselves
-        self.argmax_screen = ArgmaxScreen.for_model(model) if argmax_screen and not quantized else None
+        self.quantized = isinstance(model.lm_head, QuantizedLinear)  # greedy: argmax of the quantized logits themselves
+        self.argmax_screen = ArgmaxScreen.for_model(model) if argmax_screen and not self.quantized else None
 
     @property
     def vocab_size(self) -> int:

@@ -69,13 +69,18 @@ class BatchScheduler:
         prefill_chunk: most prompt tokens per step.
         cost_model: forward cost against tokens; ``None``: measured now (call on the serving thread).
         adaptive: choose draft lengths by the rule; ``False``: always draft ``max_draft_len``.
+        exact_greedy: greedy requests' rows are exact entries too (:attr:`BatchEntry.exact`: their text does
+            not depend on the batch or the tokens a step verifies); ``None``: where the target is weight-only
+            quantized, whose bf16 inputs turn batched attention's last-bit differences into flipped near-ties.
     """
 
     def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
-                 prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True):
+                 prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True,
+                 exact_greedy: bool | None = None):
         self.engine, self.tree = engine, isinstance(engine, TreeSpeculativeEngine)
         self.acceptance_rule = getattr(engine, "acceptance", ACCEPTANCE_RULES[0])
         self.lm = BatchedLM(engine.target.model, max_batch_size, capture_layers=engine.target.capture_layers)
+        self.exact_greedy = self.lm.quantized if exact_greedy is None else exact_greedy
         self.max_batch_size, self.max_queue, self.prefill_chunk = max_batch_size, max_queue, max(1, prefill_chunk)
         self.max_draft_len, self.max_context, self.adaptive = engine.max_draft_len, engine.max_context, adaptive
         self.cost_model = cost_model if cost_model is not None else ForwardCostModel.measure(self.lm)
@@ -193,7 +198,7 @@ class BatchScheduler:
             entries.append(plan[1])
         for request, size in chunks:
             prompt_chunk = request.prompt[request.prefilled : request.prefilled + size]
-            entries.append(BatchEntry(request.slot, prompt_chunk, exact=not request.chooser.greedy))
+            entries.append(BatchEntry(request.slot, prompt_chunk, exact=self.exact_greedy or not request.chooser.greedy))
             plans.append((request, entries[-1], None))
         if not entries:
             return
@@ -323,7 +328,7 @@ class BatchScheduler:
             seconds = (time.perf_counter() - started) / depth
             request.draft_seconds_per_depth = ewma(request.draft_seconds_per_depth, seconds, 0.2)
             self.draft_seconds_per_depth = ewma(self.draft_seconds_per_depth, seconds, 0.05)
-        entry.exact = not request.chooser.greedy  # a seeded sampled request's logits must not depend on its batch
+        entry.exact = self.exact_greedy or not request.chooser.greedy  # seeded draws read a sampled request's rows
         return request, entry, draft
 
     def _complete(self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor,
