@@ -4,14 +4,13 @@ prepacking them (:mod:`~specpipe.runtime.cpu.model.prepack`), called by the load
 What is quantized: every linear layer of the target's decoder (``q/k/v`` and ``gate/up`` fused first,
 :mod:`~specpipe.runtime.cpu.model.fused_projections`; ``o_proj``, ``down_proj``) and its ``lm_head`` (its own
 copy where tied: the input embedding stays fp32), the same of a draft model, the linear layers of EAGLE
-and Medusa heads and their reduced lm_head. Greedy decoding takes the argmax of the quantized
-lm_head's logits, on every path (the bf16 argmax screen of the fp32 lm_head is not used), and the
-quantized layers compute a row bitwise alike whatever rows share the call, so a speculative deployment's
-greedy output equals the quantized baseline's wherever attention does too (the batched forward's exact
-entries). Where attention differs in its last bits with the number of query rows (a tree verification
-against one-token steps), the bf16 rounding of the quantized layers' inputs can widen that to a 2**-9
-relative difference and flip a near-tie: on SmolLM2 int4 Medusa and EAGLE left the int4 baseline's text
-on one prompt of three, while int8 and the chain methods stayed identical (``tests/test_quantized_smollm2.py``).
+and Medusa heads and their reduced lm_head. Greedy decoding takes the argmax
+of the quantized lm_head's logits, on every path (the bf16 argmax screen of the fp32 lm_head is not used).
+The quantized layers compute a row bitwise alike whatever rows share the call, but their bf16 inputs turn
+a last-bit difference of batched attention into a bf16 rounding step that can flip a near-tie; so on a
+quantized target the batch scheduler runs greedy requests as exact rows, a tree method verifying its
+first-children chain (``BatchScheduler.exact_greedy``), and every speculative deployment's greedy output
+equals the quantized baseline's alone and in a batch (``tests/test_quantized_smollm2.py``).
 """
 
 from __future__ import annotations

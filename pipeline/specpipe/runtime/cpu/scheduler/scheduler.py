@@ -69,9 +69,10 @@ class BatchScheduler:
         prefill_chunk: most prompt tokens per step.
         cost_model: forward cost against tokens; ``None``: measured now (call on the serving thread).
         adaptive: choose draft lengths by the rule; ``False``: always draft ``max_draft_len``.
-        exact_greedy: greedy requests' rows are exact entries too (:attr:`BatchEntry.exact`: their text does
-            not depend on the batch or the tokens a step verifies); ``None``: where the target is weight-only
-            quantized, whose bf16 inputs turn batched attention's last-bit differences into flipped near-ties.
+        exact_greedy: greedy requests are exact too (as sampled ones: :attr:`BatchEntry.exact` rows, a tree's
+            first-children chain verified), so their text does not depend on the batch or the drafts;
+            ``None``: where the target is weight-only quantized, whose bf16 inputs turn batched attention's
+            last-bit differences into flipped near-ties.
     """
 
     def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
@@ -304,11 +305,12 @@ class BatchScheduler:
         elif drafted_last_step:
             self.resume_cost.run_ended(request.draft_streak)
             request.draft_streak = 0
+        exact = self.exact_greedy or not request.chooser.greedy  # seeded draws read a sampled request's rows
         if self.tree:
             tree = DraftTree([], [])
             if nodes > 0:
                 tree = request.drafter.propose(context, nodes, depth).prune(depth, nodes)
-                if not request.chooser.greedy:  # a seeded text must not depend on the tree verified
+                if exact:  # an exact text must not depend on the tree verified
                     tree = tree.first_children()
                 request.node_depths = tree.depths()
             if len(tree):
@@ -328,7 +330,7 @@ class BatchScheduler:
             seconds = (time.perf_counter() - started) / depth
             request.draft_seconds_per_depth = ewma(request.draft_seconds_per_depth, seconds, 0.2)
             self.draft_seconds_per_depth = ewma(self.draft_seconds_per_depth, seconds, 0.05)
-        entry.exact = self.exact_greedy or not request.chooser.greedy  # seeded draws read a sampled request's rows
+        entry.exact = exact
         return request, entry, draft
 
     def _complete(self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor,
