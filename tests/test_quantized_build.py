@@ -50,7 +50,7 @@ def test_plans_differ_by_scheme_and_auto_keeps_the_fp32_plan(presets):
     assert "quantization" not in plans["auto"].inputs  # fp32 engines built before keep their hash
     assert plans["int4-wo"].inputs["quantization"] == "int4-wo"
     assert plans["int8-wo"].as_dict()["quantization"] == "int8-wo"
-    assert "  weights      int4-wo" in plans["int4-wo"].render_text().splitlines()
+    assert any(line.startswith("  weights      int4-wo: target weights ") for line in plans["int4-wo"].render_text().splitlines())
     named = plan_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=presets, quantization="int8-wo", name="mine"))
     assert named.name == "mine"
 
@@ -76,3 +76,40 @@ def test_scheme_names():
     assert manifest_quantization(None, "m") is None and manifest_quantization("int4-wo", "m") == "int4-wo"
     with pytest.raises(ManifestError, match="m: quantization 'int4-awq'"):
         manifest_quantization("int4-awq", "m")
+
+
+@pytest.mark.parametrize("scheme", [None, "int8-wo", "int4-wo"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_plans_weight_memory_is_what_the_loaded_layers_hold(scheme, tied):
+    """``target_weight_bytes`` (the plan's ``memory``) against the bytes of a model quantized as the loader does."""
+    import torch
+
+    from specpipe.presets import Architecture
+    from specpipe.runtime.cpu.model.quant_scheme import target_weight_bytes
+    from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
+    from specpipe.runtime.cpu.quantized_models import quantize_model
+    from tiny_models import tiny_llama
+
+    model = tiny_llama(vocab_size=96, hidden_size=64, num_heads=4, num_kv_heads=2, tie_word_embeddings=tied)
+    config = model.config
+    arch = Architecture(num_layers=config.num_hidden_layers, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                        head_dim=16, intermediate_size=config.intermediate_size, vocab_size=96,
+                        max_position_embeddings=512, tie_word_embeddings=tied)
+    fp32 = sum(p.numel() * 4 for p in model.parameters())  # a tied lm_head is listed once
+    assert target_weight_bytes(arch, None) == fp32
+    if scheme is None:
+        return
+    quantize_model(model, scheme)
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert {m.scheme for m in layers} == {scheme} and len(layers) == 1 + 4 * config.num_hidden_layers  # qkv, o, gate_up, down
+    dense = sum(p.numel() * 4 for p in model.parameters())  # embedding and norms (quantized weights are buffers)
+    assert target_weight_bytes(arch, scheme) == dense + sum(m.weight_bytes() for m in layers)
+    assert target_weight_bytes(arch, scheme) < fp32 * (0.5 if scheme == "int8-wo" else 0.4)
+
+
+def test_the_cpu_plan_states_the_weights_and_cache_memory(presets):
+    plan = plan_cpu(BuildRequest(target="smollm2-135m", draft="ngram", engines_dir=presets, quantization="int8-wo"))
+    memory = plan.as_dict()["memory"]
+    assert memory["kv_cache_bytes_per_token"] == 2 * 30 * 3 * 64 * 4
+    assert 0.45 < memory["target_weights_bytes"] / memory["target_weights_fp32_bytes"] < 0.47
+    assert "weights      int8-wo: target weights 237 MiB loaded (fp32: 513 MiB), KV cache 45 KiB per token" in plan.render_text()

@@ -34,7 +34,7 @@ from specpipe.models.fetch import COMPLETE_MARKER, checkpoint_cache_dir, ensure_
 from specpipe.models.heads import place_heads, recipe, resolve_heads_dir
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import done, result
-from specpipe.runtime.cpu.model.quant_scheme import cpu_quantization
+from specpipe.runtime.cpu.model.quant_scheme import cpu_quantization, target_weight_bytes
 from specpipe.speculative import (DYNAMIC_TREE_DEFAULTS, METHODS, Method, Runtime, SpeculativeSettings,
                                   methods_for, names)
 from specpipe.tree import Tree
@@ -227,7 +227,24 @@ class CpuPlan:
                 "target": {"preset": self.target.name, **self.fetch()},
                 "draft": {"preset": self.draft.name, "method": self.method.value, "make": self.draft_step()},
                 "speculative": self.speculative.to_json(), "limits": self.limits, "quantization": self.quantization,
+                "memory": self.memory(),
                 "writes": [] if self.up_to_date and not self.request.force else [str(self.engine_dir / w) for w in writes]}
+
+    def memory(self) -> dict[str, int]:
+        """The target's weights once loaded (:func:`target_weight_bytes`; fp32's beside) and its fp32 KV
+        cache per token, bytes."""
+        arch = self.target.architecture
+        return {"target_weights_bytes": target_weight_bytes(arch, self.quantization),
+                "target_weights_fp32_bytes": target_weight_bytes(arch, None),
+                "kv_cache_bytes_per_token": 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4}
+
+    def _memory_text(self) -> str:
+        memory, mib = self.memory(), 2**20
+        text = f"target weights {memory['target_weights_bytes'] / mib:.0f} MiB loaded"
+        if self.quantization:
+            text += f" (fp32: {memory['target_weights_fp32_bytes'] / mib:.0f} MiB)"
+        per_token = memory["kv_cache_bytes_per_token"] / 1024
+        return text + (f", KV cache {per_token:,.0f}" if per_token >= 10 else f", KV cache {per_token:.2g}") + " KiB per token"
 
     def render_text(self) -> str:
         """The plan for people (``build --dry-run``)."""
@@ -238,7 +255,7 @@ class CpuPlan:
                  f"  target       {self.target.name}: {doc['target']['action']} ({doc['target']['path']})",
                  f"  draft        {self.draft.name} ({self.method.value})" + (f": {doc['draft']['make']}" if doc["draft"]["make"] else ""),
                  f"  speculative  {json.dumps(doc['speculative'], sort_keys=True)}",
-                 f"  weights      {self.quantization or 'fp32'}",
+                 f"  weights      {self.quantization or 'fp32'}: {self._memory_text()}",
                  f"  inputs hash  {self.inputs_hash}",
                  f"  engine       {self.engine_dir}: {state}"]
         lines += [f"  writes       {w}" for w in doc["writes"]]

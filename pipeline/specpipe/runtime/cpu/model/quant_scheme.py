@@ -49,3 +49,34 @@ def manifest_quantization(value: object, where: str) -> str | None:
     raise ManifestError(f"{where}: quantization {value!r} is not run by the CPU runtime (it runs none, "
                         f"{', '.join(CPU_QUANTIZATIONS)}): rebuild the engine with 'specpipe build --force' and "
                         f"-q auto, int8-wo or int4-wo")
+
+
+def target_weight_bytes(arch, scheme: str | None) -> int:
+    """Bytes a Llama-style target's weights take once loaded by the CPU runtime under ``scheme``.
+
+    fp32 (``None``): every parameter in 4 bytes (a tied lm_head shares the embedding). Weight-only: the
+    linear layers of the decoder and the lm_head (its own copy where tied) at 1 byte a weight plus a bf16
+    scale per output channel (``int8-wo``), or half a byte plus a bf16 scale and zero per 32 input channels
+    (``int4-wo``); the embedding and the norms stay fp32. Layers the int4 kernel does not take become int8
+    at load, which this does not model.
+
+    Args:
+        arch: a :class:`~specpipe.presets.Architecture` (counts of layers, heads, sizes).
+        scheme: ``None``, ``"int8-wo"`` or ``"int4-wo"``.
+
+    Raises:
+        ValueError: another scheme.
+    """
+    h, i, v = arch.hidden_size, arch.intermediate_size, arch.vocab_size
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    shapes = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)] * arch.num_layers + [(v, h)]  # (out, in)
+    norms = (2 * arch.num_layers + 1) * h * 4
+    if scheme is None:
+        return sum(o * n for o, n in shapes[:-1]) * 4 + v * h * 4 * (1 if arch.tie_word_embeddings else 2) + norms
+    if scheme == "int8-wo":
+        linear = sum(o * n + 2 * o for o, n in shapes)
+    elif scheme == "int4-wo":
+        linear = sum(o * n // 2 + 4 * o * (n // 32) for o, n in shapes)
+    else:
+        raise ValueError(f"unknown weight-only scheme {scheme!r}: give one of {', '.join(CPU_QUANTIZATIONS)}")
+    return linear + v * h * 4 + norms
