@@ -192,8 +192,7 @@ class BatchedLM:
             :attr:`CachedLM.capture_layers <specpipe.runtime.cpu.model.cached_lm.CachedLM>`, for EAGLE-3 drafters).
 
     Attributes:
-        quantized: the lm_head (and so the decoder) is weight-only quantized
-            (:class:`~specpipe.runtime.cpu.model.quantized_linear.QuantizedLinear`).
+        quantized: the lm_head (and so the decoder) is a weight-only quantized ``QuantizedLinear``.
 
     Not thread-safe: one scheduler thread owns it.
     """
