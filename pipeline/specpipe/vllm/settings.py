@@ -21,7 +21,7 @@ from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, PresetError
 from specpipe.speculative import (METHODS, NGRAM_MATCH_DEFAULT, VLLM_FLAVOUR_METHODS, Method, Runtime, SpeculativeSettings,
                                   methods_for, spec_of)
-from specpipe.trtllm.preflight import LLMAPI_EAGLE_CHAIN
+from specpipe.trtllm.draft_settings import LLMAPI_EAGLE_CHAIN
 from specpipe.trtllm.resolve import Draft, Target
 from specpipe.vllm import release
 
