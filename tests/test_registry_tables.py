@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specpipe import build_cpu, heads_format
+from specpipe.bench import tune
 from specpipe.build_request import BuildRequest
 from specpipe.errors import MethodTableError
 from specpipe.models import heads
@@ -21,6 +22,8 @@ from specpipe.trtllm import draft_settings, llmapi_schema, memory, plan
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.quant import SCHEMES
 from specpipe.trtllm.release import TRTLLM_VERSION
+from specpipe.vllm import settings as vllm_settings
+from specpipe.vllm.plan import make_plan as make_vllm_plan
 
 ARCHITECTURE_DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 
@@ -47,7 +50,10 @@ TABLES = [
      claiming(Runtime.TRTLLM_LLMAPI, drafting=True)),
     ("trtllm.llmapi_schema.SPELLINGS (pinned release)", lambda: llmapi_schema.spelling_for(TRTLLM_VERSION).decoding_types,
      claiming(Runtime.TRTLLM_LLMAPI, drafting=True)),
+    ("vllm.settings.CONFIG_KEYS", lambda: vllm_settings.CONFIG_KEYS,
+     frozenset(m for m in claiming(Runtime.VLLM, drafting=True) if METHODS[m].vllm_method)),
     ("runtime.cpu.loader.DRAFTERS", lambda: loader.DRAFTERS, claiming(Runtime.CPU)),
+    ("bench.tune.TREE_DEPTH_LIMITS", lambda: tune.TREE_DEPTH_LIMITS, claiming(Runtime.CPU, tree=True)),
     ("build_cpu.TREE_LEVELS", lambda: build_cpu.TREE_LEVELS, claiming(Runtime.CPU, tree=True)),
     ("build_cpu.HEAD_COUNTS", lambda: build_cpu.HEAD_COUNTS, claiming(Runtime.CPU, weights=("heads",))),
     ("heads_format.CONVERTER_LAYOUTS", lambda: heads_format.CONVERTER_LAYOUTS, claiming(*Runtime, weights=("heads",))),
@@ -128,6 +134,20 @@ def test_cpu_tree_settings_and_training_defaults_refuse_a_missing_method(monkeyp
     monkeypatch.delitem(heads.SHIPPED_FOLDERS, Method.MEDUSA)
     with pytest.raises(MethodTableError, match="'medusa' has no entry in models.heads.SHIPPED_FOLDERS"):
         heads.shipped_dir("smollm2-135m", "medusa")
+
+
+def test_tune_and_vllm_refuse_a_method_missing_from_their_tables(monkeypatch, tmp_path):
+    medusa = build_cpu.resolve_speculative(load_draft("medusa"), None, None).with_(num_medusa_heads=2)
+    assert max(c.tree.depth for c in tune.candidates_for(medusa, (1, 2, 3, 4))) <= 2  # chains stop at the heads
+    monkeypatch.delitem(tune.TREE_DEPTH_LIMITS, Method.MEDUSA)
+    with pytest.raises(MethodTableError, match="'medusa' has no entry in bench.tune.TREE_DEPTH_LIMITS"):
+        tune.candidates_for(medusa, (1, 2))
+    request = BuildRequest(target="llama3.1-8b", draft="llama3.2-1b", runtime="vllm", dry_run=True,
+                           engines_dir=tmp_path, gpu="h100-80gb")
+    assert make_vllm_plan(request).speculative_config["draft_tensor_parallel_size"] == 1
+    monkeypatch.delitem(vllm_settings.CONFIG_KEYS, Method.DRAFT_MODEL)
+    with pytest.raises(MethodTableError, match="'draft-model' has no entry in vllm.settings.CONFIG_KEYS"):
+        make_vllm_plan(request)
 
 
 def test_the_pinned_llmapi_spelling_is_the_registry():
