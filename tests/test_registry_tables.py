@@ -18,6 +18,8 @@ from specpipe.presets import load_draft, load_target
 from specpipe.runtime.cpu import loader
 from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings, entry_for
 from specpipe.training import config, tasks
+from specpipe.triton import deployment
+from specpipe.tree import Tree, TreeError
 from specpipe.trtllm import draft_settings, llmapi_schema, memory, plan
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.quant import SCHEMES
@@ -52,6 +54,7 @@ TABLES = [
      claiming(Runtime.TRTLLM_LLMAPI, drafting=True)),
     ("vllm.settings.CONFIG_KEYS", lambda: vllm_settings.CONFIG_KEYS,
      frozenset(m for m in claiming(Runtime.VLLM, drafting=True) if METHODS[m].vllm_method)),
+    ("triton.deployment.TREE_DEPTH_LIMITS", lambda: deployment.TREE_DEPTH_LIMITS, claiming(*GPU, tree=True)),
     ("runtime.cpu.loader.DRAFTERS", lambda: loader.DRAFTERS, claiming(Runtime.CPU)),
     ("bench.tune.TREE_DEPTH_LIMITS", lambda: tune.TREE_DEPTH_LIMITS, claiming(Runtime.CPU, tree=True)),
     ("build_cpu.TREE_LEVELS", lambda: build_cpu.TREE_LEVELS, claiming(Runtime.CPU, tree=True)),
@@ -148,6 +151,15 @@ def test_tune_and_vllm_refuse_a_method_missing_from_their_tables(monkeypatch, tm
     monkeypatch.delitem(vllm_settings.CONFIG_KEYS, Method.DRAFT_MODEL)
     with pytest.raises(MethodTableError, match="'draft-model' has no entry in vllm.settings.CONFIG_KEYS"):
         make_vllm_plan(request)
+
+
+def test_packaging_checks_a_tree_only_against_its_own_method_s_limit(monkeypatch):
+    eagle = SpeculativeSettings(Method.EAGLE, max_draft_len=3, tree=Tree.parse([[0], [0, 0], [0, 0, 0]]), num_eagle_layers=2)
+    with pytest.raises(TreeError, match="EAGLE layers"):
+        deployment.check_speculative(eagle, "engine e")
+    monkeypatch.delitem(deployment.TREE_DEPTH_LIMITS, Method.EAGLE)
+    with pytest.raises(MethodTableError, match="'eagle' has no entry in triton.deployment.TREE_DEPTH_LIMITS"):
+        deployment.check_speculative(eagle.with_(num_eagle_layers=3), "engine e")
 
 
 def test_the_pinned_llmapi_spelling_is_the_registry():
