@@ -17,7 +17,7 @@ def test_the_pinned_release_row_is_the_registry_spelling():
     row = schema.spelling_for(TRTLLM_VERSION)
     for method, spec in METHODS.items():
         if method is not Method.NONE and spec.runs_on(Runtime.TRTLLM_LLMAPI):
-            assert row.decoding_types[method.value] == spec.decoding_type
+            assert row.decoding_types[method] == spec.decoding_type
     assert all(r.source for r in schema.SPELLINGS.values())
 
 
@@ -48,4 +48,4 @@ def test_plan_and_repository_build_the_same_config(tmp_path):
         assert {k: v for k, v in planned.items() if k != "speculative_model"} == \
                {k: v for k, v in written.items() if k != "speculative_model"}
         older = speculative_config(dataclasses.replace(deployment, trtllm_version="1.1.0"))
-        assert older["decoding_type"] == schema.SPELLINGS["1.1"].decoding_types[name]
+        assert older["decoding_type"] == schema.SPELLINGS["1.1"].decoding_types[Method(name)]

@@ -7,7 +7,8 @@ from specpipe.presets import load_target
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.gpus import GIB, UnknownGpuError, lookup_gpu
 from specpipe.trtllm.memory import layer_weights, plan_memory
-from specpipe.trtllm.preflight import MemoryPlanError, lookahead_max_draft_len, raise_if_unfit
+from specpipe.trtllm.draft_settings import lookahead_max_draft_len
+from specpipe.trtllm.preflight import MemoryPlanError, raise_if_unfit
 from specpipe.trtllm.quant import SCHEMES
 
 L8 = load_target("llama3-8b").architecture

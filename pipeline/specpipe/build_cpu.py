@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specpipe import __version__
 from specpipe.build_common import check_cpu_batch_memory, check_writable, is_engine_name, up_to_date
@@ -35,7 +35,7 @@ from specpipe.models.heads import place_heads, recipe, resolve_heads_dir
 from specpipe.presets import DraftPreset, TargetPreset, load_draft, load_target
 from specpipe.progress import done, result
 from specpipe.runtime.cpu.model.quant_scheme import cpu_quantization, target_weight_bytes
-from specpipe.speculative import (DYNAMIC_TREE_DEFAULTS, METHODS, Method, Runtime, SpeculativeSettings,
+from specpipe.speculative import (DYNAMIC_TREE_DEFAULTS, METHODS, Method, Runtime, SpeculativeSettings, entry_for,
                                   methods_for, names)
 from specpipe.tree import Tree
 from specpipe.tuned import apply_tuned
@@ -140,9 +140,15 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: 
     if dynamic:
         settings = settings.with_(dynamic_top_k=int(cpu.get("dynamic_top_k", DYNAMIC_TREE_DEFAULTS[0])),
                                   dynamic_depth=int(cpu.get("dynamic_depth", DYNAMIC_TREE_DEFAULTS[1])))
-    if method is Method.EAGLE:
-        settings = settings.with_(num_eagle_layers=settings.dynamic_depth if dynamic else tree.depth)
-    return settings
+    return entry_for(TREE_LEVELS, method, "build_cpu.TREE_LEVELS")(settings)
+
+
+#: What each tree method records of its tree's levels (EAGLE: the levels it drafts, the dynamic tree's
+#: depth or the static tree's; Medusa's come from its heads, :data:`HEAD_COUNTS`).
+TREE_LEVELS: dict[Method, Callable[[SpeculativeSettings], SpeculativeSettings]] = {
+    Method.EAGLE: lambda s: s.with_(num_eagle_layers=s.dynamic_depth if s.dynamic_tree else s.tree.depth),
+    Method.MEDUSA: lambda s: s,
+}
 
 
 def _cpu_table(draft: DraftPreset) -> dict[str, Any]:
@@ -373,10 +379,21 @@ def _make_heads(plan: CpuPlan, target_dir: Path, out: Path) -> tuple[Part, Specu
     draft_model, speculative = plan.request.draft_model, plan.speculative
     source_dir = resolve_heads_dir(plan.target.name, plan.method.value, draft_model)
     facts = place_heads(plan.method.value, source_dir, target_dir, out)
-    if plan.method is Method.MEDUSA:
-        speculative.tree.check(max_depth=int(facts["num_heads"]), what="medusa_choices", depth_limit="Medusa heads")
-        speculative = speculative.with_(num_medusa_heads=int(facts["num_heads"]), num_medusa_layers=int(facts["num_layers"]))
+    speculative = entry_for(HEAD_COUNTS, plan.method, "build_cpu.HEAD_COUNTS")(speculative, facts)
     made_by = recipe(source_dir) or {}
     source = {"kind": "local" if draft_model else "shipped", "path": str(source_dir.resolve()) if draft_model else source_dir.name,
               "command": made_by.get("command"), "heldout_metrics": made_by.get("heldout_metrics")}
     return Part(preset=plan.draft.name, method=plan.draft.kind, source=source, path="draft", heads=facts), speculative
+
+
+def _medusa_heads(speculative: SpeculativeSettings, facts: dict[str, Any]) -> SpeculativeSettings:
+    speculative.tree.check(max_depth=int(facts["num_heads"]), what="medusa_choices", depth_limit="Medusa heads")
+    return speculative.with_(num_medusa_heads=int(facts["num_heads"]), num_medusa_layers=int(facts["num_layers"]))
+
+
+#: What each head method takes from its placed heads' facts (:func:`specpipe.models.heads.place_heads`):
+#: Medusa its head and layer counts, which also bound the tree's depth; an EAGLE head nothing.
+HEAD_COUNTS: dict[Method, Callable[[SpeculativeSettings, dict[str, Any]], SpeculativeSettings]] = {
+    Method.EAGLE: lambda speculative, facts: speculative,
+    Method.MEDUSA: _medusa_heads,
+}

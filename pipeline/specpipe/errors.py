@@ -23,3 +23,7 @@ class ManifestError(SpecpipeError):
 
 class FlagError(SpecpipeError):
     """A flag the chosen runtime or method does not take; the CLI reports it as a usage error (exit 2)."""
+
+
+class MethodTableError(SpecpipeError):
+    """A speculative method has no entry in a per-method table: specpipe was extended without it (a defect)."""

@@ -48,10 +48,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from specpipe.errors import CompatibilityError, SpecpipeError
 from specpipe.fsutil import make_readable
+from specpipe.speculative import Method
 
 if TYPE_CHECKING:
     import torch
@@ -300,6 +301,23 @@ def write_medusa_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, n
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
+
+
+def _eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], meta: dict[str, Any], target) -> Path:
+    return write_eagle_layout(out_dir, heads, target)
+
+
+def _medusa_layout(out_dir: Path, heads: dict[str, torch.Tensor], meta: dict[str, Any], target) -> Path:
+    return write_medusa_layout(out_dir, heads, target, int(meta["num_heads"]), int(meta["num_layers"]))
+
+
+#: The converter layout of each head method (``MethodSpec.weights == "heads"``), written from its compact
+#: tensors, the compact file's metadata and the target model: ``writer(out_dir, heads, meta, target)``.
+#: An EAGLE-3 head's layout is :func:`write_eagle3_layout`, which ``train-draft --style eagle3`` writes.
+CONVERTER_LAYOUTS: dict[Method, Callable[[Path, dict[str, "torch.Tensor"], dict[str, Any], Any], Path]] = {
+    Method.EAGLE: _eagle_layout,
+    Method.MEDUSA: _medusa_layout,
+}
 
 
 def write_draft_model(out_dir: Path, layers: dict[str, torch.Tensor], target_dir: Path, num_layers: int) -> Path:

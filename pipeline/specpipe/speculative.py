@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping, TypeVar
 
-from specpipe.errors import ManifestError
+from specpipe.errors import ManifestError, MethodTableError
 from specpipe.tree import Tree
 
 
@@ -156,6 +156,27 @@ def spec_of(method: Method | str) -> MethodSpec:
 def methods_for(runtime: Runtime | str) -> tuple[Method, ...]:
     """The methods ``runtime`` runs, in registry order."""
     return tuple(m for m, s in METHODS.items() if s.runs_on(runtime))
+
+
+T = TypeVar("T")
+
+
+def entry_for(table: Mapping[Method, T], method: Method | str, table_name: str) -> T:
+    """The entry of ``method`` in a per-method table (a ``dict[Method, ...]`` of the layer that owns it).
+
+    Per-method behaviour lives in such tables, never in an if-chain whose last branch serves whatever
+    method comes; ``tests/test_registry_tables.py`` checks that every table covers the methods that claim it.
+
+    Raises:
+        MethodTableError: ``method`` has no entry in ``table_name`` (specpipe was extended without it);
+            the message names the method, the table and the checklist to follow.
+    """
+    method = Method(method)
+    if method not in table:
+        raise MethodTableError(
+            f"method {method.value!r} has no entry in {table_name}: add one (docs/architecture.md, "
+            f"'Adding a speculative method'); it has entries for {names(table)}")
+    return table[method]
 
 
 def names(methods) -> str:

@@ -35,7 +35,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.manifest import read_manifest
 from specpipe.progress import console, warn
 from specpipe.serve.local import LocalTritonServer
-from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings, methods_for
+from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings, entry_for, methods_for
 from specpipe.tree import Tree
 from specpipe.triton.repository import package_engine
 from specpipe.tuned import tuned_path, write_tuned
@@ -88,11 +88,19 @@ class Candidate:
         return setting
 
 
+#: The deepest tree each tree method can draft (``None``: as deep as the tree): Medusa one level per head.
+TREE_DEPTH_LIMITS: dict[Method, Callable[[SpeculativeSettings], int | None]] = {
+    Method.EAGLE: lambda speculative: None,
+    Method.MEDUSA: lambda speculative: speculative.num_medusa_heads,
+}
+
+
 def candidates_for(speculative: SpeculativeSettings, lengths: tuple[int, ...]) -> list[Candidate]:
     """The candidates to measure for an engine with these speculative settings.
 
     Raises:
         SpecpipeError: a baseline engine (nothing to tune) or a method the CPU runtime does not run.
+        MethodTableError: a tree method without an entry in :data:`TREE_DEPTH_LIMITS`.
     """
     method = speculative.method
     if method is Method.NONE:
@@ -102,7 +110,7 @@ def candidates_for(speculative: SpeculativeSettings, lengths: tuple[int, ...]) -
         raise SpecpipeError(f"cannot tune method {method.value!r}: tune runs {tunable} engines of the CPU runtime")
     if not METHODS[method].has_tree:
         return [Candidate(f"k{k}", k) for k in lengths]
-    max_depth = speculative.num_medusa_heads if method is Method.MEDUSA else None
+    max_depth = entry_for(TREE_DEPTH_LIMITS, method, "bench.tune.TREE_DEPTH_LIMITS")(speculative)
     found: list[Candidate] = []
     for k in lengths:
         options = []

@@ -16,8 +16,13 @@ from typing import Any
 
 from specpipe import heads_format
 from specpipe.errors import PresetError, SpecpipeError
-from specpipe.heads_format import COMPACT_FILES, RECIPE_FILE
+from specpipe.heads_format import COMPACT_FILES, CONVERTER_LAYOUTS, RECIPE_FILE
 from specpipe.paths import PACKAGE_DIR
+from specpipe.speculative import Method, entry_for
+
+#: The folder of each trained method's weights under ``build/heads/<target>/`` (and ``train-draft``'s
+#: default output folder under ``heads/<target>/``).
+SHIPPED_FOLDERS: dict[Method, str] = {Method.EAGLE: "eagle", Method.MEDUSA: "medusa", Method.DRAFT_MODEL: "draft"}
 
 
 def heads_roots() -> list[Path]:
@@ -26,8 +31,12 @@ def heads_roots() -> list[Path]:
 
 
 def shipped_dir(target: str, method: str) -> Path | None:
-    """Folder of the shipped ``method`` weights for ``target`` (``draft-model`` -> ``draft``), or ``None``."""
-    sub = "draft" if method == "draft-model" else method
+    """Folder of the shipped ``method`` weights for ``target`` (:data:`SHIPPED_FOLDERS`), or ``None``.
+
+    Raises:
+        MethodTableError: ``method`` has no entry in :data:`SHIPPED_FOLDERS`.
+    """
+    sub = entry_for(SHIPPED_FOLDERS, method, "models.heads.SHIPPED_FOLDERS")
     for root in heads_roots():
         candidate = root / target / sub
         if (candidate / COMPACT_FILES[method]).is_file():
@@ -67,7 +76,8 @@ def place_heads(method: str, source_dir: Path, target_dir: Path, out: Path) -> d
         head facts for the manifest (``num_heads``/``num_layers``, ``draft_vocab_size``, hidden size).
 
     Raises:
-        SpecpipeError: corrupt file. CompatibilityError: heads for another target.
+        SpecpipeError: corrupt file. CompatibilityError: heads for another target. MethodTableError:
+        ``method`` has no converter layout (:data:`~specpipe.heads_format.CONVERTER_LAYOUTS`).
     """
     import torch  # heavy: loading the target to check and lay out the heads
     from transformers import AutoModelForCausalLM
@@ -80,10 +90,7 @@ def place_heads(method: str, source_dir: Path, target_dir: Path, out: Path) -> d
     if (source_dir / RECIPE_FILE).is_file():
         shutil.copy2(source_dir / RECIPE_FILE, out / RECIPE_FILE)
     heads = {k: v for k, v in tensors.items() if k != "draft_vocab"}
-    if method == "eagle":
-        heads_format.write_eagle_layout(out / "trtllm", heads, target)
-    else:
-        heads_format.write_medusa_layout(out / "trtllm", heads, target, int(meta["num_heads"]), int(meta["num_layers"]))
+    entry_for(CONVERTER_LAYOUTS, method, "heads_format.CONVERTER_LAYOUTS")(out / "trtllm", heads, meta, target)
     facts = {k: meta[k] for k in ("hidden_size", "vocab_size", "num_heads", "num_layers", "draft_vocab_size") if k in meta}
     facts["trtllm_layout"] = "trtllm"
     return facts

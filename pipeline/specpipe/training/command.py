@@ -13,11 +13,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specpipe import heads_format
 from specpipe.errors import SpecpipeError
+from specpipe.heads_format import CONVERTER_LAYOUTS
 from specpipe.models.fetch import ensure_target_checkpoint
+from specpipe.models.heads import SHIPPED_FOLDERS
 from specpipe.paths import cache_dir
 from specpipe.presets import load_target
 from specpipe.progress import console
-from specpipe.training.config import CHECKPOINT_NAME, TrainConfig
+from specpipe.speculative import Method, entry_for, spec_of
+from specpipe.training.config import CHECKPOINT_NAME, STYLED, TrainConfig
 from specpipe.runtime.cpu.drafters.eagle3_head import capture_layers
 from specpipe.training.data import SAMPLE_TEMPERATURE, CorpusSpec, build_corpus
 from specpipe.training.prompts import read_user_data
@@ -84,7 +87,8 @@ def train_draft(request: TrainRequest) -> Path:
     cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=request.max_steps, seed=seed,
                                    schedule_steps=request.schedule_steps, style=request.style, **(request.overrides or {}))
     preset = load_target(request.target)
-    folder = "draft" if method == "draft-model" else ("eagle3" if cfg.style == "eagle3" else method)
+    styled = Method(method) in STYLED
+    folder = "eagle3" if cfg.style == "eagle3" else entry_for(SHIPPED_FOLDERS, method, "models.heads.SHIPPED_FOLDERS")
     out_dir = Path(request.out_dir) if request.out_dir else Path("heads") / preset.name / folder
     if data:
         read_user_data(Path(data))  # fail on missing, empty or malformed data before writing anything
@@ -126,7 +130,7 @@ def train_draft(request: TrainRequest) -> Path:
 
         features = build_corpus(target, tokenizer, model_dir, spec, cache_dir() / "training" / preset.name, factory,
                                 capture_layers=layers)
-        train_id = bars.add_task(f"Training {method} {cfg.style if method == 'eagle' else ''} "
+        train_id = bars.add_task(f"Training {method} {cfg.style if styled else ''} "
                                  f"({cfg.budget_minutes:g} min budget)", total=None, info="")
 
         def on_step(step: int, total: int, info: dict[str, float]) -> None:
@@ -139,19 +143,17 @@ def train_draft(request: TrainRequest) -> Path:
     heads_format.save_compact(out_dir, method, result.tensors, meta)
     if request.export_trtllm:
         layout = out_dir / "trtllm"
-        if method == "eagle" and cfg.style == "eagle3":
+        if cfg.style == "eagle3":
             heads_format.write_eagle3_layout(layout, result.tensors, result.meta, target)
-        elif method == "eagle":
-            heads_format.write_eagle_layout(layout, result.tensors, target)
-        elif method == "medusa":
-            heads_format.write_medusa_layout(layout, result.tensors, target, cfg.num_heads, cfg.num_layers)
+        elif spec_of(method).weights == "heads":  # a draft model's layout is the checkpoint the build rebuilds
+            entry_for(CONVERTER_LAYOUTS, method, "heads_format.CONVERTER_LAYOUTS")(layout, result.tensors, result.meta, target)
     recipe = {
         "command": command or (f"specpipe train-draft --target {preset.name} --method {method} --budget {budget_minutes:g} "
-                               f"--seed {seed}" + (f" --style {cfg.style}" if method == "eagle" else "")),
+                               f"--seed {seed}" + (f" --style {cfg.style}" if styled else "")),
         "reproduce_exactly": f"add --max-steps {result.steps} --schedule-steps {result.meta['schedule_steps']} (same seed, same corpus)",
         "target": preset.name,
         "method": method,
-        "style": cfg.style if method == "eagle" else None,
+        "style": cfg.style if styled else None,
         "seed": seed,
         "steps": result.steps,
         "train_seconds": result.train_seconds,

@@ -8,13 +8,24 @@ from typing import Any
 import torch
 
 from specpipe.errors import SpecpipeError
-from specpipe.speculative import METHODS, Method
+from specpipe.speculative import METHODS, Method, entry_for
 
 #: Methods ``specpipe train-draft`` trains, from the registry (``MethodSpec.trainable``).
 TRAINABLE = tuple(method.value for method, spec in METHODS.items() if spec.trainable)
 CHECKPOINT_NAME = ".train-checkpoint.pt"
 #: EAGLE head styles ``--style`` trains (the registry's EAGLE flavours).
 EAGLE_STYLES = METHODS[Method.EAGLE].flavours
+#: Methods whose ``--style`` picks the head's layout (:data:`STYLE_DEFAULTS`).
+STYLED = frozenset({Method.EAGLE})
+#: Each trainable method's hyper-parameters where they differ from :class:`TrainConfig`'s (Medusa's): EAGLE
+#: and the draft model learn from windows of consecutive tokens, Medusa from single positions.
+TRAINING_DEFAULTS: dict[Method, dict[str, Any]] = {
+    Method.EAGLE: {"batch": 16, "window": 64, "lr": 1e-3, "unroll": 3},
+    Method.MEDUSA: {},
+    Method.DRAFT_MODEL: {"batch": 8, "window": 128, "lr": 2e-4},
+}
+#: What each ``--style`` of a styled method changes on top of the method's defaults.
+STYLE_DEFAULTS: dict[str, dict[str, Any]] = {"eagle1": {}, "eagle3": {"unroll": 4, "eval_every": 250}}
 
 
 @dataclass
@@ -92,14 +103,18 @@ class TrainConfig:
 
     @classmethod
     def defaults_for(cls, method: str, **overrides: Any) -> "TrainConfig":
-        """Per-method defaults (EAGLE and the draft model use windows, Medusa single positions)."""
+        """The method's defaults (:data:`TRAINING_DEFAULTS`, then :data:`STYLE_DEFAULTS` of its ``style``),
+        then ``overrides`` (``None`` values ignored).
+
+        Raises:
+            SpecpipeError: an untrainable method, a style the method does not take, bad values.
+            MethodTableError: a trainable method without an entry in :data:`TRAINING_DEFAULTS`.
+        """
         base: dict[str, Any] = {"method": method}
-        if method == "eagle" and overrides.get("style") == "eagle3":
-            base.update(batch=16, window=64, lr=1e-3, unroll=4, eval_every=250)
-        elif method == "eagle":
-            base.update(batch=16, window=64, lr=1e-3, unroll=3)
-        elif method == "draft-model":
-            base.update(batch=8, window=128, lr=2e-4)
+        if method in TRAINABLE:  # others are refused by __post_init__
+            base.update(entry_for(TRAINING_DEFAULTS, method, "training.config.TRAINING_DEFAULTS"))
+            if Method(method) in STYLED:  # an unknown style is refused by __post_init__
+                base.update(STYLE_DEFAULTS.get(overrides.get("style") or cls.style, {}))
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
 from specpipe.manifest import read_manifest
 from specpipe.progress import warn
-from specpipe.speculative import Method, Runtime, SpeculativeSettings
+from specpipe.speculative import Method, Runtime, SpeculativeSettings, entry_for
 from specpipe.tree import TreeError
 from specpipe.trtllm import release
 from specpipe.trtllm.plan import PLAN_FORMAT
@@ -105,18 +105,23 @@ def _check_release(found: str | None, where: str) -> str:
     return found
 
 
+#: Each tree method's deepest tree the engine drafts, and what counts the levels (for messages).
+TREE_DEPTH_LIMITS: dict[Method, Callable[[SpeculativeSettings], tuple[int | None, str]]] = {
+    Method.EAGLE: lambda spec: (spec.num_eagle_layers, "EAGLE layers"),
+    Method.MEDUSA: lambda spec: (spec.num_medusa_heads, "Medusa heads"),
+}
+
+
 def check_speculative(spec: SpeculativeSettings, where: str) -> None:
     """Settings that must agree between the engine and the serving config.
 
     Raises:
         CompatibilityError: a choices tree deeper than the EAGLE layers / Medusa heads or with more
             nodes than ``max_draft_len``; lookahead without (W, N, G).
+        MethodTableError: a tree method without an entry in :data:`TREE_DEPTH_LIMITS`.
     """
     if spec.tree is not None:
-        if spec.method is Method.EAGLE:
-            limit, counted = spec.num_eagle_layers, "EAGLE layers"
-        else:
-            limit, counted = spec.num_medusa_heads, "Medusa heads"
+        limit, counted = entry_for(TREE_DEPTH_LIMITS, spec.method, "triton.deployment.TREE_DEPTH_LIMITS")(spec)
         try:
             spec.tree.check(max_depth=limit, max_nodes=spec.max_draft_len, what=spec.spec.choices_key,
                             depth_limit=counted,

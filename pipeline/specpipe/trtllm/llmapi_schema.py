@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from specpipe.errors import SpecpipeError
-from specpipe.speculative import NGRAM_MATCH_DEFAULT, Method, SpeculativeSettings
+from specpipe.speculative import METHODS, NGRAM_MATCH_DEFAULT, Method, SpeculativeSettings, entry_for
 from specpipe.trtllm.release import CONTAINER_IMAGE, TRTLLM_VERSION
 
 SOURCE = {"repo": "NVIDIA/TensorRT-LLM", "path": "tensorrt_llm/llmapi/llm_args.py", "release": "1.2.x",
@@ -79,25 +79,30 @@ class Spelling:
     """How one TensorRT-LLM release spells the LLM API's ``speculative_config``.
 
     Attributes:
-        decoding_types: method value -> ``decoding_type`` literal.
+        decoding_types: method -> ``decoding_type`` literal.
         model_key: the key naming the draft checkpoint.
         source: where the row was read.
     """
 
-    decoding_types: dict[str, str]
+    decoding_types: dict[Method, str]
     model_key: str
     source: str
 
 
+#: The pinned release's ``decoding_type`` of each method: the registry's (``MethodSpec.decoding_type``).
+PINNED_DECODING_TYPES = {method: spec.decoding_type for method, spec in METHODS.items() if spec.decoding_type}
+#: The releases before 1.2 spell ``Eagle`` and ``DraftTarget``.
+_BEFORE_1_2 = {Method.EAGLE: "Eagle", Method.NGRAM: "NGram", Method.DRAFT_MODEL: "DraftTarget"}
+
 #: ``major.minor`` -> its spellings. A release missing here uses the nearest older row.
 SPELLINGS: dict[str, Spelling] = {
-    "1.0": Spelling({"eagle": "Eagle", "ngram": "NGram", "draft-model": "DraftTarget"}, "speculative_model_dir",
+    "1.0": Spelling(_BEFORE_1_2, "speculative_model_dir",
                     "TensorRT-LLM docs/source/features/speculative-decoding.md @ 35dac55 (1.0: 'Eagle' is EAGLE-3, "
                     "DraftTarget, speculative_model_dir; no Eagle3 literal)"),
-    "1.1": Spelling({"eagle": "Eagle", "ngram": "NGram", "draft-model": "DraftTarget"}, "speculative_model_dir",
+    "1.1": Spelling(_BEFORE_1_2, "speculative_model_dir",
                     "as 1.0 (issue 13: 1.0/1.1 sources spell DraftTarget, speculative_model_dir, no Eagle3); "
                     "confirmed on a container by the first-contact check"),
-    "1.2": Spelling({"eagle": "Eagle3", "ngram": "NGram", "draft-model": "Draft_Target"}, "speculative_model",
+    "1.2": Spelling(PINNED_DECODING_TYPES, "speculative_model",
                     "tensorrt_llm/llmapi/llm_args.py, 1.2-era copy (see module docstring): Eagle3DecodingConfig, "
                     "DraftTargetDecodingConfig Literal['Draft_Target'], speculative_model (alias speculative_model_dir)"),
 }
@@ -118,6 +123,24 @@ def spelling_for(version: str) -> Spelling:
     return SPELLINGS[older[-1]]
 
 
+def _eagle_keys(settings: SpeculativeSettings) -> dict[str, Any]:
+    return {"eagle3_one_model": True, **({"eagle_choices": settings.tree.to_list()} if settings.tree is not None else {})}
+
+
+def _ngram_keys(settings: SpeculativeSettings) -> dict[str, Any]:
+    return {"max_matching_ngram_size": int(settings.max_matching_ngram_size or NGRAM_MATCH_DEFAULT),
+            "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
+
+
+#: The method's own ``speculative_config`` keys (besides ``decoding_type``, ``max_draft_len`` and the
+#: draft model), for every method the LLM API runs.
+METHOD_KEYS: dict[Method, Callable[[SpeculativeSettings], dict[str, Any]]] = {
+    Method.EAGLE: _eagle_keys,
+    Method.NGRAM: _ngram_keys,
+    Method.DRAFT_MODEL: lambda settings: {},
+}
+
+
 def build_speculative_config(settings: SpeculativeSettings, draft_path: str | None,
                              version: str = TRTLLM_VERSION) -> dict[str, Any] | None:
     """THE ``speculative_config`` mapping (``None`` without speculation), spelled for ``version``.
@@ -133,20 +156,14 @@ def build_speculative_config(settings: SpeculativeSettings, draft_path: str | No
     if settings.method is Method.NONE:
         return None
     row = spelling_for(version)
-    decoding_type = row.decoding_types.get(settings.method.value)
+    decoding_type = row.decoding_types.get(settings.method)
     if decoding_type is None:
         raise SpecpipeError(f"{settings.method.value} has no LLM API decoding_type in TensorRT-LLM {version}: "
                             f"build with --runtime trtllm for the engine flow")
     config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": settings.max_draft_len}
     if settings.spec.weights is not None and draft_path is not None:
         config[row.model_key] = draft_path
-    if settings.method is Method.EAGLE:
-        config["eagle3_one_model"] = True
-        if settings.tree is not None:
-            config["eagle_choices"] = settings.tree.to_list()
-    elif settings.method is Method.NGRAM:
-        config.update(max_matching_ngram_size=int(settings.max_matching_ngram_size or NGRAM_MATCH_DEFAULT),
-                      is_keep_all=True, is_use_oldest=True, is_public_pool=True)
+    config.update(entry_for(METHOD_KEYS, settings.method, "trtllm.llmapi_schema.METHOD_KEYS")(settings))
     accepted = ACCEPTED_KEYS.get(decoding_type)
     if accepted is not None:
         unknown = set(config) - accepted

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from specpipe.presets import Architecture
+from specpipe.speculative import Method, entry_for
 from specpipe.trtllm.gpus import GIB, Gpu
 from specpipe.trtllm.quant import Scheme
 
@@ -131,6 +133,72 @@ class MemoryPlan:
         return data
 
 
+@dataclass(frozen=True)
+class DraftInputs:
+    """What a method's memory terms read: the target, the scheme and sizes of the plan, and the method's own
+    settings (``num_eagle_layers``: EAGLE nets; ``medusa``: (heads, layers per head); ``draft_arch``: the
+    draft model's architecture; each ``None``/0 where the plan has none)."""
+
+    target: Architecture
+    scheme: Scheme
+    tp: int
+    pp: int
+    batch: int
+    max_seq_len: int
+    max_draft_len: int
+    num_eagle_layers: int
+    medusa: tuple[int, int] | None
+    draft_arch: Architecture | None
+
+
+@dataclass(frozen=True)
+class DraftTerms:
+    """A method's terms in the memory plan (see the module docstring).
+
+    Attributes:
+        extra_seq: tokens ``trtllm-build`` adds to ``max_seq_len`` (the KV cache's length).
+        extra_kv_layers: attention layers of the target's KV shape the method adds (EAGLE nets).
+        weights, kv_cache: the draft's weights and KV cache on the largest rank (bytes).
+        engines: engines beside the target's (each costs :data:`RUNTIME_OVERHEAD_BYTES`).
+    """
+
+    extra_seq: int = 0
+    extra_kv_layers: int = 0
+    weights: int = 0
+    kv_cache: int = 0
+    engines: int = 0
+
+
+def _eagle_terms(d: DraftInputs) -> DraftTerms:
+    nets = max(d.num_eagle_layers, 1)  # a chain (the LLM API's EAGLE-3) still runs one net
+    return DraftTerms(extra_seq=d.max_draft_len + nets, extra_kv_layers=nets, weights=eagle_weight_bytes(d.target, nets, d.tp))
+
+
+def _medusa_terms(d: DraftInputs) -> DraftTerms:
+    weights = medusa_weight_bytes(d.target.hidden_size, d.target.vocab_size, *d.medusa, d.tp) if d.medusa else 0
+    return DraftTerms(extra_seq=d.max_draft_len, weights=weights)
+
+
+def _draft_model_terms(d: DraftInputs) -> DraftTerms:
+    if d.draft_arch is None:
+        return DraftTerms(extra_seq=d.max_draft_len)
+    return DraftTerms(extra_seq=d.max_draft_len, weights=model_weight_bytes(d.draft_arch, d.scheme, d.tp, d.pp),
+                      kv_cache=kv_cache_bytes(d.draft_arch, d.draft_arch.num_layers, d.tp, d.pp, d.scheme.kv_bytes,
+                                              d.batch, d.max_seq_len),
+                      engines=1)
+
+
+#: Each method's memory terms, for every method a TensorRT-LLM or vLLM plan can hold.
+DRAFT_TERMS: dict[Method, Callable[[DraftInputs], DraftTerms]] = {
+    Method.NONE: lambda d: DraftTerms(),
+    Method.NGRAM: lambda d: DraftTerms(extra_seq=d.max_draft_len),
+    Method.LOOKAHEAD: lambda d: DraftTerms(extra_seq=d.max_draft_len),
+    Method.DRAFT_MODEL: _draft_model_terms,
+    Method.EAGLE: _eagle_terms,
+    Method.MEDUSA: _medusa_terms,
+}
+
+
 def plan_memory(*, target: Architecture, scheme: Scheme, tp: int, pp: int, batch: int, max_seq_len: int,
                 method: str, max_draft_len: int, num_eagle_layers: int = 0, medusa: tuple[int, int] | None = None,
                 draft_arch: Architecture | None = None, gpu: Gpu | None = None) -> MemoryPlan:
@@ -139,30 +207,25 @@ def plan_memory(*, target: Architecture, scheme: Scheme, tp: int, pp: int, batch
     Args:
         target: target architecture. scheme: quantization scheme (weights and KV bytes).
         tp, pp: parallel sizes. batch: ``max_batch_size`` (requests). max_seq_len: tokens per request.
-        method: speculative method. max_draft_len: draft tokens per step (0 without speculation).
-        num_eagle_layers: EAGLE nets (EAGLE only). medusa: ``(heads, layers per head)`` (Medusa only).
-        draft_arch: the draft model's architecture (draft-model only). gpu: GPU to check against.
+        method: speculative method, whose terms come from :data:`DRAFT_TERMS`. max_draft_len: draft tokens
+            per step (0 without speculation). num_eagle_layers: EAGLE nets (EAGLE only; at least 1). medusa: ``(heads,
+            layers per head)`` (Medusa only). draft_arch: the draft model's architecture (draft-model only).
+        gpu: GPU to check against.
+
+    Raises:
+        MethodTableError: ``method`` has no entry in :data:`DRAFT_TERMS`.
     """
-    engine_seq = max_seq_len + (max_draft_len if method != "none" else 0) + (num_eagle_layers if method == "eagle" else 0)
-    target_kv_layers = target.num_layers + (num_eagle_layers if method == "eagle" else 0)
-    draft_weights = draft_kv = 0
-    overhead = RUNTIME_OVERHEAD_BYTES
-    if method == "eagle":
-        draft_weights = eagle_weight_bytes(target, num_eagle_layers, tp)
-    elif method == "medusa" and medusa:
-        draft_weights = medusa_weight_bytes(target.hidden_size, target.vocab_size, medusa[0], medusa[1], tp)
-    elif method == "draft-model" and draft_arch is not None:
-        draft_weights = model_weight_bytes(draft_arch, scheme, tp, pp)
-        draft_kv = kv_cache_bytes(draft_arch, draft_arch.num_layers, tp, pp, scheme.kv_bytes, batch, max_seq_len)
-        overhead += RUNTIME_OVERHEAD_BYTES
+    inputs = DraftInputs(target, scheme, tp, pp, batch, max_seq_len, max_draft_len, num_eagle_layers, medusa, draft_arch)
+    terms = entry_for(DRAFT_TERMS, method, "trtllm.memory.DRAFT_TERMS")(inputs)
     return MemoryPlan(
         tp=tp, pp=pp,
         target_weights=model_weight_bytes(target, scheme, tp, pp),
-        draft_weights=draft_weights,
-        target_kv_cache=kv_cache_bytes(target, target_kv_layers, tp, pp, scheme.kv_bytes, batch, engine_seq),
-        draft_kv_cache=draft_kv,
+        draft_weights=terms.weights,
+        target_kv_cache=kv_cache_bytes(target, target.num_layers + terms.extra_kv_layers, tp, pp, scheme.kv_bytes,
+                                       batch, max_seq_len + terms.extra_seq),
+        draft_kv_cache=terms.kv_cache,
         activations=activation_bytes(target, tp, batch, max_draft_len),
-        runtime_overhead=overhead,
+        runtime_overhead=RUNTIME_OVERHEAD_BYTES * (1 + terms.engines),
         gpu=gpu.name if gpu else None,
         gpu_memory=gpu.memory_bytes if gpu else None,
     )

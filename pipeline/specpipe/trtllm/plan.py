@@ -32,10 +32,10 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specpipe.build_request import BuildRequest
-from specpipe.speculative import Method, Runtime, spec_of
+from specpipe.speculative import Method, Runtime, SpeculativeSettings, entry_for, spec_of
 from specpipe.trtllm import release
 from specpipe.trtllm.eagle_head import PREPARE_STEP, prepare_argv, preparation_for
 from specpipe.trtllm.flagcheck import check_argv
@@ -253,7 +253,7 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
               f"prepare the EAGLE head for TensorRT-LLM's converter: check it, add {', '.join(preparation_for(draft, target))}")
     model = _download(b, "download-target", target.source, "target")
     if draft.source is not None and not eagle_engine:
-        what = WEIGHTS_WHAT.get(Method(draft.method), "draft")
+        what = entry_for(WEIGHTS_WHAT, draft.method, "trtllm.plan.WEIGHTS_WHAT")
         heads = _download(b, "download-draft", draft.source, what)
     deps = [n for n in ("download-target", "download-draft") if any(s.name == n for s in b.steps)]
     plan.target_path = _resolve(b, model, deps)
@@ -264,30 +264,8 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
 
     two_engines = spec.spec.weights == "model"  # a separate draft engine (draft-target)
     tdeps = [d for d in deps if d == "download-target" or spec_of(draft.method).weights == "heads"]
-    if spec.method is Method.EAGLE:
-        tdeps = [d for d in tdeps if d != "download-draft"] + [PREPARE_STEP]
-        template = ["python3", "{examples}/" + release.EAGLE_CONVERT, "--model_dir", model,
-                    "--eagle_model_dir", "{step:" + PREPARE_STEP + "}",
-                    "--output_dir", "{out}", "--dtype", scheme.dtype, "--max_draft_len", str(spec.max_draft_len),
-                    "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer",
-                    str(spec.max_non_leaves_per_layer), "--tp_size", str(tp), "--pp_size", str(pp), "--workers", str(tp * pp)]
-        desc = "convert target + EAGLE head to a TensorRT-LLM checkpoint"
-    elif spec.method is Method.MEDUSA:
-        medusa = ["--medusa_model_dir", heads, "--num_medusa_heads", str(spec.num_medusa_heads),
-                  "--num_medusa_layers", str(spec.num_medusa_layers)]
-        if scheme.name == "fp8":
-            template = _convert_argv(release.QUANTIZE, model, scheme.dtype, tp, pp,
-                                     ["--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", "512", *medusa,
-                                      "--max_draft_len", str(spec.max_draft_len)])
-            desc = "quantize target to FP8 (Medusa heads kept 16-bit) into a TensorRT-LLM checkpoint"
-        else:
-            template = _convert_argv(release.MEDUSA_CONVERT, model, scheme.dtype, tp, pp,
-                                     [*medusa, "--max_medusa_token_len", str(spec.max_draft_len), "--model_type", "llama",
-                                      "--workers", str(tp * pp)])
-            desc = "convert target + Medusa heads to a TensorRT-LLM checkpoint"
-    else:
-        template = _checkpoint_argv(model, scheme, tp, pp)
-        desc = f"{'quantize' if scheme.tool == 'quantize' else 'convert'} target ({scheme.name}) to a TensorRT-LLM checkpoint"
+    convert = entry_for(CONVERTERS, spec.method, "trtllm.plan.CONVERTERS")
+    template, desc, tdeps = convert(model, heads, spec, scheme, tp, pp, tdeps)
     b.add("convert-target", template, tdeps, "trtllm", desc)
     if two_engines:
         b.add("convert-draft", _checkpoint_argv(heads, scheme, tp, pp), [d for d in deps if d == "download-draft"],
@@ -301,6 +279,53 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
               "build the draft engine")
     plan.steps = b.steps
     return plan
+
+
+Conversion = tuple[list[str], str, list[str]]
+
+
+def _convert_eagle(model: str, heads: str | None, spec: SpeculativeSettings, scheme, tp: int, pp: int,
+                   deps: list[str]) -> Conversion:
+    template = ["python3", "{examples}/" + release.EAGLE_CONVERT, "--model_dir", model,
+                "--eagle_model_dir", "{step:" + PREPARE_STEP + "}",
+                "--output_dir", "{out}", "--dtype", scheme.dtype, "--max_draft_len", str(spec.max_draft_len),
+                "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer",
+                str(spec.max_non_leaves_per_layer), "--tp_size", str(tp), "--pp_size", str(pp), "--workers", str(tp * pp)]
+    deps = [d for d in deps if d != "download-draft"] + [PREPARE_STEP]
+    return template, "convert target + EAGLE head to a TensorRT-LLM checkpoint", deps
+
+
+def _convert_medusa(model: str, heads: str | None, spec: SpeculativeSettings, scheme, tp: int, pp: int,
+                    deps: list[str]) -> Conversion:
+    medusa = ["--medusa_model_dir", heads, "--num_medusa_heads", str(spec.num_medusa_heads),
+              "--num_medusa_layers", str(spec.num_medusa_layers)]
+    if scheme.name == "fp8":
+        template = _convert_argv(release.QUANTIZE, model, scheme.dtype, tp, pp,
+                                 ["--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", "512", *medusa,
+                                  "--max_draft_len", str(spec.max_draft_len)])
+        return template, "quantize target to FP8 (Medusa heads kept 16-bit) into a TensorRT-LLM checkpoint", deps
+    template = _convert_argv(release.MEDUSA_CONVERT, model, scheme.dtype, tp, pp,
+                             [*medusa, "--max_medusa_token_len", str(spec.max_draft_len), "--model_type", "llama",
+                              "--workers", str(tp * pp)])
+    return template, "convert target + Medusa heads to a TensorRT-LLM checkpoint", deps
+
+
+def _convert_target(model: str, heads: str | None, spec: SpeculativeSettings, scheme, tp: int, pp: int,
+                    deps: list[str]) -> Conversion:
+    desc = f"{'quantize' if scheme.tool == 'quantize' else 'convert'} target ({scheme.name}) to a TensorRT-LLM checkpoint"
+    return _checkpoint_argv(model, scheme, tp, pp), desc, deps
+
+
+#: How each engine-flow method converts the target (and its heads) to a TensorRT-LLM checkpoint:
+#: ``(model, heads, settings, scheme, tp, pp, dependencies) -> (argv template, description, dependencies)``.
+#: Methods without heads convert the target alone (a draft model gets its own ``convert-draft`` step).
+CONVERTERS: dict[Method, Callable[..., Conversion]] = {
+    Method.NONE: _convert_target,
+    Method.DRAFT_MODEL: _convert_target,
+    Method.LOOKAHEAD: _convert_target,
+    Method.EAGLE: _convert_eagle,
+    Method.MEDUSA: _convert_medusa,
+}
 
 
 def render_text(plan: Plan, docker_prefix: list[str] | None = None) -> str:

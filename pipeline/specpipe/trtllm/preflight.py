@@ -4,15 +4,12 @@ Only presets, local ``config.json``/safetensors headers and tokenizer files are 
 downloaded. Each failed check raises a :class:`~specpipe.errors.SpecpipeError` whose one-line message
 names both sides and the fix. Checks that cannot run (offline) are reported as "not checked".
 
-Sources: see :mod:`specpipe.trtllm.quant` (support matrices), :mod:`specpipe.tree` (trees),
-:mod:`specpipe.speculative` (which method runs on which flow),
-:mod:`specpipe.trtllm.memory` (memory plan), :mod:`specpipe.trtllm.parallelism` (TP/PP rules and
-``--tp/--pp auto``); EAGLE limits from ``examples/eagle/convert_checkpoint.py``
-@ 65b31db (``pp_size == 1``, ``max_draft_len <= 256``) and ``tensorrt_llm/builder.py`` ``build()``
-(EAGLE ``max_batch_size <= 512``); lookahead's ``max_draft_len`` formula from
-``examples/lookahead/README.md`` @ 83ab45a, its (W, N, G) rules (N = 1 needs W = 1 and G = 0) from
-``cpp/tensorrt_llm/executor/decodingConfig.cpp`` @ 0371ba0. Every method's ``max_draft_len`` must be
-below ``--max-seq-len``. The fixes a memory-fit failure names are re-planned
+Sources: see :mod:`specpipe.trtllm.quant` (support matrices), :mod:`specpipe.trtllm.draft_settings`
+(each method's settings, trees and their limits), :mod:`specpipe.speculative` (which method runs on which
+flow), :mod:`specpipe.trtllm.memory` (memory plan), :mod:`specpipe.trtllm.parallelism` (TP/PP rules and
+``--tp/--pp auto``); EAGLE's ``pp_size == 1`` from ``examples/eagle/convert_checkpoint.py`` @ 65b31db and
+its ``max_batch_size <= 512`` from ``tensorrt_llm/builder.py`` ``build()``. Every method's
+``max_draft_len`` must be below ``--max-seq-len``. The fixes a memory-fit failure names are re-planned
 (:mod:`specpipe.trtllm.fit_fixes`).
 """
 
@@ -22,17 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specpipe.build_request import AUTO, BuildRequest
-from specpipe.errors import CompatibilityError, PresetError, SpecpipeError
-from specpipe.speculative import (
-    NGRAM_MATCH_DEFAULT,
-    Method,
-    Runtime,
-    SpeculativeSettings,
-    methods_for,
-    spec_of,
-)
-from specpipe.tree import Tree
+from specpipe.errors import CompatibilityError, SpecpipeError
+from specpipe.speculative import Method, Runtime, SpeculativeSettings, methods_for, spec_of
 from specpipe.trtllm import eagle_head
+from specpipe.trtllm.draft_settings import describe, resolve_speculative
 from specpipe.trtllm.fit_fixes import suggest_fixes
 from specpipe.trtllm.gpus import GIB, Gpu, lookup_gpu
 from specpipe.trtllm.memory import MemoryPlan, plan_memory
@@ -52,13 +42,6 @@ from specpipe.trtllm.resolve import Draft, Target
 ENGINE_METHODS = methods_for(Runtime.TRTLLM)
 LLMAPI_METHODS = methods_for(Runtime.TRTLLM_LLMAPI)
 EAGLE_MAX_BATCH = 512
-EAGLE_MAX_DRAFT_LEN = 256
-#: Draft tokens of the LLM API's EAGLE-3 chain when the preset names none (``llmapi_max_draft_len``).
-LLMAPI_EAGLE_CHAIN = 3
-#: The tree used when neither ``--choices`` nor the preset gives one (:data:`specpipe.tree.MC_SIM_7B_63`).
-DEFAULT_TREE = "mc_sim_7b_63"
-#: TensorRT-LLM's EAGLE ``max_non_leaves_per_layer`` when the preset names none.
-EAGLE_NON_LEAVES_DEFAULT = 10
 
 
 class MemoryPlanError(SpecpipeError):
@@ -100,11 +83,6 @@ def raise_if_unfit(result: PreflightResult) -> None:
     """
     if result.memory_error:
         raise MemoryPlanError(result.memory_error, result.memory)
-
-
-def lookahead_max_draft_len(w: int, n: int, g: int) -> int:
-    """Draft tokens per step of lookahead (W, N, G): ``(0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1)``."""
-    return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
 
 
 def check_runtime_method(runtime: str, draft: Draft) -> None:
@@ -183,72 +161,13 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
     return checks
 
 
-def resolve_speculative(request: BuildRequest, draft: Draft) -> SpeculativeSettings:
-    """Speculative settings from the preset, ``--choices``, ``--lookahead`` and ``--max-draft-len``.
-
-    Defaults: the registry's ``max_draft_len`` (:mod:`specpipe.speculative`), the preset's
-    ``[speculative]`` table, :data:`DEFAULT_TREE`.
-
-    Raises:
-        PresetError: an option that means nothing for the method.
-        CompatibilityError: ``max_draft_len`` smaller than the tree, a tree deeper than the EAGLE
-            layers/Medusa heads, a lookahead ``max_draft_len`` that disagrees with (W, N, G), EAGLE limits.
-    """
-    method, settings = Method(draft.method), draft.preset.speculative
-    spec = spec_of(method)
-    base = SpeculativeSettings(method, flavour=draft.flavour)
-    if request.choices is not None and not spec.has_tree:
-        raise PresetError(f"--choices has no meaning with {method.value} (only EAGLE and Medusa use a tree): drop it")
-    if request.lookahead is not None and method is not Method.LOOKAHEAD:
-        raise PresetError(f"--lookahead has no meaning with {method.value}: drop it, or use --draft lookahead")
-    if method is Method.NONE:
-        if request.max_draft_len is not None:
-            raise PresetError("--max-draft-len has no meaning with --draft none (no draft tokens): drop it")
-        return base
-    if method is Method.LOOKAHEAD:
-        w, n, g = request.lookahead or (settings["window_size"], settings["ngram_size"], settings["verification_set_size"])
-        if n == 1:  # TensorRT-LLM: "ngramSize=1 requires windowSize=1" and "verificationSetSize=0"
-            raise CompatibilityError(
-                f"lookahead (W, N, G) = ({w}, {n}, {g}): TensorRT-LLM requires W = 1 and G = 0 for N = 1, and G >= 1 "
-                f"here (cpp/tensorrt_llm/executor/decodingConfig.cpp @ 0371ba0): use N >= 2, e.g. --lookahead {w},2,{g}")
-        need = lookahead_max_draft_len(w, n, g)
-        if request.max_draft_len is not None and request.max_draft_len != need:
-            raise CompatibilityError(
-                f"--max-draft-len {request.max_draft_len} disagrees with lookahead (W, N, G) = ({w}, {n}, {g}), which "
-                f"needs max_draft_len {need} = (N-2) + (W-1+G)*(N-1): drop --max-draft-len or change --lookahead"
-            )
-        return base.with_(max_draft_len=need, lookahead=(w, n, g))
-    if not spec.has_tree:
-        chain = base.with_(max_draft_len=request.max_draft_len or int(settings.get("max_draft_len", spec.max_draft_len)))
-        if method is Method.NGRAM:
-            chain = chain.with_(max_matching_ngram_size=int(settings.get("max_matching_ngram_size", NGRAM_MATCH_DEFAULT)))
-        return chain
-    if method is Method.EAGLE and request.runtime == Runtime.TRTLLM_LLMAPI.value and request.choices is None:
-        # LLM API EAGLE-3: a linear chain of draft tokens unless a tree is given.
-        return base.with_(max_draft_len=request.max_draft_len or int(settings.get("llmapi_max_draft_len", LLMAPI_EAGLE_CHAIN)))
-    tree = Tree.parse(request.choices or settings.get("choices", DEFAULT_TREE))
-    max_draft_len = request.max_draft_len if request.max_draft_len is not None else int(settings.get("max_draft_len", tree.nodes))
-    tree.check(max_nodes=max_draft_len, what=spec.choices_key)
-    if method is Method.EAGLE:
-        if max_draft_len > EAGLE_MAX_DRAFT_LEN:
-            raise CompatibilityError(f"--max-draft-len {max_draft_len} exceeds EAGLE's limit of {EAGLE_MAX_DRAFT_LEN} in TensorRT-LLM: use <= 256")
-        return base.with_(max_draft_len=max_draft_len, tree=tree, num_eagle_layers=tree.depth,
-                          max_non_leaves_per_layer=max(tree.max_non_leaves,
-                                                       int(settings.get("max_non_leaves_per_layer", EAGLE_NON_LEAVES_DEFAULT))))
-    heads = draft.num_heads or int(settings.get("num_medusa_heads", 4))
-    layers = draft.num_layers or int(settings.get("num_medusa_layers", 1))
-    tree.check(max_depth=heads, what=spec.choices_key, depth_limit="Medusa heads",
-               fix_depth="use a tree at most {limit} deep with --choices, or heads with more levels")
-    return base.with_(max_draft_len=max_draft_len, tree=tree, num_medusa_heads=heads, num_medusa_layers=layers)
-
-
 def _memory(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, tp: int, pp: int, batch: int,
             seq: int, gpu: Gpu | None) -> MemoryPlan:
     return plan_memory(
         target=target.arch, scheme=scheme, tp=tp, pp=pp, batch=batch, max_seq_len=seq, method=spec.method.value,
         max_draft_len=spec.max_draft_len,
-        num_eagle_layers=max(spec.num_eagle_layers or 0, 1) if spec.method is Method.EAGLE else 0,
-        medusa=(spec.num_medusa_heads, spec.num_medusa_layers) if spec.method is Method.MEDUSA else None,
+        num_eagle_layers=spec.num_eagle_layers or 0,
+        medusa=(spec.num_medusa_heads, spec.num_medusa_layers) if spec.num_medusa_heads else None,
         draft_arch=draft.arch if spec.spec.weights == "model" else None, gpu=gpu,
     )
 
@@ -340,7 +259,7 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
     if spec.method is Method.EAGLE and request.max_batch_size > EAGLE_MAX_BATCH:
         raise CompatibilityError(f"--max-batch-size {request.max_batch_size} exceeds EAGLE's limit of {EAGLE_MAX_BATCH} in TensorRT-LLM: use <= 512")
     if spec.method is not Method.NONE:
-        checks.append(Check("draft length vs tree/method", "ok", _describe(spec)))
+        checks.append(Check("draft length vs tree/method", "ok", describe(spec)))
 
     if spec.method is not Method.NONE and spec.max_draft_len >= request.max_seq_len:
         raise CompatibilityError(
@@ -375,18 +294,3 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
                         + (f" of {memory.usable / GIB:.1f} usable on {gpu.name}" if gpu else ": name the GPU with --gpu")))
     return PreflightResult(scheme=scheme, speculative=spec, gpu=gpu, memory=memory, checks=checks, memory_error=memory_error,
                            parallel=parallel)
-
-
-def _describe(spec: SpeculativeSettings) -> str:
-    if spec.method is Method.EAGLE and spec.tree is None:
-        return f"linear chain of {spec.max_draft_len} draft tokens (LLM API EAGLE-3)"
-    if spec.method is Method.EAGLE:
-        return (f"eagle_choices depth {spec.tree.depth} = num_eagle_layers {spec.num_eagle_layers}, "
-                f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}")
-    if spec.method is Method.MEDUSA:
-        return (f"medusa_choices depth {spec.tree.depth} <= {spec.num_medusa_heads} heads, "
-                f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}")
-    if spec.method is Method.LOOKAHEAD:
-        w, n, g = spec.lookahead
-        return f"(W, N, G) = ({w}, {n}, {g}) -> max_draft_len {spec.max_draft_len}"
-    return f"max_draft_len {spec.max_draft_len}"

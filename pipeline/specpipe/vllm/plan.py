@@ -154,7 +154,7 @@ def make_plan(request: BuildRequest) -> VllmPlan:
     def memory(tp: int, pp: int, on: Gpu | None = gpu) -> MemoryPlan:
         return plan_memory(target=target.arch, scheme=scheme, tp=tp, pp=pp, batch=request.max_batch_size,
                            max_seq_len=request.max_seq_len, method=spec.method.value, max_draft_len=spec.max_draft_len,
-                           num_eagle_layers=1 if spec.method is Method.EAGLE else 0,
+                           num_eagle_layers=spec.num_eagle_layers or 0,
                            draft_arch=draft.arch if spec.spec.weights == "model" else None, gpu=on)
 
     def choose(on: Gpu | None) -> ParallelChoice:

@@ -15,13 +15,13 @@ no online shorthand: both are refused.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, PresetError
 from specpipe.speculative import (METHODS, NGRAM_MATCH_DEFAULT, VLLM_FLAVOUR_METHODS, Method, Runtime, SpeculativeSettings,
-                                  methods_for, spec_of)
-from specpipe.trtllm.preflight import LLMAPI_EAGLE_CHAIN
+                                  entry_for, methods_for, spec_of)
+from specpipe.trtllm.draft_settings import LLMAPI_EAGLE_CHAIN
 from specpipe.trtllm.resolve import Draft, Target
 from specpipe.vllm import release
 
@@ -139,9 +139,15 @@ def speculative_config(spec: SpeculativeSettings, draft: Draft, tp: int, lookup_
         config["model"] = model
         if revision is not None:
             config["revision"] = revision
-    if spec.method is Method.NGRAM:
-        config["prompt_lookup_max"] = spec.max_matching_ngram_size
-        config["prompt_lookup_min"] = lookup_min
-    if spec.method is Method.DRAFT_MODEL:
-        config["draft_tensor_parallel_size"] = tp
+    config.update(entry_for(CONFIG_KEYS, spec.method, "vllm.settings.CONFIG_KEYS")(spec, tp, lookup_min))
     return config
+
+
+#: Each speculating vLLM method's own ``--speculative-config`` keys, from ``(settings, tp, lookup_min)``
+#: (see :func:`speculative_config`).
+CONFIG_KEYS: dict[Method, Callable[[SpeculativeSettings, int, int], dict[str, Any]]] = {
+    Method.NGRAM: lambda spec, tp, lookup_min: {"prompt_lookup_max": spec.max_matching_ngram_size,
+                                                "prompt_lookup_min": lookup_min},
+    Method.DRAFT_MODEL: lambda spec, tp, lookup_min: {"draft_tensor_parallel_size": tp},
+    Method.EAGLE: lambda spec, tp, lookup_min: {},
+}
