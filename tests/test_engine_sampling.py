@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from reference_decoding import next_token_logits
 from specpipe.runtime.cpu.verify.sampling import (
     TokenSampler,
@@ -202,7 +204,7 @@ def second_token_marginal(model, prompt: list[int], sampler: TokenSampler) -> to
 def test_engine_second_token_follows_target(params, small_vocab_models):
     """With max_tokens=3 the second token comes out of a 1-token draft-model verification."""
     target, draft = small_vocab_models
-    engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=2)
+    scheduler = solo_scheduler(Deployment(target, DraftModelDrafter(draft), max_draft_len=2))
     sampler = TokenSampler(params, torch.Generator())
     expected = second_token_marginal(target, PROMPT, sampler)
     always_accepted = second_token_marginal_of_draft(target, draft, PROMPT, sampler)
@@ -210,7 +212,7 @@ def test_engine_second_token_follows_target(params, small_vocab_models):
     counts = torch.zeros(16, dtype=torch.long)
     proposed = accepted = 0
     for seed in range(runs):
-        tokens, stats = engine.generate_all(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}))
+        tokens, stats = generate_all(scheduler, PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}))
         counts[tokens[1]] += 1
         proposed += stats.total_draft_tokens
         accepted += stats.total_accepted_draft_tokens
@@ -229,24 +231,23 @@ def second_token_marginal_of_draft(target, draft, prompt, sampler) -> torch.Tens
 
 
 def test_plain_sampling_matches_reference_loop():
-    """Without drafts the engine must draw exactly as a plain sampling loop with the same generator."""
+    """Without drafts the scheduler draws exactly as a plain sampling loop with the request's position-keyed
+    uniforms (output index j draws with ``position_uniform(seed, j)``)."""
     model = tiny_llama(seed=3)
     params = SamplingParams(max_tokens=25, greedy=False, temperature=0.9, top_k=20, top_p=0.95, seed=1234)
-    generator = torch.Generator().manual_seed(1234)
-    sampler = TokenSampler(params, generator)
     ids = list(PROMPT)
-    for _ in range(25):
-        token, _ = sampler.choose(next_token_logits(model, ids).unsqueeze(0))
-        ids.append(token)
-    tokens, _ = SpeculativeEngine(model, NoDrafter(), 0).generate_all(PROMPT, params)
+    chooser = PositionKeyedChooser(params, 1234, history=ids)
+    for position in range(25):
+        ids.append(int(chooser.choose_at(next_token_logits(model, ids).unsqueeze(0), [position])[0]))
+    tokens, _ = generate_all(solo_scheduler(Deployment(model, NoDrafter(), 0)), PROMPT, params)
     assert tokens == ids[len(PROMPT) :]
 
 
 def test_self_draft_sampling_accepts_almost_everything():
     model = tiny_llama(seed=3)
-    engine = SpeculativeEngine(model, DraftModelDrafter(model), 4)
+    engine = Deployment(model, DraftModelDrafter(model), 4)
     params = SamplingParams(max_tokens=60, greedy=False, temperature=1.0, top_p=0.9, seed=0)
-    _, stats = engine.generate_all(PROMPT, params)
+    _, stats = generate_all(solo_scheduler(engine), PROMPT, params)
     assert stats.total_draft_tokens >= 40
     assert stats.acceptance_rate >= 0.95
 
@@ -257,8 +258,8 @@ def test_seed_makes_sampling_reproducible(drafter):
 
     def run(seed):
         chosen = NgramDrafter() if drafter == "ngram" else DraftModelDrafter(tiny_llama(seed=4, num_layers=1))
-        engine = SpeculativeEngine(model, chosen, 3)
-        return engine.generate_all(PROMPT * 3, SamplingParams(max_tokens=30, greedy=False, seed=seed))
+        engine = Deployment(model, chosen, 3)
+        return generate_all(solo_scheduler(engine), PROMPT * 3, SamplingParams(max_tokens=30, greedy=False, seed=seed))
 
     first, stats = run(10)
     assert run(10)[0] == first

@@ -5,10 +5,11 @@ the target's distribution."""
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.presets import load_draft
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
@@ -16,7 +17,6 @@ from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention
 from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.tree import Tree
 from tiny_models import tiny_llama
 
@@ -102,8 +102,8 @@ class OracleDrafter(TreeDrafter):
 
 
 def _baseline(model, prompt, n):
-    engine = SpeculativeEngine(model, NoDrafter(), max_draft_len=0)
-    tokens, _ = engine.generate_all(prompt, SamplingParams(max_tokens=n))
+    engine = Deployment(model, NoDrafter(), max_draft_len=0)
+    tokens, _ = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=n))
     return tokens
 
 
@@ -133,11 +133,10 @@ def test_greedy_tree_output_is_identical_to_plain_decoding(kind):
         drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, Tree.parse(CPU_EAGLE_CHOICES))
     else:
         drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, dynamic=True, top_k=3, depth=4)
-    engine = TreeSpeculativeEngine(model, drafter, max_draft_len=11)
-    tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=n))
+    engine = Deployment(model, drafter, max_draft_len=11)
+    tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=n))
     assert tokens == reference
     assert stats.num_output_tokens == n
-    assert engine.target.length == len(prompt) + n - 1  # every committed token but the newest is cached
     if kind == "oracle":
         assert stats.total_accepted_draft_tokens >= n // 2  # the oracle path is accepted
         assert stats.target_forwards < n
@@ -151,8 +150,8 @@ def test_tree_engine_samples_with_a_seed_reproducibly():
     runs = []
     for _ in range(2):
         drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, Tree.parse("[[0],[1],[0,0]]"))
-        engine = TreeSpeculativeEngine(model, drafter, max_draft_len=3)
-        runs.append(engine.generate_all([1, 2, 3], params)[0])
+        engine = Deployment(model, drafter, max_draft_len=3)
+        runs.append(generate_all(solo_scheduler(engine), [1, 2, 3], params)[0])
     assert runs[0] == runs[1] and len(runs[0]) == 24
 
 
@@ -171,8 +170,8 @@ def test_reduced_vocab_draft_model_keeps_greedy_output():
     prompt = [4, 8, 15, 16, 23, 42]
     reference = _baseline(model, prompt, 30)
     drafter = ReducedVocabDraftModelDrafter(draft, torch.arange(0, 64, 3))
-    engine = SpeculativeEngine(model, drafter, max_draft_len=3)
-    tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=30))
+    engine = Deployment(model, drafter, max_draft_len=3)
+    tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=30))
     assert tokens == reference
     assert stats.total_draft_tokens > 0
     # Proposals only come from the list.
@@ -207,9 +206,9 @@ def test_engine_directory_with_heads_loads_a_tree_engine(tmp_path, method):
                         draft=Part(preset=method, method=method, source={}, path="draft"))
     write_manifest(tmp_path / "engine", manifest)
     engine, _ = load_engine(tmp_path / "engine")
-    assert isinstance(engine, TreeSpeculativeEngine)
+    assert engine.tree
     prompt = [5, 9, 13, 2, 7]
-    assert engine.generate_all(prompt, SamplingParams(max_tokens=20))[0] == _baseline(model, prompt, 20)
+    assert generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=20))[0] == _baseline(model, prompt, 20)
     # Heads made for another target are refused.
     meta["hidden_size"] = 48
     heads_format.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)

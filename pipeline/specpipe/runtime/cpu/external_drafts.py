@@ -23,12 +23,17 @@ from specpipe.runtime.cpu.validation import validate_request
 
 
 class DraftVerifier:
-    """Has the ``generate(input_ids, params)`` shape of the CPU engine, for one request whose drafts
-    come from outside: yields exactly one final :class:`StepOutput`.
+    """Serves one request whose drafts come from outside, with a ``generate(input_ids, params)`` that
+    yields exactly one final :class:`StepOutput` (the Triton worker's one-request shape).
+
+    A request with external drafts is one verification and no decoding loop, so it does not go through
+    the batch scheduler: its drafts start at the first output token, before any token the scheduler's
+    prefill commits, and it uses the one-sequence :class:`~specpipe.runtime.cpu.model.cached_lm.CachedLM`
+    of the deployment, on the serving thread, between scheduler steps.
 
     Args:
-        engine: a loaded :class:`~specpipe.runtime.cpu.engine.SpeculativeEngine` (its target is used;
-            its own drafter is not). One request at a time, like the engine itself.
+        engine: a loaded :class:`~specpipe.runtime.cpu.deployment.Deployment` (its target is used; its
+            own drafter is not).
         draft_ids: the K draft tokens (K >= 0).
     """
 
