@@ -15,7 +15,9 @@ from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
-from specpipe.runtime.cpu.verify.tree_accept import DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree, follow_choices
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree, tree_attention
 from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter
 from specpipe.tree import Tree
 from tiny_models import tiny_llama
@@ -58,26 +60,30 @@ def test_tree_mask_and_positions():
     assert rows[4] == [1, 1, 1, 1, 1, 0, 1, 1]      # node 3: root, node 0, node 2, itself
 
 
-def test_greedy_acceptance_follows_the_argmax():
+def test_the_exact_rule_follows_the_targets_choices_down_the_tree():
     tree = DraftTree(tokens=[5, 7, 9, 4], parents=[-1, -1, 1, 2])
-    # root argmax 7 -> node 1; node 1 argmax 9 -> node 2; node 2 argmax 3 (node 3 has 4) -> stop.
+    # root's choice 7 -> node 1; node 1's choice 9 -> node 2; node 2's choice 3 (node 3 has 4) -> stop.
     best = torch.tensor([7, 0, 9, 3, 0])
-    assert greedy_tree_accept(best, tree) == ([1, 2], 3)
-    assert greedy_tree_accept(torch.tensor([1, 0, 0, 0, 0]), tree) == ([], 1)
+    assert follow_choices(tree, best) == ([1, 2], 3)
+    assert follow_choices(tree, torch.tensor([1, 0, 0, 0, 0])) == ([], 1)
+    rows = []  # a choice function is asked only for the rows on the path, in order
+    assert follow_choices(tree, lambda row: rows.append(row) or int(best[row])) == ([1, 2], 3) and rows == [0, 2, 3]
+    assert follow_choices(chain_tree([7, 9]), [7, 9, 1]) == ([0, 1], 1)  # a chain is a one-child tree
 
 
 def test_tree_sampling_preserves_the_target_distribution():
+    """Two candidates for the first token, verified by the exact rule with one seed per run: the first
+    committed token is distributed as the target's p, whatever was drafted."""
     p = torch.tensor([0.1, 0.4, 0.2, 0.3])
-    probs = torch.stack([p, torch.tensor([0.25] * 4), torch.tensor([0.25] * 4)])
-    tree = DraftTree(tokens=[1, 3], parents=[-1, -1])  # two candidates for the first token
-    g = torch.Generator().manual_seed(0)
+    logits = torch.stack([p, torch.full((4,), 0.25), torch.full((4,), 0.25)]).log()
+    tree = DraftTree(tokens=[1, 3], parents=[-1, -1])
+    params = SamplingParams(max_tokens=4, greedy=False)
     counts = torch.zeros(4)
-    trials = 20000
-    for _ in range(trials):
-        path, token = sampled_tree_accept(probs, tree, g)
-        first = tree.tokens[path[0]] if path else token
-        counts[first] += 1
-    assert torch.allclose(counts / trials, p, atol=0.015), counts / trials
+    trials = 6000
+    for seed in range(trials):
+        path, token = accept_block(tree, logits, PositionKeyedChooser(params, seed), first_position=0)
+        counts[tree.tokens[path[0]] if path else token] += 1
+    assert torch.allclose(counts / trials, p, atol=0.02), counts / trials
 
 
 class OracleDrafter(TreeDrafter):

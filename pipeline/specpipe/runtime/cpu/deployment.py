@@ -37,7 +37,8 @@ class Deployment:
             the template every request's drafter is forked from.
         max_draft_len: most draft tokens (tree: nodes) verified per step (>= 0).
         acceptance: ``"exact"`` (greedy, or sampling that preserves the target's distribution) or
-            ``"typical"`` (Medusa's typical acceptance for sampled tree requests; opt-in).
+            ``"typical"`` (Medusa's typical acceptance for sampled requests; opt-in, tree drafters only:
+            a chain deployment accepts exactly whatever the manifest says).
         max_context: most tokens (prompt + output) per request; default the target's ``max_position_embeddings``.
         eos_token_id: end id(s) used when a request gives no ``end_id``; default the target config's.
 
@@ -60,7 +61,7 @@ class Deployment:
         self.drafter = drafter
         self.tree = isinstance(drafter, TreeDrafter)
         self.max_draft_len = max_draft_len
-        self.acceptance = acceptance
+        self.acceptance = acceptance if self.tree else ACCEPTANCE_RULES[0]
         self.max_context = max_context if max_context is not None else int(target.config.max_position_embeddings)
         self.default_end_ids = _end_ids(eos_token_id if eos_token_id is not None else target.config.eos_token_id)
         if max_draft_len < 0:

@@ -43,7 +43,8 @@ from specpipe.runtime.cpu.scheduler.batch_request import BatchRequest, DraftSamp
 from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
-from specpipe.runtime.cpu.verify.tree_accept import DraftTree, greedy_tree_accept, tree_attention, typical_tree_accept
+from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree, tree_attention
 from specpipe.runtime.cpu.validation import validate_request
 from specpipe.runtime.cpu.model.weights_memory import trim_heap
 
@@ -350,36 +351,20 @@ class BatchScheduler:
             self._release_tokens(request, [token])
             return
         cached = len(request.context) - 1
-        if self.tree:
-            tree: DraftTree = draft
-            depths = [0, *tree.depths()]
-            positions = [request.output_index + d for d in depths]
-            paths = tree.row_paths()
-            if request.chooser.greedy or self.acceptance_rule != "typical":
-                path, token = greedy_tree_accept(request.chooser.choose_at(logits, positions, paths), tree)
-            else:
-                generator = torch.Generator().manual_seed(request.chooser.seed + request.output_index)
-                path, token = typical_tree_accept(request.chooser.sampler.distributions(logits, paths), tree, generator)
+        tree = draft if self.tree else chain_tree(draft)
+        path, token = accept_block(tree, logits, request.chooser, request.output_index, self.acceptance_rule)
+        committed = [*(tree.tokens[i] for i in path), token]
+        request.context.extend(committed)
+        if self.tree:  # keep the accepted path's keys/values; the drafter reads their features
             self.lm.keep_paths([(request.slot, cached, path)])
-            committed = [*(tree.tokens[i] for i in path), token]
-            request.context.extend(committed)
             request.drafter.commit(request.context, hidden[[0, *(i + 1 for i in path)]])
-            proposed, accepted, on_path = len(tree), len(path), path
         else:
-            drafts: list[int] = draft
-            chosen = request.chooser.choose(logits, request.output_index, drafts).tolist()
-            accepted = 0
-            while accepted < len(drafts) and drafts[accepted] == chosen[accepted]:
-                accepted += 1
-            committed = [*drafts[:accepted], chosen[accepted]]
-            self.lm.truncate(request.slot, cached + 1 + accepted)
-            request.context.extend(committed)
+            self.lm.truncate(request.slot, cached + 1 + len(path))
             request.drafter.commit(request.context)
-            proposed, on_path = len(drafts), list(range(accepted))
-        request.acceptance.observe(proposed, on_path)
-        if proposed:
-            self.shared_acceptance.observe(proposed, on_path)
-        self._release_tokens(request, committed, proposed, accepted)
+        request.acceptance.observe(len(tree), path)
+        if len(tree):
+            self.shared_acceptance.observe(len(tree), path)
+        self._release_tokens(request, committed, len(tree), len(path))
 
     def _release_tokens(self, request: BatchRequest, committed: list[int], proposed: int = 0, accepted: int = 0) -> None:
         before = request.stop.committed
