@@ -114,6 +114,7 @@ def test_a_solo_scheduler_is_reusable_across_requests(target, draft):
 def test_a_busy_solo_scheduler_refuses_a_second_request_until_the_first_is_closed(target):
     scheduler = solo_scheduler(Deployment(target, NgramDrafter(), 3))
     old = generate(scheduler, PROMPT, SamplingParams(max_tokens=20))
+    assert not scheduler.has_work  # queued at the first next()
     next(old)
     with pytest.raises(RuntimeError, match="serving other requests"):
         generate(scheduler, PROMPT[:5], SamplingParams(max_tokens=10))

@@ -16,6 +16,7 @@ from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
+from specpipe.runtime.cpu.validation import validate_request
 
 
 def solo_scheduler(deployment: Deployment, **options) -> BatchScheduler:
@@ -38,8 +39,8 @@ def generate(scheduler: BatchScheduler, input_ids: list[int], params: SamplingPa
     The first step is the prefill (one token; a long prompt is prefilled in ``prefill_chunk`` pieces, the
     last one emitting it); each later step commits 1 .. ``max_draft_len + 1`` tokens. The last output has
     ``finished=True`` and a ``finish_reason``: ``"stop"`` (end id or stop word, neither returned) or
-    ``"length"`` (``max_tokens`` reached or the context is full). Stats are cumulative. Closing the
-    iterator early cancels the request and frees its slot.
+    ``"length"`` (``max_tokens`` reached or the context is full). Stats are cumulative. The request is
+    queued at the first ``next()``; closing the iterator early cancels it and frees its slot.
 
     Raises:
         ValueError: an invalid request (as :meth:`BatchScheduler.submit`), here, before the first step.
@@ -49,13 +50,16 @@ def generate(scheduler: BatchScheduler, input_ids: list[int], params: SamplingPa
     if scheduler.has_work:
         raise RuntimeError("the scheduler is serving other requests: one_request.generate needs an idle one "
                            "(make one with solo_scheduler, or submit to the busy one)")
+    input_ids = list(input_ids)
+    validate_request(input_ids, params, vocab_size=scheduler.lm.vocab_size, max_context=scheduler.max_context)
+    return _steps(scheduler, input_ids, params)
+
+
+def _steps(scheduler: BatchScheduler, input_ids: list[int], params: SamplingParams) -> Iterator[StepOutput]:
     outputs: list[StepOutput] = []
     errors: list[BaseException] = []
+    # Submitted at the first next(), so an iterator that is never started leaves the scheduler idle.
     request = scheduler.submit(input_ids, params, outputs.append, errors.append)
-    return _steps(scheduler, request, outputs, errors)
-
-
-def _steps(scheduler: BatchScheduler, request, outputs: list[StepOutput], errors: list[BaseException]) -> Iterator[StepOutput]:
     try:
         while not request.done:
             scheduler.step()
