@@ -156,9 +156,11 @@ def build_engines(methods: list[str], prepack: bool = True):
 
 def run_engine(engine, ids: list[int], max_tokens: int):
     from specpipe.generation.api import SamplingParams
+    from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
+    scheduler = solo_scheduler(engine)
     t0 = time.perf_counter()
-    tokens, stats = engine.generate_all(ids, SamplingParams(max_tokens=max_tokens))
+    tokens, stats = generate_all(scheduler, ids, SamplingParams(max_tokens=max_tokens))
     seconds = time.perf_counter() - t0
     return tokens, seconds, stats.mean_accepted_length
 

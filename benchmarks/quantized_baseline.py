@@ -41,6 +41,7 @@ from transformers import AutoTokenizer
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.runtime.cpu.model.quantized_linear import quantized_bytes
 from specpipe.runtime.cpu.model.weights_memory import resident_bytes
 
@@ -83,7 +84,7 @@ def child(engine_dir: Path, tokens: int) -> dict:
     engine, manifest = load_engine(engine_dir)
     loaded = resident_bytes()
     prompt = chat_prompts(engine_dir, 1)[0]
-    engine.generate_all(prompt, SamplingParams(max_tokens=tokens))
+    generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=tokens))
     served = resident_bytes()
     return {"engine": str(engine_dir), "quantization": manifest.quantization or "fp32",
             "weight_files_mib": round(weight_files_bytes(engine_dir) / MiB, 1),
@@ -97,15 +98,16 @@ def speed(engine_dirs: list[Path], prompts: int, tokens: int, rounds: int) -> li
     engines = [load_engine(d)[0] for d in engine_dirs]
     inputs = chat_prompts(engine_dirs[0], prompts)
     params = SamplingParams(max_tokens=tokens)
-    for engine in engines:
-        engine.generate_all(inputs[0], SamplingParams(max_tokens=8))  # warm-up
+    schedulers = [solo_scheduler(engine) for engine in engines]
+    for scheduler in schedulers:
+        generate_all(scheduler, inputs[0], SamplingParams(max_tokens=8))  # warm-up
     seconds = [[] for _ in engines]
     outputs: list[list[list[int]]] = [[] for _ in engines]
     for round_index in range(rounds):
         for prompt in inputs:
-            for i, engine in enumerate(engines):
+            for i, scheduler in enumerate(schedulers):
                 start = time.perf_counter()
-                out, _ = engine.generate_all(prompt, params)
+                out, _ = generate_all(scheduler, prompt, params)
                 seconds[i].append((time.perf_counter() - start, len(out)))
                 if round_index == 0:
                     outputs[i].append(out)

@@ -11,10 +11,9 @@ from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.tree import Tree
 from tiny_models import tiny_llama
 
@@ -26,32 +25,32 @@ FLAT_COST = ForwardCostModel((1, 64), (1.0, 1.0))
 LINEAR_COST = ForwardCostModel((1, 64), (1.0, 64.0))
 
 
-def make_engine(method: str, seed: int = 3) -> SpeculativeEngine:
+def make_engine(method: str, seed: int = 3) -> Deployment:
     """A tiny engine of ``method`` (random weights, vocabulary 64, end id 2 unused unless asked)."""
     return make_engine_of(method, tiny_llama(seed, vocab_size=64), seed)
 
 
-def make_engine_of(method: str, model, seed: int = 3) -> SpeculativeEngine:
+def make_engine_of(method: str, model, seed: int = 3) -> Deployment:
     """An engine of ``method`` on the target ``model``, its drafts random (drawn with ``seed``)."""
     vocab = model.config.vocab_size
     if method == "none":
-        return SpeculativeEngine(model, NoDrafter(), 0)
+        return Deployment(model, NoDrafter(), 0)
     if method == "ngram":
-        return SpeculativeEngine(model, NgramDrafter(3), 4)
+        return Deployment(model, NgramDrafter(3), 4)
     if method == "draft-model":
-        return SpeculativeEngine(model, DraftModelDrafter(tiny_llama(seed + 1, vocab_size=vocab, num_layers=1)), 3)
+        return Deployment(model, DraftModelDrafter(tiny_llama(seed + 1, vocab_size=vocab, num_layers=1)), 3)
     torch.manual_seed(seed)
     lm = ReducedLMHead(model.lm_head.weight, torch.arange(0, vocab, 2))
     if method == "medusa":
         heads = MedusaHeads(model.config.hidden_size, 3).eval()
         for p in heads.parameters():
             torch.nn.init.normal_(p, std=0.3)
-        return TreeSpeculativeEngine(model, MedusaTreeDrafter(heads, lm, Tree.parse(TREE)), 7)
+        return Deployment(model, MedusaTreeDrafter(heads, lm, Tree.parse(TREE)), 7)
     head = EagleHead(EagleConfig.from_target(model.config)).eval()
     embed = model.model.embed_tokens.weight
     if method == "eagle":
-        return TreeSpeculativeEngine(model, EagleTreeDrafter(head, embed, lm, Tree.parse(TREE)), 7)
-    return TreeSpeculativeEngine(model, EagleTreeDrafter(head, embed, lm, dynamic=True, top_k=3, depth=3), 8)
+        return Deployment(model, EagleTreeDrafter(head, embed, lm, Tree.parse(TREE)), 7)
+    return Deployment(model, EagleTreeDrafter(head, embed, lm, dynamic=True, top_k=3, depth=3), 8)
 
 
 def scheduler_for(engine, **kw) -> BatchScheduler:

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.scheduler import scheduler as scheduler_module
 from specpipe.runtime.cpu.scheduler.adaptive import (
@@ -145,7 +146,7 @@ def test_greedy_batch_of_8_equals_each_request_alone(method):
     for (prompt, params), out in zip(batch, outs):
         assert out.error is None and out.reason == "length"
         alone = run_alone(engine, prompt, params)
-        plain, _ = baseline.generate_all(prompt, params)  # the one-request engine, no drafting
+        plain, _ = generate_all(solo_scheduler(baseline), prompt, params)  # the one-request engine, no drafting
         assert out.tokens == alone == plain
     if method != "none":
         assert sum(o.stats.total_draft_tokens for o in outs) > 0
@@ -426,9 +427,9 @@ def test_penalties_and_min_tokens_in_a_batch_match_the_one_request_engine(method
     changed = 0
     for (prompt, params), out in zip(batch, outs):
         assert out.error is None
-        plain, _ = baseline.generate_all(prompt, params)
+        plain, _ = generate_all(solo_scheduler(baseline), prompt, params)
         assert out.tokens == plain
-        changed += out.tokens != baseline.generate_all(prompt, SamplingParams(max_tokens=12))[0]
+        changed += out.tokens != generate_all(solo_scheduler(baseline), prompt, SamplingParams(max_tokens=12))[0]
     assert changed > 0  # the options changed some outputs: the test would see them ignored
 
 

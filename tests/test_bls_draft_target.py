@@ -2,12 +2,15 @@
 verification on the CPU engine, and the BLS model end to end with in-process stand-ins for the
 models it calls (greedy output equals the target's own, streamed text equals non-streamed)."""
 
+import functools
 import random
+from types import SimpleNamespace
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.external_drafts import DraftVerifier
 from specpipe.triton.models.bls import BlsModel, BlsRequest, RequestError
@@ -107,7 +110,7 @@ def test_verifier_accepts_the_target_own_tokens_and_adds_one(engines):
     target, *_ = engines
     prompt = [5, 9, 17, 33]
     free = SamplingParams(max_tokens=6, end_id=target.target.vocab_size - 1)  # an end id it does not generate here
-    greedy, _ = target.generate_all(prompt, free)
+    greedy, _ = generate_all(solo_scheduler(target), prompt, free)
     assert len(greedy) == 6
     step = next(DraftVerifier(target, greedy[:4]).generate(prompt, replace(free, max_tokens=10)))
     assert step.token_ids == greedy[:5] and step.stats.total_accepted_draft_tokens == 4 and step.stats.total_draft_tokens == 4
@@ -140,9 +143,11 @@ class InProcess:
             prior = _rows(inputs["PRIOR_TOKENS_BATCH"], None)[0] if "PRIOR_TOKENS_BATCH" in inputs else []
             return {"OUTPUT": np.array([[self.detok.delta(prior, new).encode()]], dtype=object)}
         request = parse_request(lambda name: inputs.get(name))
-        engine = self.engines[model]
+        deployment = self.engines[model]
         if request.draft_input_ids is not None:
-            engine = DraftVerifier(engine, list(request.draft_input_ids))
+            engine = DraftVerifier(deployment, list(request.draft_input_ids))
+        else:  # what the Triton CPU model's scheduler does for this one request
+            engine = SimpleNamespace(generate=functools.partial(generate, solo_scheduler(deployment)))
         got = {}
         run_request(engine, request, lambda out, final: got.update(out))
         return got
@@ -172,7 +177,7 @@ def test_bls_matches_the_target_alone_streamed_and_not(engines, draft_name):
     model = BlsModel(caller, max_draft_len=4, default_draft_tokens=4, draft_logits=False)
     prompt = "Café 日本 🙂 Paris"
     ids = Preprocessor(tokenizer).encode_prompt(prompt)
-    expected, _ = target.generate_all(ids, SamplingParams(max_tokens=20))
+    expected, _ = generate_all(solo_scheduler(target), ids, SamplingParams(max_tokens=20))
     plain = run_bls(model, bls_request(prompt, 20, stream=False))
     assert len(plain) == 1 and plain[0][1] is True
     text = plain[0][0]["text_output"].reshape(-1)[0].decode()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.bench.process_memory import is_local_host, local_server_pid, tree_memory
 from specpipe.bench.records import LevelResult, RequestRecord
 from specpipe.bench.report import first_ttft_line, plot_figure
@@ -59,16 +60,16 @@ def test_tensorrtllm_models_get_a_model_warmup_with_its_data_files(tmp_path):
 def test_cpu_warm_up_runs_the_engine_and_leaves_it_serving(tmp_path, single_thread):
     from specpipe.generation.api import SamplingParams
     from specpipe.runtime.cpu.loader import load_engine
-    from specpipe.triton.models.warmup import warm_up_engine
+    from specpipe.triton.models.warmup import warm_up_deployment
     from tiny_engine import make_tiny_engine
 
     engine, _ = load_engine(make_tiny_engine(tmp_path, method="ngram", max_draft_len=3, max_position_embeddings=64))
     prompt, params = [5, 6, 7, 8], SamplingParams(max_tokens=6)
-    before = engine.generate_all(prompt, params)[0]
+    before = generate_all(solo_scheduler(engine), prompt, params)[0]
     lines = []
-    seconds = warm_up_engine(engine, lines.append, lengths=(4, 200), max_tokens=4)  # 200 is capped to the context
+    seconds = warm_up_deployment(engine, lines.append, lengths=(4, 200), max_tokens=4)  # 200 is capped to the context
     assert seconds > 0 and len(lines) == 1 and "warmed up" in lines[0]
-    assert engine.generate_all(prompt, params)[0] == before
+    assert generate_all(solo_scheduler(engine), prompt, params)[0] == before
 
 
 def test_local_server_memory_is_its_process_tree():

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, parse_dense_rows, rows_from_timings
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.model.prepack import (ALL_ROWS, PrepackedLinear, drop_dense_copies, drop_packed_weights, prepack_available,
                                                 prepack_linear_layers, set_dense_rows)
@@ -124,14 +125,14 @@ def test_apply_dense_rows_settings(tmp_path):
     assert "up to 3 rows" in apply_dense_rows(engine, parse_dense_rows(" 3 "))
     assert {m.dense_rows for m in _dense_layers(engine)} == {3}
     prompt, params = [5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=12)
-    expected, _ = engine.generate_all(prompt, params)
+    expected, _ = generate_all(solo_scheduler(engine), prompt, params)
     assert len(expected) == 12
     assert "dense weights only" in apply_dense_rows(engine, parse_dense_rows("all"))
     assert {m.dense_rows for m in _dense_layers(engine)} == {ALL_ROWS} and all(m.weight is None for m in _dense_layers(engine))
-    assert engine.generate_all(prompt, params)[0] == expected
+    assert generate_all(solo_scheduler(engine), prompt, params)[0] == expected
     engine, _ = load_engine(engine_dir, dense_copy=True)
     assert "off" in apply_dense_rows(engine, parse_dense_rows("0")) and not _dense_layers(engine)
-    assert engine.generate_all(prompt, params)[0] == expected
+    assert generate_all(solo_scheduler(engine), prompt, params)[0] == expected
 
 
 def test_without_dense_copies_there_is_nothing_to_choose(tmp_path):
@@ -163,7 +164,7 @@ def _engine_with_draft_model():
     for model in (target, draft):
         prepack_linear_layers(model.model, dense_copy=True)
         prepack_linear_layers(model)
-    return SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=3), draft
+    return Deployment(target, DraftModelDrafter(draft), max_draft_len=3), draft
 
 
 def test_a_draft_model_gets_the_same_threshold():

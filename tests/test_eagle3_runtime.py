@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specpipe import heads_format
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
@@ -15,8 +16,7 @@ from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 from specpipe.runtime.cpu.drafters.eagle3 import Eagle3TreeDrafter
 from specpipe.runtime.cpu.drafters.eagle3_head import Eagle3Head, capture_layers
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig
-from specpipe.runtime.cpu.engine import SpeculativeEngine
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.tree import Tree
 from batch_helpers import prompts, run_batch
 from tiny_models import tiny_llama
@@ -33,7 +33,7 @@ def random_head(model, seed=0, vocab_step=2):
 
 
 def baseline(model, prompt, n):
-    return SpeculativeEngine(model, NoDrafter(), 0).generate_all(prompt, SamplingParams(max_tokens=n))[0]
+    return generate_all(solo_scheduler(Deployment(model, NoDrafter(), 0)), prompt, SamplingParams(max_tokens=n))[0]
 
 
 def test_captured_layers_are_tensorrt_llms_defaults():
@@ -95,10 +95,10 @@ def test_greedy_output_identical_to_plain_decoding(dynamic):
     head = random_head(model, seed=4, vocab_step=1)
     drafter = Eagle3TreeDrafter(head, model.model.embed_tokens.weight, None if dynamic else TREE, dynamic=dynamic,
                                 top_k=3, depth=3)
-    engine = TreeSpeculativeEngine(model, drafter, 8 if dynamic else 7)
+    engine = Deployment(model, drafter, 8 if dynamic else 7)
     assert engine.target.capture_layers == (1, 2, 2)
     for prompt in prompts(4, seed=2):
-        tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=24))
+        tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=24))
         assert tokens == baseline(model, prompt, 24)
         assert stats.total_draft_tokens > 0
     outs = run_batch(engine, [(p, SamplingParams(max_tokens=16)) for p in prompts(4, seed=3)], max_batch_size=4)
@@ -126,7 +126,7 @@ def test_engine_directory_serves_an_eagle3_head(tmp_path):
     engine, _ = load_engine(tmp_path / "engine", draft_dtype="float32")
     assert isinstance(engine.drafter, Eagle3TreeDrafter)
     prompt = [5, 9, 13, 2, 7]
-    tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=20))
+    tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=20))
     assert tokens == baseline(model, prompt, 20) and stats.total_draft_tokens > 0
     del meta["capture_layers"]
     heads_format.save_compact(tmp_path / "engine" / "draft", "eagle", tensors, meta)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine, resolve_draft_dtype
 from specpipe.runtime.cpu.model.prepack import bf16_prepack_available
@@ -34,8 +35,8 @@ def test_bf16_drafts_keep_greedy_output_identical(smollm2_engines, draft, single
     params = SamplingParams(max_tokens=40)
     accepted = 0
     for prompt in PROMPTS:
-        expected, _ = baseline.generate_all(prompt, params)
-        got, stats = engine.generate_all(prompt, params)
+        expected, _ = generate_all(solo_scheduler(baseline), prompt, params)
+        got, stats = generate_all(solo_scheduler(engine), prompt, params)
         assert got == expected
         accepted += stats.total_accepted_draft_tokens
     assert accepted > 0  # the bf16 drafts were used, and some accepted

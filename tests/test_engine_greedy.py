@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from reference_decoding import greedy_reference
 from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from tiny_models import tiny_llama
@@ -49,8 +50,8 @@ def make_drafter(kind, target, other_draft):
 @pytest.mark.parametrize("max_draft_len", [1, 3, 5])
 @pytest.mark.parametrize("kind", ["none", "ngram", "draft-model", "self-draft"])
 def test_greedy_matches_plain_decoding(kind, max_draft_len, target, other_draft, reference):
-    engine = SpeculativeEngine(target, make_drafter(kind, target, other_draft), max_draft_len)
-    tokens, stats = engine.generate_all(PROMPT, SamplingParams(max_tokens=MAX_TOKENS))
+    engine = Deployment(target, make_drafter(kind, target, other_draft), max_draft_len)
+    tokens, stats = generate_all(solo_scheduler(engine), PROMPT, SamplingParams(max_tokens=MAX_TOKENS))
     assert tokens == reference
     assert stats.num_output_tokens == MAX_TOKENS
     assert stats.total_accepted_draft_tokens <= stats.total_draft_tokens
@@ -70,15 +71,15 @@ def test_speculative_matches_transformers_generate(target, other_draft):
     generated = target.generate(
         torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
     )
-    engine = SpeculativeEngine(target, DraftModelDrafter(other_draft), 4)
-    tokens, _ = engine.generate_all(REPETITIVE_PROMPT, SamplingParams(max_tokens=24))
+    engine = Deployment(target, DraftModelDrafter(other_draft), 4)
+    tokens, _ = generate_all(solo_scheduler(engine), REPETITIVE_PROMPT, SamplingParams(max_tokens=24))
     assert tokens == generated[0, len(REPETITIVE_PROMPT) :].tolist()
 
 
 def test_self_draft_accepts_everything(target):
     max_draft_len = 4
-    engine = SpeculativeEngine(target, DraftModelDrafter(target), max_draft_len)
-    tokens, stats = engine.generate_all(PROMPT, SamplingParams(max_tokens=MAX_TOKENS))
+    engine = Deployment(target, DraftModelDrafter(target), max_draft_len)
+    tokens, stats = generate_all(solo_scheduler(engine), PROMPT, SamplingParams(max_tokens=MAX_TOKENS))
     assert stats.total_draft_tokens > 0
     assert stats.acceptance_rate == 1.0
     # Prefill gives 1 token, then every step commits max_draft_len + 1 (the last step fewer).
@@ -89,8 +90,8 @@ def test_self_draft_accepts_everything(target):
 def test_ngram_drafts_are_accepted_on_repetitive_text():
     target = tiny_llama(seed=0, init_std=0.2)
     reference = greedy_reference(target, REPETITIVE_PROMPT, 48)
-    engine = SpeculativeEngine(target, NgramDrafter(), 4)
-    tokens, stats = engine.generate_all(REPETITIVE_PROMPT, SamplingParams(max_tokens=48))
+    engine = Deployment(target, NgramDrafter(), 4)
+    tokens, stats = generate_all(solo_scheduler(engine), REPETITIVE_PROMPT, SamplingParams(max_tokens=48))
     assert tokens == reference
     assert stats.total_accepted_draft_tokens > 0
     assert stats.target_forwards < 48
@@ -100,8 +101,8 @@ def test_ngram_drafts_are_accepted_on_repetitive_text():
 def test_bad_words_are_never_generated(kind, target, other_draft, reference):
     banned = (reference[0], reference[3])
     params = SamplingParams(max_tokens=MAX_TOKENS, bad_words=((banned[0],), (banned[1],), (1, 2)))
-    engine = SpeculativeEngine(target, make_drafter(kind, target, other_draft), 4)
-    tokens, stats = engine.generate_all(PROMPT, params)
+    engine = Deployment(target, make_drafter(kind, target, other_draft), 4)
+    tokens, stats = generate_all(solo_scheduler(engine), PROMPT, params)
     assert tokens == greedy_reference(target, PROMPT, MAX_TOKENS, banned_ids=banned)
     assert not set(banned) & set(tokens)
     if kind == "self-draft":
@@ -110,15 +111,15 @@ def test_bad_words_are_never_generated(kind, target, other_draft, reference):
 
 
 def test_top_k_one_is_greedy(target, reference):
-    engine = SpeculativeEngine(target, NgramDrafter(), 3)
+    engine = Deployment(target, NgramDrafter(), 3)
     params = SamplingParams(max_tokens=MAX_TOKENS, greedy=False, top_k=1, temperature=0.7, seed=3)
-    tokens, _ = engine.generate_all(PROMPT, params)
+    tokens, _ = generate_all(solo_scheduler(engine), PROMPT, params)
     assert tokens == reference
 
 
 def test_stats_are_cumulative_and_consistent(target, other_draft):
-    engine = SpeculativeEngine(target, DraftModelDrafter(other_draft), 3)
-    steps = list(engine.generate(REPETITIVE_PROMPT, SamplingParams(max_tokens=30)))
+    engine = Deployment(target, DraftModelDrafter(other_draft), 3)
+    steps = list(generate(solo_scheduler(engine), REPETITIVE_PROMPT, SamplingParams(max_tokens=30)))
     returned = 0
     for number, step in enumerate(steps, start=1):
         returned += len(step.token_ids)
@@ -170,4 +171,4 @@ def test_ngram_draft_is_deterministic_one_hot():
 
 def test_draft_vocabulary_must_match(target):
     with pytest.raises(ValueError, match="vocabulary"):
-        SpeculativeEngine(target, DraftModelDrafter(tiny_llama(seed=2, vocab_size=80)), 3)
+        Deployment(target, DraftModelDrafter(tiny_llama(seed=2, vocab_size=80)), 3)

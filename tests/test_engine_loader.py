@@ -1,4 +1,4 @@
-"""load_engine: engine directory (manifest + checkpoints) to a working SpeculativeEngine."""
+"""load_engine: engine directory (manifest + checkpoints) to a working Deployment, served by the scheduler."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
 from specpipe.manifest import Manifest, Part, write_manifest
 from specpipe.speculative import Runtime, SpeculativeSettings
@@ -63,7 +64,7 @@ def test_loads_a_working_engine(speculative, draft, drafter_type, tmp_path, chec
         assert engine.drafter.max_matching_ngram_size == 2
     target = engine.target.model
     assert not target.training and next(target.parameters()).dtype == torch.float32
-    tokens, _ = engine.generate_all(PROMPT, SamplingParams(max_tokens=12))
+    tokens, _ = generate_all(solo_scheduler(engine), PROMPT, SamplingParams(max_tokens=12))
     assert tokens == greedy_reference(target, PROMPT, 12)
 
 

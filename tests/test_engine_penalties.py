@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from reference_decoding import next_token_logits
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.verify.sampling import TokenSampler, apply_penalties
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.runtime.cpu.validation import validate_request
 from specpipe.presets import load_draft
 from specpipe.tree import Tree
@@ -71,8 +71,8 @@ def test_greedy_with_penalties_is_identical_to_plain_penalised_decoding(kind, pe
     drafter = {"none": NoDrafter, "ngram": lambda: NgramDrafter(max_matching_ngram_size=3),
                "self-draft": lambda: DraftModelDrafter(target),
                "draft-model": lambda: DraftModelDrafter(tiny_llama(seed=1, num_layers=1))}[kind]()
-    engine = SpeculativeEngine(target, drafter, max_draft_len=0 if kind == "none" else 4)
-    tokens, stats = engine.generate_all(PROMPT, params)
+    engine = Deployment(target, drafter, max_draft_len=0 if kind == "none" else 4)
+    tokens, stats = generate_all(solo_scheduler(engine), PROMPT, params)
     assert tokens == reference
     if kind == "self-draft":
         assert stats.total_accepted_draft_tokens > 0  # drafts were verified under the penalty
@@ -87,21 +87,21 @@ def test_tree_engine_applies_penalties_per_node_path():
 
     medusa = MedusaHeads(model.config.hidden_size, 3).eval()
     lm = ReducedLMHead(model.lm_head.weight, torch.arange(0, 64))
-    engine = TreeSpeculativeEngine(model, MedusaTreeDrafter(medusa, lm, Tree.parse(CPU_EAGLE_CHOICES[:10])), max_draft_len=10)
-    tokens, _ = engine.generate_all(prompt, params)
+    engine = Deployment(model, MedusaTreeDrafter(medusa, lm, Tree.parse(CPU_EAGLE_CHOICES[:10])), max_draft_len=10)
+    tokens, _ = generate_all(solo_scheduler(engine), prompt, params)
     assert tokens == reference
 
 
 def test_min_tokens_masks_the_end_id_until_reached(target):
-    plain = SpeculativeEngine(target, NoDrafter(), 0).generate_all(PROMPT, SamplingParams(max_tokens=12))[0]
+    plain = generate_all(solo_scheduler(Deployment(target, NoDrafter(), 0)), PROMPT, SamplingParams(max_tokens=12))[0]
     end_id = plain[2]  # make the third greedy token the end id: plain decoding stops after two tokens
-    tokens, _ = SpeculativeEngine(target, NoDrafter(), 0).generate_all(PROMPT, SamplingParams(max_tokens=12, end_id=end_id))
+    tokens, _ = generate_all(solo_scheduler(Deployment(target, NoDrafter(), 0)), PROMPT, SamplingParams(max_tokens=12, end_id=end_id))
     assert tokens == plain[:2]
     params = SamplingParams(max_tokens=12, end_id=end_id, min_tokens=6)
     reference = penalised_reference(target, PROMPT, 12, params, end_id=end_id)
     expected = reference[: reference.index(end_id)] if end_id in reference[6:] else reference
     for drafter in (NoDrafter(), DraftModelDrafter(target)):
-        tokens, _ = SpeculativeEngine(target, drafter, 3).generate_all(PROMPT, params)
+        tokens, _ = generate_all(solo_scheduler(Deployment(target, drafter, 3)), PROMPT, params)
         assert len(tokens) >= 6 and end_id not in tokens[:6] and tokens == expected
 
 
@@ -111,7 +111,7 @@ def test_sampling_with_penalties_is_seeded_and_uses_the_penalised_distribution(t
     probs = sampler.distributions(torch.zeros(2, 320), paths=[[], [4]])
     assert probs[0, [1, 2, 3]].sum() < 1e-30 and probs[1, [1, 2, 3, 4]].sum() < 1e-30 and probs[0, 4] > 0
     params = SamplingParams(max_tokens=16, greedy=False, seed=3, frequency_penalty=0.8)
-    runs = [SpeculativeEngine(target, DraftModelDrafter(target), 3).generate_all(PROMPT, params)[0] for _ in range(2)]
+    runs = [generate_all(solo_scheduler(Deployment(target, DraftModelDrafter(target), 3)), PROMPT, params)[0] for _ in range(2)]
     assert runs[0] == runs[1]
 
 

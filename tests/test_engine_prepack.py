@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_available, prepack_linear_layers
 from reference_decoding import greedy_reference
 from tiny_models import tiny_llama
@@ -145,8 +146,8 @@ def test_prepacked_engine_decodes_exactly_like_the_reference():
     prepack_linear_layers(packed)
     prompt = [5, 9, 2, 7, 7, 1]
     expected = greedy_reference(reference, prompt, 24)
-    engine = SpeculativeEngine(packed, NoDrafter(), max_draft_len=0)
-    tokens, _ = engine.generate_all(prompt, SamplingParams(max_tokens=24))
+    engine = Deployment(packed, NoDrafter(), max_draft_len=0)
+    tokens, _ = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=24))
     assert tokens == expected[: len(tokens)] and len(tokens) > 0
 
 
@@ -157,5 +158,5 @@ def test_loaded_engines_run_prepacked(tmp_path):
 
     engine, _ = load_engine(make_tiny_engine(tmp_path, method="ngram"))
     assert isinstance(engine.target.model.lm_head, PrepackedLinear)
-    tokens, stats = engine.generate_all([5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=12))
+    tokens, stats = generate_all(solo_scheduler(engine), [5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=12))
     assert len(tokens) == 12 and stats.target_forwards >= 1

@@ -8,17 +8,14 @@ import math
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from reference_decoding import next_token_logits
-from specpipe.runtime.cpu.verify.sampling import (
-    TokenSampler,
-    residual_distribution,
-    speculative_sample,
-    top_k_filter,
-    top_p_filter,
-)
+from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree
+from specpipe.runtime.cpu.verify.sampling import TokenSampler, top_k_filter, top_p_filter
 from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -103,7 +100,7 @@ def test_greedy_choice_masks_bad_words():
     assert (token, probs) == (3, None)
 
 
-# ---- the acceptance rule, exactly and empirically --------------------------------------------------
+# ---- the accept rule, empirically ------------------------------------------------------------------
 
 
 def random_distribution(generator: torch.Generator, size: int, sparsity: float = 0.0) -> torch.Tensor:
@@ -113,58 +110,27 @@ def random_distribution(generator: torch.Generator, size: int, sparsity: float =
     return weights / weights.sum()
 
 
-@pytest.mark.parametrize("case", range(5))
-def test_rule_commits_exactly_p(case):
-    """P(x) = q(x) min(1, p(x)/q(x)) + P(reject) norm(max(p - q, 0))(x) must equal p(x)."""
-    generator = torch.Generator().manual_seed(case)
-    p = random_distribution(generator, 10, sparsity=0.3)
-    q = random_distribution(generator, 10, sparsity=0.3)
-    accept = torch.where(q > 0, torch.minimum(torch.ones(10), p / q.clamp_min(1e-30)), torch.zeros(10))
-    committed = q * accept + (1 - (q * accept).sum()) * residual_distribution(p, q)
-    assert torch.allclose(committed, p, atol=1e-6)
-
-
-@pytest.mark.parametrize("draft_token", [0, 3])
-def test_rule_with_one_hot_draft_commits_exactly_p(draft_token):
-    p = torch.tensor([0.1, 0.4, 0.2, 0.3])
-    q = torch.zeros(4)
-    q[draft_token] = 1.0
-    committed = p[draft_token] * q + (1 - p[draft_token]) * residual_distribution(p, q)
-    assert torch.allclose(committed, p, atol=1e-7)
-
-
-def sample_rule(p: torch.Tensor, q: torch.Tensor | None, samples: int, seed: int):
-    """Run speculative_sample ``samples`` times with K = 2 drafts (from q, or fixed [1, 2] when q is
-    None); count the first committed token, and the second given the first draft was accepted."""
-    generator = torch.Generator().manual_seed(seed)
-    vocab = p.shape[-1]
+def test_the_exact_rule_commits_the_targets_distribution_whatever_the_drafts():
+    """A chain of 2 fixed drafts (the first one likely, so the second row is reached often) verified by
+    the exact rule with the position-keyed draws of one seed per run: the first committed token is
+    distributed as p[0], and the second, after an accepted first draft, as p[1]; always accepting the
+    first draft would be told apart."""
+    generator = torch.Generator().manual_seed(11)
+    vocab, samples = 8, 3000
+    p = torch.stack([random_distribution(generator, vocab, sparsity=0.2) for _ in range(3)])
+    drafts = [int(p[0].argmax()), 2]
+    params = SamplingParams(max_tokens=4, greedy=False)
     first = torch.zeros(vocab, dtype=torch.long)
     second = torch.zeros(vocab, dtype=torch.long)
-    for _ in range(samples):
-        if q is None:
-            drafts = torch.tensor([1, 2])
-        else:
-            drafts = torch.multinomial(q, 1, generator=generator)[:, 0]
-        accepted, token = speculative_sample(p, drafts, q, generator)
-        committed = [*drafts[:accepted].tolist(), token]
+    for seed in range(samples):
+        path, token = accept_block(chain_tree(drafts), p.log(), PositionKeyedChooser(params, seed), first_position=0)
+        committed = [*drafts[: len(path)], token]
         first[committed[0]] += 1
-        if accepted >= 1:
+        if path:
             second[committed[1]] += 1
-    return first, second
-
-
-@pytest.mark.parametrize("deterministic_draft", [False, True])
-def test_rule_samples_target_distribution(deterministic_draft):
-    generator = torch.Generator().manual_seed(11)
-    vocab, samples = 8, 6000
-    p = torch.stack([random_distribution(generator, vocab, sparsity=0.2) for _ in range(3)])
-    q = None if deterministic_draft else torch.stack([random_distribution(generator, vocab) for _ in range(2)])
-    first, second = sample_rule(p, q, samples, seed=5)
-    # Position 0 commits x ~ p[0]; with fixed p rows, after an accepted draft position 1 commits ~ p[1].
     assert_distributed_as(first, p[0])
     assert_distributed_as(second, p[1])
-    wrong = q[0] if q is not None else torch.nn.functional.one_hot(torch.tensor(1), vocab).float()
-    assert_distinguishable(wrong, p[0], samples)
+    assert_distinguishable(torch.nn.functional.one_hot(torch.tensor(drafts[0]), vocab).float(), p[0], samples)
 
 
 # ---- the engine, end to end ------------------------------------------------------------------------
@@ -202,7 +168,7 @@ def second_token_marginal(model, prompt: list[int], sampler: TokenSampler) -> to
 def test_engine_second_token_follows_target(params, small_vocab_models):
     """With max_tokens=3 the second token comes out of a 1-token draft-model verification."""
     target, draft = small_vocab_models
-    engine = SpeculativeEngine(target, DraftModelDrafter(draft), max_draft_len=2)
+    scheduler = solo_scheduler(Deployment(target, DraftModelDrafter(draft), max_draft_len=2))
     sampler = TokenSampler(params, torch.Generator())
     expected = second_token_marginal(target, PROMPT, sampler)
     always_accepted = second_token_marginal_of_draft(target, draft, PROMPT, sampler)
@@ -210,7 +176,7 @@ def test_engine_second_token_follows_target(params, small_vocab_models):
     counts = torch.zeros(16, dtype=torch.long)
     proposed = accepted = 0
     for seed in range(runs):
-        tokens, stats = engine.generate_all(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}))
+        tokens, stats = generate_all(scheduler, PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}))
         counts[tokens[1]] += 1
         proposed += stats.total_draft_tokens
         accepted += stats.total_accepted_draft_tokens
@@ -229,24 +195,23 @@ def second_token_marginal_of_draft(target, draft, prompt, sampler) -> torch.Tens
 
 
 def test_plain_sampling_matches_reference_loop():
-    """Without drafts the engine must draw exactly as a plain sampling loop with the same generator."""
+    """Without drafts the scheduler draws exactly as a plain sampling loop with the request's position-keyed
+    uniforms (output index j draws with ``position_uniform(seed, j)``)."""
     model = tiny_llama(seed=3)
     params = SamplingParams(max_tokens=25, greedy=False, temperature=0.9, top_k=20, top_p=0.95, seed=1234)
-    generator = torch.Generator().manual_seed(1234)
-    sampler = TokenSampler(params, generator)
     ids = list(PROMPT)
-    for _ in range(25):
-        token, _ = sampler.choose(next_token_logits(model, ids).unsqueeze(0))
-        ids.append(token)
-    tokens, _ = SpeculativeEngine(model, NoDrafter(), 0).generate_all(PROMPT, params)
+    chooser = PositionKeyedChooser(params, 1234, history=ids)
+    for position in range(25):
+        ids.append(int(chooser.choose_at(next_token_logits(model, ids).unsqueeze(0), [position])[0]))
+    tokens, _ = generate_all(solo_scheduler(Deployment(model, NoDrafter(), 0)), PROMPT, params)
     assert tokens == ids[len(PROMPT) :]
 
 
 def test_self_draft_sampling_accepts_almost_everything():
     model = tiny_llama(seed=3)
-    engine = SpeculativeEngine(model, DraftModelDrafter(model), 4)
+    engine = Deployment(model, DraftModelDrafter(model), 4)
     params = SamplingParams(max_tokens=60, greedy=False, temperature=1.0, top_p=0.9, seed=0)
-    _, stats = engine.generate_all(PROMPT, params)
+    _, stats = generate_all(solo_scheduler(engine), PROMPT, params)
     assert stats.total_draft_tokens >= 40
     assert stats.acceptance_rate >= 0.95
 
@@ -257,8 +222,8 @@ def test_seed_makes_sampling_reproducible(drafter):
 
     def run(seed):
         chosen = NgramDrafter() if drafter == "ngram" else DraftModelDrafter(tiny_llama(seed=4, num_layers=1))
-        engine = SpeculativeEngine(model, chosen, 3)
-        return engine.generate_all(PROMPT * 3, SamplingParams(max_tokens=30, greedy=False, seed=seed))
+        engine = Deployment(model, chosen, 3)
+        return generate_all(solo_scheduler(engine), PROMPT * 3, SamplingParams(max_tokens=30, greedy=False, seed=seed))
 
     first, stats = run(10)
     assert run(10)[0] == first

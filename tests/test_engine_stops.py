@@ -6,9 +6,10 @@ import math
 
 import pytest
 
+from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from reference_decoding import greedy_reference
 from specpipe.generation.stopping import StopConditions
 from tiny_models import tiny_llama
@@ -32,7 +33,7 @@ def reference(target):
 
 def self_draft_engine(target, **kwargs):
     """Accepts every draft, so steps commit MAX_DRAFT_LEN + 1 tokens at known boundaries."""
-    return SpeculativeEngine(target, DraftModelDrafter(target), MAX_DRAFT_LEN, **kwargs)
+    return Deployment(target, DraftModelDrafter(target), MAX_DRAFT_LEN, **kwargs)
 
 
 def chunk_starts(max_tokens: int) -> list[int]:
@@ -46,7 +47,7 @@ def first_new_index(tokens: list[int], candidates) -> int:
 
 
 def run_steps(engine, params):
-    steps = list(engine.generate(PROMPT, params))
+    steps = list(generate(solo_scheduler(engine), PROMPT, params))
     tokens = [t for step in steps for t in step.token_ids]
     return steps, tokens
 
@@ -58,7 +59,7 @@ def run_steps(engine, params):
 def test_end_id_stops_and_is_not_returned(drafter, target, reference):
     # An end token in the middle of a multi-token step (offset 3 of the chunk starting at 1).
     end_at = first_new_index(reference, range(4, MAX_TOKENS))
-    engine = SpeculativeEngine(target, NoDrafter(), 0) if drafter == "none" else self_draft_engine(target)
+    engine = Deployment(target, NoDrafter(), 0) if drafter == "none" else self_draft_engine(target)
     steps, tokens = run_steps(engine, SamplingParams(max_tokens=MAX_TOKENS, end_id=reference[end_at]))
     assert tokens == reference[:end_at]
     assert (steps[-1].finished, steps[-1].finish_reason) == (True, "stop")
@@ -70,12 +71,12 @@ def test_default_end_id_comes_from_constructor_then_config(reference):
     config_end, constructor_end, request_end = (first_new_index(reference, range(i, MAX_TOKENS)) for i in (9, 5, 2))
     assert request_end < constructor_end < config_end
     configured = tiny_llama(seed=0, eos_token_id=reference[config_end])
-    tokens, _ = SpeculativeEngine(configured, NgramDrafter(), 3).generate_all(PROMPT, SamplingParams(max_tokens=40))
+    tokens, _ = generate_all(solo_scheduler(Deployment(configured, NgramDrafter(), 3)), PROMPT, SamplingParams(max_tokens=40))
     assert tokens == reference[:config_end]
-    engine = SpeculativeEngine(configured, NgramDrafter(), 3, eos_token_id=reference[constructor_end])
-    assert engine.generate_all(PROMPT, SamplingParams(max_tokens=40))[0] == reference[:constructor_end]
+    engine = Deployment(configured, NgramDrafter(), 3, eos_token_id=reference[constructor_end])
+    assert generate_all(solo_scheduler(engine), PROMPT, SamplingParams(max_tokens=40))[0] == reference[:constructor_end]
     params = SamplingParams(max_tokens=40, end_id=reference[request_end])
-    assert engine.generate_all(PROMPT, params)[0] == reference[:request_end]
+    assert generate_all(solo_scheduler(engine), PROMPT, params)[0] == reference[:request_end]
 
 
 # ---- stop words -----------------------------------------------------------------------------------
@@ -151,7 +152,7 @@ def test_max_tokens_is_exact(max_tokens, target, reference):
 @pytest.mark.parametrize("max_tokens", [1, 4, 9])
 def test_max_tokens_with_rejecting_drafters(max_tokens, target, reference):
     for drafter in (NgramDrafter(), DraftModelDrafter(tiny_llama(seed=3, num_layers=1))):
-        tokens, stats = SpeculativeEngine(target, drafter, 6).generate_all(PROMPT, SamplingParams(max_tokens=max_tokens))
+        tokens, stats = generate_all(solo_scheduler(Deployment(target, drafter, 6)), PROMPT, SamplingParams(max_tokens=max_tokens))
         assert tokens == reference[:max_tokens]
         assert stats.num_output_tokens == max_tokens
 
@@ -165,7 +166,7 @@ def test_context_limit_finishes_with_length(room, target, reference):
 
 
 def test_max_context_defaults_to_max_position_embeddings(target):
-    assert SpeculativeEngine(target, NoDrafter(), 0).max_context == target.config.max_position_embeddings
+    assert Deployment(target, NoDrafter(), 0).max_context == target.config.max_position_embeddings
 
 
 # ---- request validation ---------------------------------------------------------------------------
@@ -189,18 +190,18 @@ def test_max_context_defaults_to_max_position_embeddings(target):
     ],
 )
 def test_invalid_requests_raise_value_error_at_once(input_ids, params, message, target):
-    engine = SpeculativeEngine(target, NoDrafter(), 0, max_context=20)
+    engine = Deployment(target, NoDrafter(), 0, max_context=20)
     with pytest.raises(ValueError, match=message):
-        engine.generate(input_ids, params)
+        generate(solo_scheduler(engine), input_ids, params)
 
 
 def test_greedy_ignores_temperature(target, reference):
-    engine = SpeculativeEngine(target, NoDrafter(), 0)
-    tokens, _ = engine.generate_all(PROMPT, SamplingParams(max_tokens=5, temperature=0.0))
+    engine = Deployment(target, NoDrafter(), 0)
+    tokens, _ = generate_all(solo_scheduler(engine), PROMPT, SamplingParams(max_tokens=5, temperature=0.0))
     assert tokens == reference[:5]
 
 
 @pytest.mark.parametrize("max_draft_len, max_context", [(-1, None), (2, 1)])
 def test_invalid_engine_settings(max_draft_len, max_context, target):
     with pytest.raises(ValueError):
-        SpeculativeEngine(target, NoDrafter(), max_draft_len, max_context=max_context)
+        Deployment(target, NoDrafter(), max_draft_len, max_context=max_context)

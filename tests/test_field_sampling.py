@@ -15,15 +15,15 @@ import torch
 
 from batch_helpers import METHODS, make_engine, make_engine_of, prompts, run_alone, run_batch, scheduler_for, submit
 from reference_decoding import greedy_reference
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
 from specpipe.runtime.cpu.drafters.drafters import Draft, Drafter, DraftModelDrafter, NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.runtime.cpu.scheduler.scheduler import Cancelled
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -34,7 +34,7 @@ ALL = (*METHODS, "self-draft")
 def engine_of(method: str):
     if method == "self-draft":
         model = tiny_llama(3, vocab_size=64)
-        return SpeculativeEngine(model, DraftModelDrafter(model), 4)
+        return Deployment(model, DraftModelDrafter(model), 4)
     return make_engine(method)
 
 
@@ -93,7 +93,7 @@ def test_seeded_sampling_is_the_plain_targets_sample_for_every_seed_alone_and_in
     """For each seed, a method's sampled text equals the plain target's (no drafts at all): speculation
     keeps the target's distribution sample by sample; and a request's text does not depend on its batch."""
     engine = engine_of(method)
-    plain = SpeculativeEngine(engine.target.model, NoDrafter(), 0)
+    plain = Deployment(engine.target.model, NoDrafter(), 0)
     ps = prompts(6, seed=6)
     batch = [(p, SamplingParams(max_tokens=12, greedy=False, temperature=t, top_p=top_p, seed=seed))
              for seed, (p, t, top_p) in enumerate(zip(ps, (1.0, 0.7, 1.3, 1.0, 0.9, 1.0), (1.0, 0.9, 1.0, 0.8, 1.0, 1.0)))]
@@ -159,19 +159,19 @@ def test_penalties_and_min_tokens_see_every_token_a_step_commits(kind):
     ``min_tokens`` that ends inside a step; the oracle drafts that text, so every draft is accepted only
     if each verified row sees the step's drafts before it (a row blind to them chooses otherwise)."""
     model = tiny_llama(8, vocab_size=64)
-    plain = SpeculativeEngine(model, NoDrafter(), 0)
+    plain = Deployment(model, NoDrafter(), 0)
     ps = prompts(4, seed=8)
-    free = plain.generate_all(ps[3], SamplingParams(max_tokens=20))[0]
+    free = generate_all(solo_scheduler(plain), ps[3], SamplingParams(max_tokens=20))[0]
     end = next(t for i, t in enumerate(free) if i >= 6 and t not in free[:i])
     options = [SamplingParams(max_tokens=20, repetition_penalty=3.0), SamplingParams(max_tokens=20, frequency_penalty=1.5),
                SamplingParams(max_tokens=20, presence_penalty=2.0, frequency_penalty=0.5),
                SamplingParams(max_tokens=20, min_tokens=free.index(end), end_id=end)]
     batch = list(zip(ps, options))
-    expected = [plain.generate_all(p, params)[0] for p, params in batch]
+    expected = [generate_all(solo_scheduler(plain), p, params)[0] for p, params in batch]
     assert expected[3] == free[: free.index(end)]  # min_tokens let the end id end it where it first came
-    assert all(e != plain.generate_all(p, SamplingParams(max_tokens=20))[0] for (p, _), e in zip(batch[:3], expected))
+    assert all(e != generate_all(solo_scheduler(plain), p, SamplingParams(max_tokens=20))[0] for (p, _), e in zip(batch[:3], expected))
     texts = [[*p, *e] for (p, _), e in zip(batch, expected)]
-    engine = SpeculativeEngine(model, ChainOracle(texts), 4) if kind == "chain" else TreeSpeculativeEngine(model, TreeOracle(texts), 6)
+    engine = Deployment(model, ChainOracle(texts), 4) if kind == "chain" else Deployment(model, TreeOracle(texts), 6)
     outs = run_batch(engine, batch, adaptive=False)
     for (prompt, params), out, want in zip(batch, outs, expected):
         assert out.error is None and out.tokens == want
@@ -204,15 +204,24 @@ def test_a_request_cancelled_alone_mid_run_frees_its_slot_and_keeps_consistent_c
 
 
 @pytest.mark.parametrize("method", ALL)
-def test_the_warm_up_before_ready_runs_the_drafter_too(method):
-    """The Triton model warms its engine up before it reports ready (``triton/models/warmup.py``): the
-    drafter's first proposals (its kernels, its state) are paid there, not by the first user request."""
-    from specpipe.triton.models.warmup import warm_up_engine
+def test_the_warm_up_before_ready_runs_the_drafter_too(method, monkeypatch):
+    """The Triton model warms its deployment up before it reports ready (``triton/models/warmup.py``) through
+    the batch scheduler, drafting: the drafter's first proposals (its kernels, its state) and the batched
+    verification of two requests are paid there, not by the first user requests."""
+    from specpipe.runtime.cpu.model.batched_lm import BatchedLM
+    from specpipe.triton.models.warmup import warm_up_deployment
 
     model = tiny_llama(3, vocab_size=256)  # the warm-up prompts use ids from 100 up
-    engine = SpeculativeEngine(model, DraftModelDrafter(model), 4) if method == "self-draft" else make_engine_of(method, model)
-    calls = []
-    propose = engine.drafter.propose
-    engine.drafter.propose = lambda *args: calls.append(args) or propose(*args)
-    warm_up_engine(engine, lengths=(4, 20), max_tokens=6)
-    assert len(calls) >= (0 if method == "none" else 2)  # each warm-up request drafted
+    engine = Deployment(model, DraftModelDrafter(model), 4) if method == "self-draft" else make_engine_of(method, model)
+    calls, forwards = [], []
+    propose, hidden = type(engine.drafter).propose, BatchedLM.hidden
+    monkeypatch.setattr(type(engine.drafter), "propose", lambda self, *args: calls.append(args) or propose(self, *args))
+    monkeypatch.setattr(BatchedLM, "hidden", lambda self, entries: forwards.append([len(e.token_ids) for e in entries])
+                        or hidden(self, entries))
+    warm_up_deployment(engine, lengths=(10, 20), max_tokens=6)
+    # Decoding entries are the last token and its drafts: 1 + at most 8 tokens, shorter than either prompt.
+    # (a random model does not continue the prompts' cycle, so n-gram lookup finds nothing after the prefill)
+    smallest = 1 if method in ("none", "ngram") else 2
+    decoding = [sizes for sizes in forwards if all(smallest <= n <= 9 for n in sizes)]
+    assert len(calls) >= (0 if method == "none" else 4)  # each warm-up request drafted, alone and in the batch
+    assert any(len(sizes) == 1 for sizes in decoding) and any(len(sizes) == 2 for sizes in decoding)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specpipe import heads_format
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.errors import ManifestError
 from specpipe.generation.api import SamplingParams
 from specpipe.manifest import Manifest, Part, write_manifest
@@ -18,7 +19,7 @@ from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.model.prepack import PrepackedLinear
 from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.speculative import Method, Runtime, SpeculativeSettings
 from specpipe.tree import Tree
 from reference_decoding import greedy_reference
@@ -67,7 +68,7 @@ def write_engine(root: Path, checkpoints: Path, method: str, quantization: str |
 
 
 def greedy(engine, prompt, n=24) -> list[int]:
-    return engine.generate_all(prompt, SamplingParams(max_tokens=n))[0]
+    return generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=n))[0]
 
 
 def linear_kinds(module: torch.nn.Module) -> set[str]:
@@ -94,13 +95,13 @@ def test_every_method_matches_the_quantized_baseline(scheme, checkpoints, tmp_pa
         if method == "draft-model":
             assert linear_kinds(drafter.lm.model) == {scheme}
         if method in ("medusa", "eagle"):
-            assert isinstance(engine, TreeSpeculativeEngine)
+            assert engine.tree
             modules = [v for v in vars(drafter).values() if isinstance(v, torch.nn.Module)]
             assert modules and all(linear_kinds(m) == {scheme} for m in modules)
             assert isinstance(drafter.lm._packed, QuantizedLinear) and drafter.lm.size == 32
         accepted = 0
         for prompt, want in zip(PROMPTS, expected):
-            tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=24))
+            tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=24))
             assert tokens == want, (method, prompt)
             accepted += stats.total_accepted_draft_tokens
         if method in ("ngram", "draft-model"):  # random heads may propose nothing the target accepts

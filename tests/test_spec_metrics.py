@@ -11,7 +11,7 @@ from batch_helpers import run_batch, scheduler_for
 from specpipe.generation import spec_metrics as names
 from specpipe.generation.api import RequestStats, SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.triton.models.scheduler_metrics import SchedulerMetrics, exported_series
 from specpipe.triton.models.stop_requests import StopRequests
 from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker, TritonPythonModel
@@ -19,10 +19,10 @@ from tiny_models import tiny_llama
 from triton_fakes import FAKE_PB, FakeMetricFamily, generate_request, wait_for
 
 
-def self_drafting_engine(max_draft_len: int = 3) -> SpeculativeEngine:
+def self_drafting_engine(max_draft_len: int = 3) -> Deployment:
     """A chain engine whose drafter is its own target: every greedy draft is accepted."""
     model = tiny_llama(5, vocab_size=64)
-    return SpeculativeEngine(model, DraftModelDrafter(model), max_draft_len)
+    return Deployment(model, DraftModelDrafter(model), max_draft_len)
 
 
 def test_request_progress_turns_cumulative_stats_into_steps():

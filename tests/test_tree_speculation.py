@@ -5,18 +5,20 @@ the target's distribution."""
 import pytest
 import torch
 
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.presets import load_draft
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
-from specpipe.runtime.cpu.verify.tree_accept import DraftTree, greedy_tree_accept, sampled_tree_accept, tree_attention
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree, follow_choices
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree, tree_attention
 from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.tree import Tree
 from tiny_models import tiny_llama
 
@@ -58,26 +60,30 @@ def test_tree_mask_and_positions():
     assert rows[4] == [1, 1, 1, 1, 1, 0, 1, 1]      # node 3: root, node 0, node 2, itself
 
 
-def test_greedy_acceptance_follows_the_argmax():
+def test_the_exact_rule_follows_the_targets_choices_down_the_tree():
     tree = DraftTree(tokens=[5, 7, 9, 4], parents=[-1, -1, 1, 2])
-    # root argmax 7 -> node 1; node 1 argmax 9 -> node 2; node 2 argmax 3 (node 3 has 4) -> stop.
+    # root's choice 7 -> node 1; node 1's choice 9 -> node 2; node 2's choice 3 (node 3 has 4) -> stop.
     best = torch.tensor([7, 0, 9, 3, 0])
-    assert greedy_tree_accept(best, tree) == ([1, 2], 3)
-    assert greedy_tree_accept(torch.tensor([1, 0, 0, 0, 0]), tree) == ([], 1)
+    assert follow_choices(tree, best) == ([1, 2], 3)
+    assert follow_choices(tree, torch.tensor([1, 0, 0, 0, 0])) == ([], 1)
+    rows = []  # a choice function is asked only for the rows on the path, in order
+    assert follow_choices(tree, lambda row: rows.append(row) or int(best[row])) == ([1, 2], 3) and rows == [0, 2, 3]
+    assert follow_choices(chain_tree([7, 9]), [7, 9, 1]) == ([0, 1], 1)  # a chain is a one-child tree
 
 
 def test_tree_sampling_preserves_the_target_distribution():
+    """Two candidates for the first token, verified by the exact rule with one seed per run: the first
+    committed token is distributed as the target's p, whatever was drafted."""
     p = torch.tensor([0.1, 0.4, 0.2, 0.3])
-    probs = torch.stack([p, torch.tensor([0.25] * 4), torch.tensor([0.25] * 4)])
-    tree = DraftTree(tokens=[1, 3], parents=[-1, -1])  # two candidates for the first token
-    g = torch.Generator().manual_seed(0)
+    logits = torch.stack([p, torch.full((4,), 0.25), torch.full((4,), 0.25)]).log()
+    tree = DraftTree(tokens=[1, 3], parents=[-1, -1])
+    params = SamplingParams(max_tokens=4, greedy=False)
     counts = torch.zeros(4)
-    trials = 20000
-    for _ in range(trials):
-        path, token = sampled_tree_accept(probs, tree, g)
-        first = tree.tokens[path[0]] if path else token
-        counts[first] += 1
-    assert torch.allclose(counts / trials, p, atol=0.015), counts / trials
+    trials = 6000
+    for seed in range(trials):
+        path, token = accept_block(tree, logits, PositionKeyedChooser(params, seed), first_position=0)
+        counts[tree.tokens[path[0]] if path else token] += 1
+    assert torch.allclose(counts / trials, p, atol=0.02), counts / trials
 
 
 class OracleDrafter(TreeDrafter):
@@ -102,8 +108,8 @@ class OracleDrafter(TreeDrafter):
 
 
 def _baseline(model, prompt, n):
-    engine = SpeculativeEngine(model, NoDrafter(), max_draft_len=0)
-    tokens, _ = engine.generate_all(prompt, SamplingParams(max_tokens=n))
+    engine = Deployment(model, NoDrafter(), max_draft_len=0)
+    tokens, _ = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=n))
     return tokens
 
 
@@ -133,11 +139,10 @@ def test_greedy_tree_output_is_identical_to_plain_decoding(kind):
         drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, Tree.parse(CPU_EAGLE_CHOICES))
     else:
         drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, dynamic=True, top_k=3, depth=4)
-    engine = TreeSpeculativeEngine(model, drafter, max_draft_len=11)
-    tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=n))
+    engine = Deployment(model, drafter, max_draft_len=11)
+    tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=n))
     assert tokens == reference
     assert stats.num_output_tokens == n
-    assert engine.target.length == len(prompt) + n - 1  # every committed token but the newest is cached
     if kind == "oracle":
         assert stats.total_accepted_draft_tokens >= n // 2  # the oracle path is accepted
         assert stats.target_forwards < n
@@ -151,8 +156,8 @@ def test_tree_engine_samples_with_a_seed_reproducibly():
     runs = []
     for _ in range(2):
         drafter = EagleTreeDrafter(eagle, model.model.embed_tokens.weight, lm, Tree.parse("[[0],[1],[0,0]]"))
-        engine = TreeSpeculativeEngine(model, drafter, max_draft_len=3)
-        runs.append(engine.generate_all([1, 2, 3], params)[0])
+        engine = Deployment(model, drafter, max_draft_len=3)
+        runs.append(generate_all(solo_scheduler(engine), [1, 2, 3], params)[0])
     assert runs[0] == runs[1] and len(runs[0]) == 24
 
 
@@ -171,8 +176,8 @@ def test_reduced_vocab_draft_model_keeps_greedy_output():
     prompt = [4, 8, 15, 16, 23, 42]
     reference = _baseline(model, prompt, 30)
     drafter = ReducedVocabDraftModelDrafter(draft, torch.arange(0, 64, 3))
-    engine = SpeculativeEngine(model, drafter, max_draft_len=3)
-    tokens, stats = engine.generate_all(prompt, SamplingParams(max_tokens=30))
+    engine = Deployment(model, drafter, max_draft_len=3)
+    tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=30))
     assert tokens == reference
     assert stats.total_draft_tokens > 0
     # Proposals only come from the list.
@@ -207,9 +212,9 @@ def test_engine_directory_with_heads_loads_a_tree_engine(tmp_path, method):
                         draft=Part(preset=method, method=method, source={}, path="draft"))
     write_manifest(tmp_path / "engine", manifest)
     engine, _ = load_engine(tmp_path / "engine")
-    assert isinstance(engine, TreeSpeculativeEngine)
+    assert engine.tree
     prompt = [5, 9, 13, 2, 7]
-    assert engine.generate_all(prompt, SamplingParams(max_tokens=20))[0] == _baseline(model, prompt, 20)
+    assert generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=20))[0] == _baseline(model, prompt, 20)
     # Heads made for another target are refused.
     meta["hidden_size"] = 48
     heads_format.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)

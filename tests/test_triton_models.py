@@ -17,6 +17,7 @@ from specpipe.triton.models.preprocessing import Preprocessor
 from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker
 from specpipe.triton.models.words import from_words_layout
 from recording_sender import RecordingSender
+from specpipe.runtime.cpu.scheduler.one_request import solo_scheduler
 from tiny_engine import make_tiny_engine, tiny_tokenizer
 
 
@@ -168,7 +169,7 @@ def _tokens(responses):
 
 def test_streaming_and_plain_give_the_same_tokens(engine):
     plain, streamed = RecordingSender(), RecordingSender()
-    worker = RequestWorker(engine)
+    worker = RequestWorker(solo_scheduler(engine, max_queue=8))
     base = parse_request(_inputs(return_perf_metrics=np.array([True]), exclude_input_in_output=np.array([True])))
     stream = parse_request(_inputs(streaming=np.array([True]), exclude_input_in_output=np.array([True])))
     worker.submit(base, plain)
@@ -194,7 +195,7 @@ def test_streaming_and_plain_give_the_same_tokens(engine):
 
 def test_prompt_is_echoed_unless_excluded(engine):
     sender = RecordingSender()
-    worker = RequestWorker(engine)
+    worker = RequestWorker(solo_scheduler(engine, max_queue=8))
     worker.submit(parse_request(_inputs()), sender)
     worker.close()
     assert _tokens(sender.responses)[:3] == [3, 4, 5]
@@ -202,7 +203,7 @@ def test_prompt_is_echoed_unless_excluded(engine):
 
 def test_engine_rejections_become_error_responses_and_the_worker_goes_on(engine):
     too_long, after = RecordingSender(), RecordingSender()
-    worker = RequestWorker(engine)
+    worker = RequestWorker(solo_scheduler(engine, max_queue=8))
     ids = np.arange(200, dtype=np.int32).reshape(1, -1) % 300
     worker.submit(parse_request(_inputs(input_ids=ids, input_lengths=np.array([200], np.int32))), too_long)
     worker.submit(parse_request(_inputs()), after)

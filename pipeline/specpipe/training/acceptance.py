@@ -1,7 +1,8 @@
 """Held-out acceptance of a head in training, measured through the run-time drafting code.
 
-The prompts of held-out sequences (never trained on) are decoded greedily by the CPU tree engine
-(:class:`~specpipe.runtime.cpu.tree_engine.TreeSpeculativeEngine`) with the head's drafter; the figure
+The prompts of held-out sequences (never trained on) are decoded greedily, one at a time, by the CPU
+runtime's batch scheduler (:func:`~specpipe.runtime.cpu.scheduler.one_request.solo_scheduler`) with the
+head's drafter, drafting the whole tree every step; the figure
 is the mean accepted length, tokens committed per target forward after the prefill
 (``1 + accepted drafts / decoding forwards``), the number speculative decoding's speed-up follows.
 """
@@ -14,7 +15,8 @@ import torch
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.training.data import Features
 from specpipe.tree import Tree
 
@@ -55,10 +57,10 @@ def mean_accepted_length(target, drafter: TreeDrafter, prompts: list[list[int]],
     Returns:
         ``{"mean_accepted_length": float, "prompts": n, "tokens": generated, "forwards": decoding forwards}``.
     """
-    engine = TreeSpeculativeEngine(target, drafter, len(tree.paths))
+    scheduler = solo_scheduler(Deployment(target, drafter, len(tree.paths)))
     accepted = forwards = tokens = 0
     for prompt in prompts:
-        out, stats = engine.generate_all(prompt, SamplingParams(max_tokens=max_tokens))
+        out, stats = generate_all(scheduler, prompt, SamplingParams(max_tokens=max_tokens))
         accepted += stats.total_accepted_draft_tokens
         forwards += stats.target_forwards - 1
         tokens += len(out)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.drafters import NoDrafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.training.prompts import Prompt, chat_input_ids
 
@@ -98,7 +98,7 @@ def self_instruct_prompts(model, tokenizer, count: int, seed: int, cache_file: P
     """
     if cache_file.is_file():
         return [Prompt("self-instruct", json.loads(line)["prompt"]) for line in cache_file.read_text().splitlines()]
-    scheduler = BatchScheduler(SpeculativeEngine(model, NoDrafter(), max_draft_len=0),
+    scheduler = BatchScheduler(Deployment(model, NoDrafter(), max_draft_len=0),
                                max_batch_size=BATCH, max_queue=max(count, 1), adaptive=False)
     replies: list[list[int]] = []
     for text, sampling_seed in meta_requests(count, seed):

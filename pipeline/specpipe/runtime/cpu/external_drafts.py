@@ -5,9 +5,11 @@ TensorRT-LLM's ``draft_tokens_external`` mode takes the draft tokens of a reques
 target picks at that position (TensorRT-LLM ``examples/draft_target_model/README.md`` @ 567239f:
 "greedy" acceptance). :class:`DraftVerifier` does the same on the CPU engine's target: one forward
 pass over ``prompt + drafts`` (K + 1 next-token rows after the prompt), accept the longest prefix of
-drafts matching the target's choices, then add the target's own next token; so a request commits
+drafts matching the target's choices, then add the target's own next token (the exact rule of
+:mod:`~specpipe.runtime.cpu.verify.accept`, on the drafts as a chain); so a request commits
 ``accepted + 1`` tokens (1 .. K + 1). Greedy requests pick the argmax; sampling requests draw each
-position from the request's processed distribution, as the target would.
+position on the accepted path, in order, from the request's processed distribution with the request's
+own ``torch.Generator`` (not the scheduler's position-keyed draws).
 """
 
 from __future__ import annotations
@@ -17,18 +19,24 @@ from collections.abc import Iterator
 import torch
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
+from specpipe.runtime.cpu.verify.accept import chain_tree, follow_choices
 from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.validation import validate_request
 
 
 class DraftVerifier:
-    """Has the ``generate(input_ids, params)`` shape of the CPU engine, for one request whose drafts
-    come from outside: yields exactly one final :class:`StepOutput`.
+    """Serves one request whose drafts come from outside, with a ``generate(input_ids, params)`` that
+    yields exactly one final :class:`StepOutput` (the Triton worker's one-request shape).
+
+    A request with external drafts is one verification and no decoding loop, so it does not go through
+    the batch scheduler: its drafts start at the first output token, before any token the scheduler's
+    prefill commits, and it uses the one-sequence :class:`~specpipe.runtime.cpu.model.cached_lm.CachedLM`
+    of the deployment, on the serving thread, between scheduler steps.
 
     Args:
-        engine: a loaded :class:`~specpipe.runtime.cpu.engine.SpeculativeEngine` (its target is used;
-            its own drafter is not). One request at a time, like the engine itself.
+        engine: a loaded :class:`~specpipe.runtime.cpu.deployment.Deployment` (its target is used; its
+            own drafter is not).
         draft_ids: the K draft tokens (K >= 0).
     """
 
@@ -68,15 +76,10 @@ class DraftVerifier:
             target.reset()
             logits = target.forward(input_ids + drafts)[len(input_ids) - 1:]  # [K + 1, vocab]
             target.reset()
-        committed: list[int] = []
-        accepted = 0
-        for position in range(len(drafts) + 1):
-            token, _ = sampler.choose(logits[position: position + 1], path=drafts[:position])
-            committed.append(token)
-            if position < len(drafts) and token == drafts[position]:
-                accepted += 1
-                continue
-            break
+        chain = chain_tree(drafts)
+        paths = chain.row_paths()
+        path, token = follow_choices(chain, lambda row: sampler.choose(logits[row: row + 1], path=paths[row])[0])
+        accepted, committed = len(path), [*drafts[: len(path)], token]
         stop = StopConditions(end_ids, params.stop_words, params.max_tokens)
         tokens, reason = stop.push(committed)
         if reason is None:

@@ -2,8 +2,8 @@
 
 :data:`DRAFTERS` maps every method the registry (:data:`specpipe.speculative.METHODS`) runs on
 :attr:`~specpipe.speculative.Runtime.CPU` to its drafter factory; adding a CPU method adds one entry.
-Tree drafters (EAGLE, Medusa) get the :class:`~specpipe.runtime.cpu.tree_engine.TreeSpeculativeEngine`,
-chain drafters the :class:`~specpipe.runtime.cpu.engine.SpeculativeEngine`.
+The result is a :class:`~specpipe.runtime.cpu.deployment.Deployment` (target, drafter, settings) that the
+batch scheduler serves.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from specpipe.manifest import Manifest, read_manifest
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.drafters.eagle import load_eagle_drafter
 from specpipe.runtime.cpu.drafters.eagle3 import load_eagle3_drafter
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.medusa import load_medusa_drafter
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.model.fused_projections import fuse_projections
@@ -30,7 +30,6 @@ from specpipe.runtime.cpu.model.quant_scheme import manifest_quantization
 from specpipe.runtime.cpu.quantized_models import quantize_drafter, quantize_model
 from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
 from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
 from specpipe.runtime.cpu.model.weights_memory import own_memory, release_freed_memory
 from specpipe.speculative import (
     ACCEPTANCE_RULES, DRAFT_VOCAB_DEFAULT, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime,
@@ -194,7 +193,7 @@ def resolve_draft_dtype(name: str = "auto") -> torch.dtype:
 
 
 def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "auto",
-                dense_copy: bool = False) -> tuple[SpeculativeEngine, Manifest]:
+                dense_copy: bool = False) -> tuple[Deployment, Manifest]:
     """Load an engine directory: its manifest, target and drafter.
 
     Args:
@@ -215,7 +214,7 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
     (drafts then run in fp32, with no dense copies: :mod:`~specpipe.runtime.cpu.quantized_models`).
 
     Returns:
-        the engine (a :class:`TreeSpeculativeEngine` for tree drafters) and the typed manifest.
+        the deployment (target, drafter, settings) and the typed manifest.
 
     Raises:
         ManifestError: the manifest is missing, unreadable, from another version or incomplete, or names
@@ -257,9 +256,8 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
             lm.use_packed(target.lm_head)  # full draft vocabulary: share the target's packed lm_head
     release_freed_memory()
     try:
-        if isinstance(drafter, TreeDrafter):
-            acceptance = settings.acceptance or ACCEPTANCE_RULES[0]
-            return TreeSpeculativeEngine(target, drafter, settings.max_draft_len, acceptance=acceptance), manifest
-        return SpeculativeEngine(target, drafter, max_draft_len=settings.max_draft_len), manifest
+        deployment = Deployment(target, drafter, settings.max_draft_len,
+                                acceptance=settings.acceptance or ACCEPTANCE_RULES[0])
+        return deployment, manifest
     except ValueError as exc:
         raise CompatibilityError(f"{engine_dir}: {exc}") from exc

@@ -56,7 +56,7 @@ from specpipe.runtime.cpu.scheduler.scheduler import Cancelled as SchedulerCance
 from specpipe.triton.models.generation import Cancelled, StepResponder, run_request
 from specpipe.triton.models.scheduler_metrics import SchedulerMetrics, error_reason
 from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
-from specpipe.triton.models.warmup import warm_up_engine
+from specpipe.triton.models.warmup import warm_up_deployment
 
 
 #: Prefix of the ids given to requests sent without one (numbered from 1 in each model process).
@@ -257,7 +257,7 @@ class RequestWorker:
         if request.draft_input_ids is not None:
             from specpipe.runtime.cpu.external_drafts import DraftVerifier
 
-            self._serve_with(DraftVerifier(scheduler.engine, list(request.draft_input_ids)), request, sender)
+            self._serve_with(DraftVerifier(scheduler.deployment, list(request.draft_input_ids)), request, sender)
             return None
         responder = StepResponder(request, lambda outputs, final: self._quietly(sender.data, outputs, final))
         emit = responder.step
@@ -345,7 +345,7 @@ class TritonPythonModel:
 
         def load():
             engine, self.manifest = load_engine(Path(engine_dir), dense_copy=dense_copies_wanted(dense_rows))
-            warm_up_engine(engine, logger.log_info)  # on the engine thread, before the model reports ready
+            warm_up_deployment(engine, logger.log_info)  # on the engine thread, before the model reports ready
             logger.log_info(f"specpipe: linear kernels for few rows: {apply_dense_rows(engine, dense_rows)}")
             limits = self.manifest.limits or {}
             batch = int(limits.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)

@@ -1,11 +1,14 @@
-"""Warm a CPU engine up before its Triton model reports ready, so the first user request is not the slow one.
+"""Warm a CPU deployment up before its Triton model reports ready, so the first user request is not the slow one.
 
-The first requests through a freshly loaded engine pay one-off costs: oneDNN creates its primitives for
-each new input shape (one row for a decode step, n rows for a prefill or a verification, the heads' own
-shapes), PyTorch allocates its caches, and the drafter builds its state. :func:`warm_up_engine` runs a
-few short greedy requests with prompts of different lengths through the engine on the thread that will
-serve (the prepacked kernels are faster on the thread that first used them), inside the model's
-``initialize``, i.e. before Triton marks the model ready.
+The first requests through a freshly loaded deployment pay one-off costs: oneDNN creates its primitives for
+each new input shape (one row for a decode step, n rows for a prefill or a verification, a batch's rows,
+the heads' own shapes), PyTorch allocates its caches, and the drafter builds its state.
+:func:`warm_up_deployment` runs short greedy requests with prompts of different lengths through the batch
+scheduler, the code that serves every request, drafting ``max_draft_len`` every step (its chain or, for
+Medusa and EAGLE, tree verification): each prompt alone, then all of them in one batch. It runs on the
+thread that will serve (the prepacked kernels are faster on the thread that first used them), inside the
+model's ``initialize``, i.e. before Triton marks the model ready. Its scheduler is its own, so what the
+serving scheduler learns (acceptance, drafting costs) comes from user requests only.
 
 Triton's own ``model_warmup`` (config.pbtxt) is not used for the CPU model: its requests arrive
 through ``execute`` on Triton's thread and would only be queued to the engine thread, while the load
@@ -18,6 +21,8 @@ import time
 from collections.abc import Callable
 
 from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
 #: Prompt lengths (tokens) of the warm-up requests: a short and a chat-sized prompt.
 WARMUP_PROMPT_LENGTHS = (8, 96)
@@ -25,32 +30,47 @@ WARMUP_PROMPT_LENGTHS = (8, 96)
 WARMUP_NEW_TOKENS = 16
 
 
+#: The warm-up prompts repeat a cycle of this many ids, so that n-gram lookup finds matches and drafts.
+WARMUP_CYCLE = 6
+
+
 def warmup_prompt(length: int, vocab_size: int) -> list[int]:
-    """A deterministic prompt of ``length`` ordinary token ids (ids from 100 up, wrapped into the vocabulary)."""
-    return [100 + (7 * i) % max(1, vocab_size - 100) for i in range(length)]
+    """A deterministic prompt of ``length`` ordinary token ids: a cycle of :data:`WARMUP_CYCLE` ids from
+    100 up (wrapped into the vocabulary), repeated."""
+    return [100 + (7 * (i % WARMUP_CYCLE)) % max(1, vocab_size - 100) for i in range(length)]
 
 
-def warm_up_engine(engine, log: Callable[[str], None] | None = None, *,
-                   lengths: tuple[int, ...] = WARMUP_PROMPT_LENGTHS, max_tokens: int = WARMUP_NEW_TOKENS) -> float:
-    """Run one greedy request per prompt length through ``engine`` and return the seconds it took.
+def warm_up_deployment(deployment: Deployment, log: Callable[[str], None] | None = None, *,
+                       lengths: tuple[int, ...] = WARMUP_PROMPT_LENGTHS, max_tokens: int = WARMUP_NEW_TOKENS) -> float:
+    """Serve one greedy request per prompt length alone, then all of them in one batch, through a batch
+    scheduler of ``deployment`` that drafts every step; return the seconds it took.
 
     Args:
-        engine: anything with ``generate_all(input_ids, SamplingParams)`` (the CPU engines) and a
-            ``target.vocab_size`` (else a 49152-token vocabulary is assumed) and ``max_context``.
+        deployment: the loaded target, drafter and settings.
         log: called with one line saying how long the warm-up took.
-        lengths: prompt lengths, tokens (capped to fit the engine's context).
+        lengths: prompt lengths, tokens (capped to fit the deployment's context).
         max_tokens: new tokens per request.
 
-    Call it on the thread that will run the engine, before the model reports ready.
+    Raises:
+        Exception: whatever a warm-up request failed with (the deployment cannot serve).
+
+    Call it on the thread that will serve, before the model reports ready.
     """
-    vocab = int(getattr(getattr(engine, "target", None), "vocab_size", 49152))
-    context = int(getattr(engine, "max_context", 4096))
+    vocab = deployment.target.vocab_size
+    prompts = [warmup_prompt(max(1, min(n, deployment.max_context - max_tokens - 1)), vocab) for n in lengths]
+    params = SamplingParams(max_tokens=max_tokens)
+    scheduler = solo_scheduler(deployment, max_batch_size=max(1, len(prompts)))
     start = time.perf_counter()
-    for length in lengths:
-        length = max(1, min(length, context - max_tokens - 1))
-        engine.generate_all(warmup_prompt(length, vocab), SamplingParams(max_tokens=max_tokens))
+    for prompt in prompts:
+        generate_all(scheduler, prompt, params)
+    errors: list[BaseException] = []
+    for prompt in prompts:
+        scheduler.submit(prompt, params, lambda step: None, errors.append)
+    scheduler.run_until_idle()
+    if errors:
+        raise errors[0]
     seconds = time.perf_counter() - start
     if log is not None:
-        log(f"specpipe: engine warmed up in {seconds:.2f} s ({len(lengths)} requests, prompts of "
-            f"{', '.join(map(str, lengths))} tokens, {max_tokens} new tokens each)")
+        log(f"specpipe: engine warmed up in {seconds:.2f} s ({len(prompts)} requests alone and together, prompts of "
+            f"{', '.join(map(str, lengths))} tokens, {max_tokens} new tokens each, drafting every step)")
     return seconds

@@ -16,7 +16,7 @@ from specpipe.tree import Tree
 
 
 class TreeDrafter:
-    """Protocol of drafters for :class:`~specpipe.runtime.cpu.tree_engine.TreeSpeculativeEngine`.
+    """Protocol of drafters that propose token trees (Medusa, EAGLE), verified by the batch scheduler.
 
     Per request: :meth:`reset`; after the prefill and after each step :meth:`commit` with the context
     and the target's features (final hidden states, after the final norm) of the positions just added to

@@ -41,13 +41,12 @@ from specpipe.runtime.cpu.scheduler.adaptive import (
 )
 from specpipe.runtime.cpu.scheduler.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
 from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
-from specpipe.runtime.cpu.engine import SpeculativeEngine
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
-from specpipe.runtime.cpu.verify.tree_accept import DraftTree, greedy_tree_accept, tree_attention, typical_tree_accept
-from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
+from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree, tree_attention
 from specpipe.runtime.cpu.validation import validate_request
 from specpipe.runtime.cpu.model.weights_memory import trim_heap
-from specpipe.speculative import ACCEPTANCE_RULES
 
 
 class ServerBusy(SpecpipeError):
@@ -59,11 +58,13 @@ class Cancelled(Exception):
 
 
 class BatchScheduler:
-    """Serves many requests together on the engine's target and drafter (module doc).
+    """Serves many requests together on a deployment's target and drafter (module doc); one request alone
+    too (:mod:`~specpipe.runtime.cpu.scheduler.one_request`).
 
     Args:
-        engine: a loaded :class:`SpeculativeEngine` or :class:`TreeSpeculativeEngine`; the scheduler uses
-            its model, drafter (one fork per request), ``max_draft_len``, ``max_context``, end ids.
+        deployment: a loaded :class:`~specpipe.runtime.cpu.deployment.Deployment`; the scheduler uses its
+            model, drafter (one fork per request), chain or tree, acceptance rule, ``max_draft_len``,
+            ``max_context``, end ids.
         max_batch_size: requests decoded together (cache slots).
         max_queue: requests waiting for a slot before :class:`ServerBusy`.
         prefill_chunk: most prompt tokens per step.
@@ -75,15 +76,14 @@ class BatchScheduler:
             last-bit differences into flipped near-ties.
     """
 
-    def __init__(self, engine: SpeculativeEngine, *, max_batch_size: int = 8, max_queue: int = 32,
+    def __init__(self, deployment: Deployment, *, max_batch_size: int = 8, max_queue: int = 32,
                  prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True,
                  exact_greedy: bool | None = None):
-        self.engine, self.tree = engine, isinstance(engine, TreeSpeculativeEngine)
-        self.acceptance_rule = getattr(engine, "acceptance", ACCEPTANCE_RULES[0])
-        self.lm = BatchedLM(engine.target.model, max_batch_size, capture_layers=engine.target.capture_layers)
+        self.deployment, self.tree, self.acceptance_rule = deployment, deployment.tree, deployment.acceptance
+        self.lm = BatchedLM(deployment.target.model, max_batch_size, capture_layers=deployment.target.capture_layers)
         self.exact_greedy = self.lm.quantized if exact_greedy is None else exact_greedy
         self.max_batch_size, self.max_queue, self.prefill_chunk = max_batch_size, max_queue, max(1, prefill_chunk)
-        self.max_draft_len, self.max_context, self.adaptive = engine.max_draft_len, engine.max_context, adaptive
+        self.max_draft_len, self.max_context, self.adaptive = deployment.max_draft_len, deployment.max_context, adaptive
         self.cost_model = cost_model if cost_model is not None else ForwardCostModel.measure(self.lm)
         self.active: list[BatchRequest] = []
         self._waiting: deque[BatchRequest] = deque()
@@ -102,12 +102,14 @@ class BatchScheduler:
         """Queue a request (thread-safe); its outputs go to ``emit`` on the scheduler thread.
 
         Raises:
-            ValueError: an invalid request (as :meth:`SpeculativeEngine.generate`), before queueing.
+            ValueError: an invalid request (:func:`~specpipe.runtime.cpu.validation.validate_request`: empty
+                prompt, prompt not shorter than ``max_context``, ids outside the vocabulary, bad sampling
+                settings), before queueing.
             ServerBusy: ``max_batch_size`` requests are active and ``max_queue`` wait already.
         """
         input_ids = list(input_ids)
         validate_request(input_ids, params, vocab_size=self.lm.vocab_size, max_context=self.max_context)
-        end_ids = params.end_ids(self.engine.default_end_ids)
+        end_ids = params.end_ids(self.deployment.default_end_ids)
         with self._lock:
             if len(self.active) + len(self._waiting) >= self.max_batch_size + self.max_queue:
                 raise ServerBusy(f"server busy: it holds {len(self.active) + len(self._waiting)} requests already, the "
@@ -149,7 +151,7 @@ class BatchScheduler:
             while self._waiting and self.lm.free_slots:
                 request = self._waiting.popleft()
                 request.slot = self.lm.allocate()
-                request.drafter = fork_drafter(self.engine.drafter)
+                request.drafter = fork_drafter(self.deployment.drafter)
                 request.acceptance = NodeAcceptance(shared=self.shared_acceptance)
                 request.drafter.reset(list(request.prompt))
                 self.active.append(request)
@@ -351,36 +353,20 @@ class BatchScheduler:
             self._release_tokens(request, [token])
             return
         cached = len(request.context) - 1
-        if self.tree:
-            tree: DraftTree = draft
-            depths = [0, *tree.depths()]
-            positions = [request.output_index + d for d in depths]
-            paths = tree.row_paths()
-            if request.chooser.greedy or self.acceptance_rule != "typical":
-                path, token = greedy_tree_accept(request.chooser.choose_at(logits, positions, paths), tree)
-            else:
-                generator = torch.Generator().manual_seed(request.chooser.seed + request.output_index)
-                path, token = typical_tree_accept(request.chooser.sampler.distributions(logits, paths), tree, generator)
+        tree = draft if self.tree else chain_tree(draft)
+        path, token = accept_block(tree, logits, request.chooser, request.output_index, self.acceptance_rule)
+        committed = [*(tree.tokens[i] for i in path), token]
+        request.context.extend(committed)
+        if self.tree:  # keep the accepted path's keys/values; the drafter reads their features
             self.lm.keep_paths([(request.slot, cached, path)])
-            committed = [*(tree.tokens[i] for i in path), token]
-            request.context.extend(committed)
             request.drafter.commit(request.context, hidden[[0, *(i + 1 for i in path)]])
-            proposed, accepted, on_path = len(tree), len(path), path
         else:
-            drafts: list[int] = draft
-            chosen = request.chooser.choose(logits, request.output_index, drafts).tolist()
-            accepted = 0
-            while accepted < len(drafts) and drafts[accepted] == chosen[accepted]:
-                accepted += 1
-            committed = [*drafts[:accepted], chosen[accepted]]
-            self.lm.truncate(request.slot, cached + 1 + accepted)
-            request.context.extend(committed)
+            self.lm.truncate(request.slot, cached + 1 + len(path))
             request.drafter.commit(request.context)
-            proposed, on_path = len(drafts), list(range(accepted))
-        request.acceptance.observe(proposed, on_path)
-        if proposed:
-            self.shared_acceptance.observe(proposed, on_path)
-        self._release_tokens(request, committed, proposed, accepted)
+        request.acceptance.observe(len(tree), path)
+        if len(tree):
+            self.shared_acceptance.observe(len(tree), path)
+        self._release_tokens(request, committed, len(tree), len(path))
 
     def _release_tokens(self, request: BatchRequest, committed: list[int], proposed: int = 0, accepted: int = 0) -> None:
         before = request.stop.committed

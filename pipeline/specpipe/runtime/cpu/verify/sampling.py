@@ -1,4 +1,4 @@
-"""Logits processing, token choice, and the speculative acceptance rule.
+"""Logits processing and token choice.
 
 Processing order (applied identically to target and draft logits): bad-word mask (a multi-token bad
 word bans its last token wherever the tokens before the row end with the rest of it, TensorRT-LLM's
@@ -9,11 +9,7 @@ each scored position: the sampler holds the request's live context (prompt + com
 every scored row adds the draft tokens before it (``paths``), so a verification step penalises each
 position exactly as plain decoding of the same tokens would, which keeps speculative output identical
 to the baseline's under greedy and the committed tokens distributed as the penalised target.
-
-The acceptance rule is speculative sampling as given in Leviathan et al. 2023, "Fast Inference from
-Transformers via Speculative Decoding" (Algorithm 1), and Chen et al. 2023, "Accelerating Large Language
-Model Decoding with Speculative Sampling" (Algorithm 2): it commits tokens distributed exactly as
-sampling from the target alone would.
+Which drafts a step accepts is :mod:`~specpipe.runtime.cpu.verify.accept`'s to decide.
 """
 
 from __future__ import annotations
@@ -209,104 +205,3 @@ class TokenSampler:
             return int(self.greedy_logits(logits, paths).argmax(dim=-1)[0]), None
         probs = self.distributions(logits, paths)
         return int(torch.multinomial(probs, 1, generator=self.generator)[0, 0]), probs
-
-    def verify(
-        self, target_logits: torch.Tensor, draft_tokens: list[int], draft_probs: torch.Tensor | None
-    ) -> tuple[int, int]:
-        """Decide how many draft tokens to accept and which token the target adds after them.
-
-        Args:
-            target_logits: float32 ``[K + 1, vocab]``; row i scores the token after draft token i
-                (row 0: after the last committed token).
-            draft_tokens: the K draft tokens.
-            draft_probs: float32 ``[K, vocab]`` processed draft distributions, or ``None`` for a
-                deterministic drafter (q one-hot on each draft token).
-
-        Returns:
-            ``(n, token)``: the first n draft tokens are accepted, then ``token`` is committed.
-        """
-        drafts = torch.tensor(draft_tokens, dtype=torch.long)
-        paths = [list(draft_tokens[:i]) for i in range(len(draft_tokens) + 1)]
-        if self.greedy:
-            return greedy_verify(self.greedy_logits(target_logits, paths), drafts)
-        return speculative_sample(self.distributions(target_logits, paths), drafts, draft_probs, self.generator)
-
-
-def greedy_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int]:
-    """Greedy verification: accept draft tokens while each equals the target's argmax.
-
-    Args:
-        target_logits: float32 ``[K + 1, vocab]`` (bad words already masked).
-        draft_tokens: int64 ``[K]``.
-
-    Returns:
-        ``(n, token)``: n accepted draft tokens, and the target's argmax after them.
-    """
-    best = target_logits.argmax(dim=-1)
-    matches = (best[: draft_tokens.numel()] == draft_tokens).to(torch.int64)
-    accepted = int(matches.cumprod(dim=0).sum())
-    return accepted, int(best[accepted])
-
-
-def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """``norm(max(p - q, 0))``, the distribution sampled after a rejection (Leviathan et al. 2023, §2.3).
-
-    Args:
-        target_probs: p, float32 ``[vocab]``.
-        draft_probs: q, float32 ``[vocab]``.
-
-    Returns:
-        float32 ``[vocab]`` summing to 1. Falls back to p when ``p <= q`` everywhere, which only rounding
-        can produce (a rejection has probability 0 when p equals q).
-    """
-    residual = (target_probs - draft_probs).clamp_min(0.0)
-    mass = residual.sum()
-    if mass <= 0:
-        return target_probs
-    return residual / mass
-
-
-def speculative_sample(
-    target_probs: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    generator: torch.Generator,
-) -> tuple[int, int]:
-    """Speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2).
-
-    Draft token x_i is accepted with probability ``min(1, p_i(x_i) / q_i(x_i))``, in order; at the first
-    rejection the replacement is drawn from ``norm(max(p_i - q_i, 0))``; when all K are accepted a bonus
-    token is drawn from ``p_K``. The committed tokens are then distributed as samples from p.
-
-    Args:
-        target_probs: p, float32 ``[K + 1, vocab]`` processed target distributions.
-        draft_tokens: int64 ``[K]``, drawn from q.
-        draft_probs: q, float32 ``[K, vocab]``; ``None`` means one-hot on each draft token (a
-            deterministic drafter such as n-gram lookup).
-        generator: random source; K uniforms then one categorical draw are taken from it.
-
-    Returns:
-        ``(n, token)``: n accepted draft tokens, then the committed replacement or bonus token.
-    """
-    num_drafts = draft_tokens.numel()
-    accepted = num_drafts
-    if num_drafts:
-        rows = torch.arange(num_drafts)
-        p_of_draft = target_probs[rows, draft_tokens]
-        q_of_draft = draft_probs[rows, draft_tokens] if draft_probs is not None else torch.ones(num_drafts)
-        uniforms = torch.rand(num_drafts, generator=generator)
-        # u < p/q, written without the division.
-        rejected = (uniforms * q_of_draft >= p_of_draft).nonzero()
-        if rejected.numel():
-            accepted = int(rejected[0, 0])
-    if accepted == num_drafts:
-        next_distribution = target_probs[num_drafts]
-    else:
-        if draft_probs is not None:
-            q = draft_probs[accepted]
-        else:
-            q = torch.zeros_like(target_probs[accepted])
-            q[draft_tokens[accepted]] = 1.0
-        next_distribution = residual_distribution(target_probs[accepted], q)
-    token = int(torch.multinomial(next_distribution, 1, generator=generator)[0])
-    return accepted, token

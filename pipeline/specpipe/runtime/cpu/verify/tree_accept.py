@@ -1,29 +1,15 @@
-"""Token trees on CPU: the proposed tree, its attention mask, and the acceptance rules of a tree step.
+"""Token trees on CPU: the proposed tree and its attention mask.
 
 A tree step (SpecInfer, Miao et al. 2024, "SpecInfer: Accelerating Large Language Model Serving with
 Tree-based Speculative Inference and Verification"; Medusa, Cai et al. 2024, arXiv:2401.10774, §2.1.2;
 EAGLE, Li et al. 2024, arXiv:2401.15077) verifies a :class:`DraftTree` in one target forward with tree
-position ids and the mask of :func:`tree_attention`; acceptance then walks down from the root:
-
-* greedy (:func:`greedy_tree_accept`) follows the child whose token is the target's argmax;
-* sampling (:func:`sampled_tree_accept`) uses multi-draft speculative sampling (SpecInfer §4.2; EAGLE's
-  tree sampling) with deterministic candidates: at a node with target distribution p, child c is
-  accepted with probability p(c) / sum(p); on rejection c is removed from p
-  (``p <- norm(max(p - onehot(c), 0))``) and the next child is tried; when none is accepted the committed
-  token is drawn from what is left of p. The committed tokens are then distributed exactly as sampling
-  from the target;
-* Medusa's *typical acceptance* (:func:`typical_tree_accept`, Cai et al. 2024, §2.3.1) is an explicit
-  opt-in: it accepts a child c when ``p(c) > min(epsilon, delta * exp(-H(p)))``; it is faster but does
-  **not** preserve the target's distribution.
-
-The keys/values of the accepted path are then compacted by
-:meth:`~specpipe.runtime.cpu.model.cached_lm.CachedLM.keep_path`.
+position ids and the mask of :func:`tree_attention`; :mod:`~specpipe.runtime.cpu.verify.accept` then
+decides the accepted path, and the batched target compacts its keys/values
+(:meth:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM.keep_paths`).
 """
-
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -120,87 +106,3 @@ def _tree_part(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         allow[row, row] = True
         depth[row] = depth[p + 1] + 1
     return allow, depth
-
-
-def greedy_tree_accept(best: torch.Tensor, tree: DraftTree) -> tuple[list[int], int]:
-    """Greedy tree acceptance: follow, from the root, the child whose token is the target's argmax.
-
-    Args:
-        best: int64 ``[N + 1]`` the target's argmax at the root (row 0) and at each node.
-        tree: the drafted tree.
-
-    Returns:
-        (accepted node indices from the root down, the target's token after the last of them).
-    """
-    kids = tree.children()
-    path: list[int] = []
-    row = 0
-    while True:
-        want = int(best[row])
-        nxt = next((c for c in kids[row] if tree.tokens[c] == want), None)
-        if nxt is None:
-            return path, want
-        path.append(nxt)
-        row = nxt + 1
-
-
-def sampled_tree_accept(probs: torch.Tensor, tree: DraftTree, generator: torch.Generator) -> tuple[list[int], int]:
-    """Multi-draft speculative sampling over a tree of deterministic candidates (SpecInfer §4.2).
-
-    At a node with processed target distribution p (row of ``probs``), children are tried in order:
-    child c is accepted with probability ``p(c) / sum(p)``; on rejection ``p(c)`` is set to 0. When a
-    child is accepted the walk continues below it with that node's own distribution; when none is, the
-    committed token is drawn from the remaining (renormalised) p. Each committed token is therefore
-    distributed as the target's p (the rule of Leviathan et al. 2023 with q one-hot on each candidate).
-
-    Args:
-        probs: float ``[N + 1, vocab]`` processed target distributions at the root and each node.
-        tree: the drafted tree.
-        generator: the request's random source.
-
-    Returns:
-        (accepted node indices, committed token after them).
-    """
-    kids = tree.children()
-    path: list[int] = []
-    row = 0
-    while True:
-        p = probs[row].clone()
-        accepted = None
-        for c in kids[row]:
-            token = tree.tokens[c]
-            mass = float(p.sum())
-            if mass <= 0:
-                break
-            if float(torch.rand((), generator=generator)) * mass < float(p[token]):
-                accepted = c
-                break
-            p[token] = 0.0
-        if accepted is None:
-            if float(p.sum()) <= 0:  # only rounding can empty p; fall back to the full distribution
-                p = probs[row]
-            return path, int(torch.multinomial(p / p.sum(), 1, generator=generator)[0])
-        path.append(accepted)
-        row = accepted + 1
-
-
-def typical_tree_accept(
-    probs: torch.Tensor, tree: DraftTree, generator: torch.Generator, epsilon: float = 0.09, delta: float = 0.3
-) -> tuple[list[int], int]:
-    """Medusa's typical acceptance (Cai et al. 2024, §2.3.1), opt-in: at each node accept the first child c
-    with ``p(c) > min(epsilon, delta * exp(-H(p)))``; the token after the path is sampled from p.
-
-    Faster than exact sampling at high temperature, but the output is **not** distributed as the target's.
-    """
-    kids = tree.children()
-    path: list[int] = []
-    row = 0
-    while True:
-        p = probs[row]
-        entropy = float(-(p * torch.log(p.clamp_min(1e-30))).sum())
-        threshold = min(epsilon, delta * math.exp(-entropy))
-        nxt = next((c for c in kids[row] if float(p[tree.tokens[c]]) > threshold), None)
-        if nxt is None:
-            return path, int(torch.multinomial(p, 1, generator=generator)[0])
-        path.append(nxt)
-        row = nxt + 1
