@@ -20,7 +20,7 @@ from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings, 
 from specpipe.training import config, tasks
 from specpipe.triton import deployment
 from specpipe.tree import Tree, TreeError
-from specpipe.trtllm import draft_settings, llmapi_schema, memory, plan
+from specpipe.trtllm import draft_settings, llmapi_schema, memory, plan, tool_argv
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.quant import SCHEMES
 from specpipe.trtllm.release import TRTLLM_VERSION
@@ -46,7 +46,7 @@ TABLES = [
     ("trtllm.draft_settings.RESOLVERS", lambda: draft_settings.RESOLVERS, claiming(*GPU)),
     ("trtllm.draft_settings.DESCRIPTIONS", lambda: draft_settings.DESCRIPTIONS, claiming(*GPU, drafting=True)),
     ("trtllm.memory.DRAFT_TERMS", lambda: memory.DRAFT_TERMS, claiming(*GPU, Runtime.VLLM)),
-    ("trtllm.plan.CONVERTERS", lambda: plan.CONVERTERS, claiming(Runtime.TRTLLM)),
+    ("trtllm.tool_argv.CONVERTERS", lambda: tool_argv.CONVERTERS, claiming(Runtime.TRTLLM)),
     ("trtllm.plan.WEIGHTS_WHAT", lambda: plan.WEIGHTS_WHAT, claiming(*GPU, weights=("heads", "model"))),
     ("trtllm.llmapi_schema.METHOD_KEYS", lambda: llmapi_schema.METHOD_KEYS,
      claiming(Runtime.TRTLLM_LLMAPI, drafting=True)),
@@ -114,7 +114,7 @@ def test_memory_plan_of_a_method_missing_from_its_table_is_an_error(monkeypatch)
 @pytest.mark.parametrize("table, method, request_fields", [
     (draft_settings.RESOLVERS, Method.EAGLE, {"draft": "eagle", "runtime": "trtllm"}),
     (draft_settings.DESCRIPTIONS, Method.LOOKAHEAD, {"draft": "lookahead", "runtime": "trtllm"}),
-    (plan.CONVERTERS, Method.LOOKAHEAD, {"draft": "lookahead", "runtime": "trtllm"}),
+    (tool_argv.CONVERTERS, Method.LOOKAHEAD, {"draft": "lookahead", "runtime": "trtllm"}),
     (plan.WEIGHTS_WHAT, Method.DRAFT_MODEL, {"draft": "llama3.2-1b", "runtime": "trtllm", "quantization": "fp8"}),
     (llmapi_schema.METHOD_KEYS, Method.NGRAM, {"draft": "ngram", "runtime": "trtllm-llmapi"}),
 ], ids=lambda v: v.value if isinstance(v, Method) else None)
