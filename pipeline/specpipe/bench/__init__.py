@@ -12,7 +12,8 @@ Modules, one job each:
   (GenAI-Perf / AIPerf definitions);
 - :mod:`~specpipe.bench.metrics`: memory and speculative-decoding counters from Prometheus metrics;
 - :mod:`~specpipe.bench.runner`, :mod:`~specpipe.bench.job`: the whole run, and one run as a library call;
-- :mod:`~specpipe.bench.report`: table, JSON, CSV, plot; :mod:`~specpipe.bench.export`: the per-request
-  profile export GenAI-Perf reads; :mod:`~specpipe.bench.machine`: the machine's facts in ``bench.json``;
+- :mod:`~specpipe.bench.report`: JSON, CSV, plot; :mod:`~specpipe.bench.table`: the terminal table;
+  :mod:`~specpipe.bench.export`: the per-request profile export GenAI-Perf reads;
+  :mod:`~specpipe.bench.machine`: the machine's facts in ``bench.json``;
 - :mod:`~specpipe.bench.tune`: draft-length tuning (its record, read by the build, is :mod:`specpipe.tuned`).
 """
