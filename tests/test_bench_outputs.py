@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import specpipe
-from specpipe.bench.backends import Sampling, TritonBackend
+from specpipe.bench.backend_base import Sampling
+from specpipe.bench.backends import TritonBackend
 from specpipe.bench.endpoints import Endpoint
 from specpipe.bench.export import profile_export
 from specpipe.bench.machine import machine_facts

@@ -4,7 +4,8 @@ Modules, one job each:
 
 - :mod:`~specpipe.bench.prompts`: the built-in prompt sets (``chat``, ``code``, ``summarize``) and JSONL files;
 - :mod:`~specpipe.bench.endpoints`: ``--url NAME=HOST:PORT`` / ``NAME=openai://HOST:PORT/v1``;
-- :mod:`~specpipe.bench.backends`: Triton gRPC streaming and OpenAI-compatible streaming clients;
+- :mod:`~specpipe.bench.backends`, :mod:`~specpipe.bench.openai_backend`: Triton gRPC streaming and
+  OpenAI-compatible streaming clients (what they share: :mod:`~specpipe.bench.backend_base`);
 - :mod:`~specpipe.bench.synthetic`: prompts of an exact token length (``--input-len``);
 - :mod:`~specpipe.bench.load`: closed-loop load at one concurrency, or open-loop Poisson arrivals at one
   request rate;
