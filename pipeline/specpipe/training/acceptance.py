@@ -15,7 +15,7 @@ import torch
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.tree_engine import TreeSpeculativeEngine
-from specpipe.training.data import Features
+from specpipe.training.features import Features
 from specpipe.tree import Tree
 
 #: The tree of the measurement: a chain of 4 drafts (at most 5 tokens per forward).
