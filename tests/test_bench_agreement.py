@@ -7,7 +7,8 @@ import pytest
 
 from specpipe.bench.agreement import agreement_line, first_texts, greedy_agreement, prefix_share
 from specpipe.bench.records import LevelResult, RequestRecord
-from specpipe.bench.report import comparison_table, to_json, write_results
+from specpipe.bench.report import to_json, write_results
+from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings
 
 TEXTS = {"p0": "The cat sat on the mat.", "p1": "Hello world", "p2": "1 2 3 4", "p3": "abcdefghij"}

@@ -155,7 +155,8 @@ def test_bench_refuses_bad_deployments_clearly(servers, prompts_file, tmp_path):
 
 
 def test_openai_deployment_in_the_same_table(servers, prompts_file, tmp_path):
-    from specpipe.openai.server import Gateway, GatewayServer
+    from specpipe.openai.http_server import GatewayServer
+    from specpipe.openai.server import Gateway
 
     with GatewayServer(Gateway(servers["ngram"].grpc_url, "tiny-ngram"), free_port()) as gateway:
         endpoint = gateway.url.replace("http://", "openai://")

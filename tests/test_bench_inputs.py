@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specpipe.bench.backends import _sse_events
+from specpipe.bench.openai_backend import _sse_events
 from click.testing import CliRunner
 
 from specpipe.cli import main

@@ -12,7 +12,8 @@ import pytest
 
 from specpipe.bench.noise import BUSY, CONTROL, NOISE, OK, QUIET, UNCHECKED, assess, round_ratios, round_throughputs
 from specpipe.bench.records import LevelResult, RequestRecord
-from specpipe.bench.report import comparison_table, rows, write_results
+from specpipe.bench.report import rows, write_results
+from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
 
 TOKENS = 100

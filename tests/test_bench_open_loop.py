@@ -14,7 +14,8 @@ from specpipe.bench.endpoints import Endpoint
 from specpipe.bench.load import LoadPlan, arrival_times, run_level
 from specpipe.bench.prompts import Prompt
 from specpipe.bench.records import LevelResult
-from specpipe.bench.report import comparison_table, plot_figure, to_json
+from specpipe.bench.report import plot_figure, to_json
+from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
 from specpipe.bench.stats import level_aggregate
 from specpipe.cli import main

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 import specpipe
-from specpipe.bench.backends import Sampling, TritonBackend
+from specpipe.bench.backend_base import Sampling
+from specpipe.bench.backends import TritonBackend
 from specpipe.bench.endpoints import Endpoint
 from specpipe.bench.export import profile_export
 from specpipe.bench.machine import machine_facts
 from specpipe.bench.records import LevelResult, RequestRecord
-from specpipe.bench.report import comparison_table, to_json, write_results
+from specpipe.bench.report import to_json, write_results
+from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings
 from specpipe.bench.stats import MIN_REQUESTS, Distribution
 from specpipe.bench.synthetic import synthetic_prompts

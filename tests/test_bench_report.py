@@ -6,7 +6,8 @@ import json
 import pytest
 
 from specpipe.bench.records import LevelResult, RequestRecord
-from specpipe.bench.report import comparison_table, format_bytes, plot_figure, write_results
+from specpipe.bench.report import plot_figure, write_results
+from specpipe.bench.table import comparison_table, format_bytes
 from specpipe.bench.runner import BenchRun, BenchSettings
 
 

@@ -123,7 +123,7 @@ def test_corrupt_cached_checkpoint_is_named(tmp_path, monkeypatch):
 
 
 def test_draft_length_beyond_what_the_cpu_runtime_verifies_is_refused(build, presets, tmp_path):
-    from specpipe.build_cpu import CPU_MAX_DRAFT_LEN
+    from specpipe.build_cpu_settings import CPU_MAX_DRAFT_LEN
     from specpipe.runtime.cpu.scheduler.forward_cost import MEASURED_TOKENS
 
     assert CPU_MAX_DRAFT_LEN == max(MEASURED_TOKENS)  # the forward cost is measured up to this many tokens

@@ -113,7 +113,7 @@ def test_generate_refuses_counts_and_seeds_its_tensors_cannot_hold():
 def test_bench_receives_every_flag():
     outcome = BenchOutcome(run=BenchRun(settings=BenchSettings(prompts="code", concurrencies=(1,))), out_dir=Path("o"), paths={})
     with patch("specpipe.bench.job.run_benchmark", return_value=outcome) as run_benchmark, \
-            patch("specpipe.bench.report.comparison_table", return_value="table"):
+            patch("specpipe.bench.table.comparison_table", return_value="table"):
         result = invoke("bench", "--url", "baseline=h:1", "--url", "n=h:2", "--prompts", "code", "--concurrency", "2,1,2",
                         "--max-tokens", "9", "--duration", "3", "--warmup", "0", "--out", "o", "--chat", "--metrics", "n=none",
                         "--tokenizer", "tok", "--timeout", "5", "--baseline", "n", "--model", "m")

@@ -13,7 +13,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.bench.process_memory import is_local_host, local_server_pid, tree_memory
 from specpipe.bench.records import LevelResult, RequestRecord
-from specpipe.bench.report import first_ttft_line, plot_figure
+from specpipe.bench.report import plot_figure
+from specpipe.bench.table import first_ttft_line
 from specpipe.bench.runner import BenchRun, BenchSettings
 from specpipe.serve.cold_start import ColdStart, model_load_times
 from specpipe.triton.config import read_config

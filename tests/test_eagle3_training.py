@@ -11,7 +11,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.runtime.cpu.drafters.eagle3 import load_eagle3_drafter
 from specpipe.training.acceptance import ACCEPTANCE_TREE, heldout_prompts, mean_accepted_length
 from specpipe.training.config import TrainConfig
-from specpipe.training.data import Features, extract_features
+from specpipe.training.features import Features, extract_features
 from specpipe.training.train import train
 from tiny_models import tiny_llama
 

@@ -22,7 +22,8 @@ from conftest import free_port
 from openai_fake import FakeLLM, tokenizer_dir
 from specpipe.cli import main
 from specpipe.openai.auth import APIKeyError, bearer_token, resolve_api_key
-from specpipe.openai.server import Gateway, GatewayServer
+from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.server import Gateway
 from specpipe.serve import ServeRequest
 from specpipe.serve.gateway import GatewayRequest, start_gateway
 

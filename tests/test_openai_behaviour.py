@@ -15,7 +15,8 @@ import pytest
 
 from conftest import free_port
 from openai_fake import CONTEXT, SCRIPT, FakeLLM, post, tokenizer_dir
-from specpipe.openai.server import Gateway, GatewayServer
+from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.server import Gateway
 
 NAME = "fake-deployment"
 FRUITS = [{"role": "user", "content": "List three fruits."}]

@@ -17,7 +17,8 @@ import pytest
 from conftest import free_port
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
-from specpipe.openai.server import Gateway, GatewayServer
+from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.server import Gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 FRUITS = [{"role": "user", "content": "List three fruits."}]

@@ -18,7 +18,8 @@ import pytest
 
 from conftest import free_port
 from openai_fake import SCRIPT, FakeLLM, post, tokenizer_dir
-from specpipe.openai.server import Gateway, GatewayServer
+from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.server import Gateway
 from tiny_engine import tiny_tokenizer
 
 NAME = "fake-deployment"

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, settings
 from conftest import free_port
 from openai_fake import FakeLLM, tokenizer_dir
 from specpipe.openai.schema import openapi_document
-from specpipe.openai.server import Gateway, GatewayServer
+from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.server import Gateway
 
 NAME = "fake-deployment"
 schema = schemathesis.openapi.from_dict(openapi_document())

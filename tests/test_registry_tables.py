@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specpipe import build_cpu, heads_format
+from specpipe import build_cpu, build_cpu_settings, heads_format
 from specpipe.bench import tune
 from specpipe.build_request import BuildRequest
 from specpipe.errors import MethodTableError
@@ -20,7 +20,7 @@ from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings, 
 from specpipe.training import config, tasks
 from specpipe.triton import deployment
 from specpipe.tree import Tree, TreeError
-from specpipe.trtllm import draft_settings, llmapi_schema, memory, plan
+from specpipe.trtllm import draft_settings, llmapi_schema, memory, plan, tool_argv
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.quant import SCHEMES
 from specpipe.trtllm.release import TRTLLM_VERSION
@@ -46,7 +46,7 @@ TABLES = [
     ("trtllm.draft_settings.RESOLVERS", lambda: draft_settings.RESOLVERS, claiming(*GPU)),
     ("trtllm.draft_settings.DESCRIPTIONS", lambda: draft_settings.DESCRIPTIONS, claiming(*GPU, drafting=True)),
     ("trtllm.memory.DRAFT_TERMS", lambda: memory.DRAFT_TERMS, claiming(*GPU, Runtime.VLLM)),
-    ("trtllm.plan.CONVERTERS", lambda: plan.CONVERTERS, claiming(Runtime.TRTLLM)),
+    ("trtllm.tool_argv.CONVERTERS", lambda: tool_argv.CONVERTERS, claiming(Runtime.TRTLLM)),
     ("trtllm.plan.WEIGHTS_WHAT", lambda: plan.WEIGHTS_WHAT, claiming(*GPU, weights=("heads", "model"))),
     ("trtllm.llmapi_schema.METHOD_KEYS", lambda: llmapi_schema.METHOD_KEYS,
      claiming(Runtime.TRTLLM_LLMAPI, drafting=True)),
@@ -57,7 +57,7 @@ TABLES = [
     ("triton.deployment.TREE_DEPTH_LIMITS", lambda: deployment.TREE_DEPTH_LIMITS, claiming(*GPU, tree=True)),
     ("runtime.cpu.loader.DRAFTERS", lambda: loader.DRAFTERS, claiming(Runtime.CPU)),
     ("bench.tune.TREE_DEPTH_LIMITS", lambda: tune.TREE_DEPTH_LIMITS, claiming(Runtime.CPU, tree=True)),
-    ("build_cpu.TREE_LEVELS", lambda: build_cpu.TREE_LEVELS, claiming(Runtime.CPU, tree=True)),
+    ("build_cpu_settings.TREE_LEVELS", lambda: build_cpu_settings.TREE_LEVELS, claiming(Runtime.CPU, tree=True)),
     ("build_cpu.HEAD_COUNTS", lambda: build_cpu.HEAD_COUNTS, claiming(Runtime.CPU, weights=("heads",))),
     ("heads_format.CONVERTER_LAYOUTS", lambda: heads_format.CONVERTER_LAYOUTS, claiming(*Runtime, weights=("heads",))),
     ("heads_format.COMPACT_FILES", lambda: {Method(k): v for k, v in heads_format.COMPACT_FILES.items()}, TRAINABLE),
@@ -114,7 +114,7 @@ def test_memory_plan_of_a_method_missing_from_its_table_is_an_error(monkeypatch)
 @pytest.mark.parametrize("table, method, request_fields", [
     (draft_settings.RESOLVERS, Method.EAGLE, {"draft": "eagle", "runtime": "trtllm"}),
     (draft_settings.DESCRIPTIONS, Method.LOOKAHEAD, {"draft": "lookahead", "runtime": "trtllm"}),
-    (plan.CONVERTERS, Method.LOOKAHEAD, {"draft": "lookahead", "runtime": "trtllm"}),
+    (tool_argv.CONVERTERS, Method.LOOKAHEAD, {"draft": "lookahead", "runtime": "trtllm"}),
     (plan.WEIGHTS_WHAT, Method.DRAFT_MODEL, {"draft": "llama3.2-1b", "runtime": "trtllm", "quantization": "fp8"}),
     (llmapi_schema.METHOD_KEYS, Method.NGRAM, {"draft": "ngram", "runtime": "trtllm-llmapi"}),
 ], ids=lambda v: v.value if isinstance(v, Method) else None)
@@ -126,10 +126,10 @@ def test_a_plan_for_a_method_missing_from_a_table_is_an_error(table, method, req
 
 
 def test_cpu_tree_settings_and_training_defaults_refuse_a_missing_method(monkeypatch):
-    assert build_cpu.resolve_speculative(load_draft("eagle"), None, None).num_eagle_layers >= 1
-    monkeypatch.delitem(build_cpu.TREE_LEVELS, Method.EAGLE)
-    with pytest.raises(MethodTableError, match="'eagle' has no entry in build_cpu.TREE_LEVELS"):
-        build_cpu.resolve_speculative(load_draft("eagle"), None, None)
+    assert build_cpu_settings.resolve_speculative(load_draft("eagle"), None, None).num_eagle_layers >= 1
+    monkeypatch.delitem(build_cpu_settings.TREE_LEVELS, Method.EAGLE)
+    with pytest.raises(MethodTableError, match="'eagle' has no entry in build_cpu_settings.TREE_LEVELS"):
+        build_cpu_settings.resolve_speculative(load_draft("eagle"), None, None)
     assert config.TrainConfig.defaults_for("draft-model").window == 128
     monkeypatch.delitem(config.TRAINING_DEFAULTS, Method.DRAFT_MODEL)
     with pytest.raises(MethodTableError, match="'draft-model' has no entry in training.config.TRAINING_DEFAULTS"):
@@ -140,7 +140,7 @@ def test_cpu_tree_settings_and_training_defaults_refuse_a_missing_method(monkeyp
 
 
 def test_tune_and_vllm_refuse_a_method_missing_from_their_tables(monkeypatch, tmp_path):
-    medusa = build_cpu.resolve_speculative(load_draft("medusa"), None, None).with_(num_medusa_heads=2)
+    medusa = build_cpu_settings.resolve_speculative(load_draft("medusa"), None, None).with_(num_medusa_heads=2)
     assert max(c.tree.depth for c in tune.candidates_for(medusa, (1, 2, 3, 4))) <= 2  # chains stop at the heads
     monkeypatch.delitem(tune.TREE_DEPTH_LIMITS, Method.MEDUSA)
     with pytest.raises(MethodTableError, match="'medusa' has no entry in bench.tune.TREE_DEPTH_LIMITS"):

@@ -13,8 +13,8 @@ import pytest
 
 from specpipe.errors import SpecpipeError
 from specpipe.serve import resolve_runtime, serve_repository
-from specpipe.serve.local import (
-    LocalTritonServer,
+from specpipe.serve.local import LocalTritonServer
+from specpipe.serve.triton_install import (
     find_triton,
     prepare_backends_dir,
     server_command,

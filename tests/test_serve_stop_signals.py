@@ -19,7 +19,8 @@ import pytest
 from conftest import free_port
 from openai_fake import FakeLLM, tokenizer_dir
 from specpipe.errors import SpecpipeError
-from specpipe.openai.server import Gateway, GatewayServer
+from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.server import Gateway
 from specpipe.serve.local import LocalTritonServer
 from specpipe.serve.ports import check_ports, port_holder
 from specpipe.serve.process_group import group_members, wait_group_gone

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specpipe.errors import CompatibilityError, SpecpipeError
 from specpipe import heads_format
 from specpipe.training.config import TrainConfig
-from specpipe.training.data import Features, extract_features
+from specpipe.training.features import Features, extract_features
 from specpipe.training.prompts import read_user_data
 from specpipe.training.train import train
 

@@ -21,7 +21,8 @@ from specpipe.bench.endpoints import Endpoint
 from specpipe.bench.job import execute
 from specpipe.bench.noise import BUSY, CONTROL
 from specpipe.bench.prompts import load_prompts
-from specpipe.bench.report import comparison_table, format_speedup, noise_report, rows, write_results
+from specpipe.bench.report import noise_report, rows, write_results
+from specpipe.bench.table import comparison_table, format_speedup
 from specpipe.bench.runner import BenchRun, BenchSettings
 from specpipe.build_cpu import build_cpu
 from specpipe.build_request import BuildRequest

@@ -180,7 +180,8 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
         SpecpipeError: a deployment fails its pre-flight check (nothing has been measured then).
     """
     if backends is None:
-        from specpipe.bench.backends import Sampling, make_backend
+        from specpipe.bench.backend_base import Sampling
+        from specpipe.bench.backends import make_backend
 
         sampling = Sampling(settings.temperature, settings.top_p, settings.ignore_eos)
         backends = [make_backend(e, settings.timeout_s, settings.chat, settings.tokenizer, sampling) for e in endpoints]

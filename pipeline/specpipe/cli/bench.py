@@ -76,7 +76,7 @@ class RateList(click.ParamType):
 def bench(urls, metrics, **options) -> None:
     """Benchmark deployments side by side: throughput, TTFT, ITL, latency, acceptance, memory; table + JSON, CSV, PNG."""
     from specpipe.bench.job import BenchRequest, run_benchmark
-    from specpipe.bench.report import comparison_table
+    from specpipe.bench.table import comparison_table
     from specpipe.progress import console, note, result_renderable, warn
 
     if options["num_requests"] is not None and options["duration"] is not None:

@@ -9,7 +9,8 @@ the chat template of the deployment's own tokenizer (the ``tokenizer_dir`` param
 and the acceptance rate and mean accepted length in the Prometheus text format.
 
 Modules: :mod:`.protocol` (request parsing, response shapes), :mod:`.chat_template`,
-:mod:`.metrics`, :mod:`.server` (the aiohttp application and its runner), :mod:`.auth` (the API key).
+:mod:`.metrics`, :mod:`.server` (the request handlers), :mod:`.http_server` (the aiohttp application and
+its runner), :mod:`.auth` (the API key).
 
 Where it listens (constants here, so that the command line reads them without importing the server):
 loopback by default (:data:`LOCAL_HOST`); inside a container every interface (:data:`CONTAINER_HOST`)

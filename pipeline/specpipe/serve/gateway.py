@@ -17,7 +17,8 @@ import threading
 from dataclasses import dataclass
 
 from specpipe.openai import LOCAL_HOST
-from specpipe.openai.server import Gateway, GatewayServer
+from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.server import Gateway
 from specpipe.progress import out, warn
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}

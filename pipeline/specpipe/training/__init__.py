@@ -4,7 +4,8 @@ Modules:
 
 * :mod:`specpipe.training.prompts`: the corpus text (built-in prompts, CPython standard library source,
   user data).
-* :mod:`specpipe.training.data`: self-distilled answers and the target's hidden states and greedy labels.
+* :mod:`specpipe.training.data`: the corpus (library text, self-distilled answers), cached;
+  :mod:`specpipe.training.features`: the target's hidden states and greedy labels over it.
 * :mod:`specpipe.training.config`: hyper-parameters and results; :mod:`specpipe.training.tasks`: the
   per-method modules and losses; :mod:`specpipe.training.train`: the loop (deterministic for a seed,
   resumable, time budget); :mod:`specpipe.training.command`: the ``specpipe train-draft`` flow.

@@ -17,7 +17,7 @@ from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
-from specpipe.training.data import Features
+from specpipe.training.features import Features
 from specpipe.tree import Tree
 
 #: The tree of the measurement: a chain of 4 drafts (at most 5 tokens per forward).

@@ -21,7 +21,7 @@ from specpipe.runtime.cpu.drafters.eagle3 import Eagle3TreeDrafter
 from specpipe.runtime.cpu.drafters.eagle3_head import Eagle3Head, capture_layers
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig
 from specpipe.training.config import TrainConfig
-from specpipe.training.data import Features
+from specpipe.training.features import Features
 from specpipe.training.tasks import _PositionSampler, unrolled_attention_mask
 
 

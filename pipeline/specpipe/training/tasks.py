@@ -16,7 +16,7 @@ from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads
 from specpipe.speculative import Method
 from specpipe.training.config import TrainConfig
-from specpipe.training.data import Features
+from specpipe.training.features import Features
 
 
 class _PositionSampler:

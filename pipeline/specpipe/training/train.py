@@ -43,8 +43,8 @@ from specpipe.errors import SpecpipeError
 from specpipe.speculative import Method
 from specpipe.training.acceptance import ACCEPTANCE_TREE, heldout_prompts, mean_accepted_length
 from specpipe.training.config import CHECKPOINT_NAME, TrainConfig, TrainResult
-from specpipe.training.data import Features
 from specpipe.training.eagle3_task import Eagle3Task
+from specpipe.training.features import Features
 from specpipe.training.tasks import TASKS, vocab_maps
 
 

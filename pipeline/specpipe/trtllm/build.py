@@ -46,7 +46,8 @@ from specpipe.trtllm.executor import (
     step_done,
     trtllm_importable,
 )
-from specpipe.trtllm.plan import Plan, make_plan, render_text
+from specpipe.trtllm.plan import Plan, make_plan
+from specpipe.trtllm.plan_text import render_text
 from specpipe.trtllm.preflight import Check, raise_if_unfit, run_preflight
 from specpipe.trtllm.resolve import resolve_draft, resolve_target
 from specpipe.trtllm.tokenizer_check import compare_tokenizers, locate_tokenizer

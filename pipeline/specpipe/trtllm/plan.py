@@ -23,27 +23,27 @@ Each step's output directory is keyed by a hash of its command template (with th
 its own output left symbolic), the hashes of the steps it reads and the pinned release, so an
 unchanged step is found done on a rerun. Every argument vector is checked against TensorRT-LLM's flag
 definitions (:mod:`specpipe.trtllm.flagcheck`) when the plan is made.
+The tools' argument vectors come from :mod:`specpipe.trtllm.tool_argv`; :mod:`specpipe.trtllm.plan_text`
+renders a plan for dry runs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specpipe.build_request import BuildRequest
-from specpipe.speculative import Method, Runtime, SpeculativeSettings, entry_for, spec_of
+from specpipe.speculative import Method, Runtime, entry_for, spec_of
 from specpipe.trtllm import release
 from specpipe.trtllm.eagle_head import PREPARE_STEP, prepare_argv, preparation_for
 from specpipe.trtllm.flagcheck import check_argv
-from specpipe.trtllm.gpus import GIB
 from specpipe.trtllm.llmapi_schema import build_speculative_config
-from specpipe.trtllm.parallelism import n_gpus, render_parallel
 from specpipe.trtllm.preflight import PreflightResult
 from specpipe.trtllm.resolve import Draft, Target
+from specpipe.trtllm.tool_argv import CONVERTERS, build_argv, checkpoint_argv
 
 WORK_DIRNAME = ".trtllm-work"
 #: The plan document's format (2: the ``speculative`` block is ``SpeculativeSettings.to_json()``, the tree
@@ -204,31 +204,6 @@ def _resolve(b: StepBuilder, value: str, inputs: list[str]) -> str:
     return value
 
 
-def _convert_argv(script: str, model: str, dtype: str, tp: int, pp: int, extra: list[str]) -> list[str]:
-    return ["python3", "{examples}/" + script, "--model_dir", model, "--output_dir", "{out}", "--dtype", dtype,
-            "--tp_size", str(tp), "--pp_size", str(pp), *extra]
-
-
-def _checkpoint_argv(model: str, scheme, tp: int, pp: int) -> list[str]:
-    """Convert or quantize a plain Llama checkpoint at ``scheme``."""
-    if scheme.tool == "quantize":
-        qformat = {"fp8": "fp8", "int4-awq": "int4_awq"}[scheme.name]
-        extra = ["--qformat", qformat, "--calib_size", "512"]
-        extra += ["--kv_cache_dtype", "fp8"] if scheme.name == "fp8" else ["--awq_block_size", "128"]
-        return _convert_argv(release.QUANTIZE, model, scheme.dtype, tp, pp, extra)
-    extra = ["--workers", str(tp * pp)]
-    if scheme.name in ("int8-wo", "int4-wo"):
-        extra += ["--use_weight_only", "--weight_only_precision", scheme.name[:4]]
-    return _convert_argv(release.LLAMA_CONVERT, model, scheme.dtype, tp, pp, extra)
-
-
-def _build_argv(checkpoint: str, req: BuildRequest, extra: list[str]) -> list[str]:
-    return ["trtllm-build", "--checkpoint_dir", checkpoint, "--output_dir", "{out}", "--gemm_plugin", "auto",
-            "--max_batch_size", str(req.max_batch_size), "--max_input_len", str(req.max_input_len),
-            "--max_seq_len", str(req.max_seq_len), "--max_beam_width", "1", "--use_paged_context_fmha", "enable",
-            "--workers", str(req.tp * req.pp), *extra]
-
-
 def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: PreflightResult, *, engine_name: str,
               engines_dir: Path, executor: str, examples_root: str) -> Plan:
     """The ordered steps for ``request`` (see module docstring); every argv is flag-checked.
@@ -264,118 +239,18 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
 
     two_engines = spec.spec.weights == "model"  # a separate draft engine (draft-target)
     tdeps = [d for d in deps if d == "download-target" or spec_of(draft.method).weights == "heads"]
-    convert = entry_for(CONVERTERS, spec.method, "trtllm.plan.CONVERTERS")
+    convert = entry_for(CONVERTERS, spec.method, "trtllm.tool_argv.CONVERTERS")
     template, desc, tdeps = convert(model, heads, spec, scheme, tp, pp, tdeps)
     b.add("convert-target", template, tdeps, "trtllm", desc)
     if two_engines:
-        b.add("convert-draft", _checkpoint_argv(heads, scheme, tp, pp), [d for d in deps if d == "download-draft"],
+        b.add("convert-draft", checkpoint_argv(heads, scheme, tp, pp), [d for d in deps if d == "download-draft"],
               "trtllm", f"convert draft model ({scheme.name}) to a TensorRT-LLM checkpoint")
     mode = spec.spec.build_mode
     extra = ["--speculative_decoding_mode", mode, "--max_draft_len", str(spec.max_draft_len)] if mode else []
-    b.add("build-target", _build_argv("{step:convert-target}", request, extra), ["convert-target"], "trtllm",
+    b.add("build-target", build_argv("{step:convert-target}", request, extra), ["convert-target"], "trtllm",
           f"build the target engine{' (' + mode + ')' if mode else ''}")
     if two_engines:
-        b.add("build-draft", _build_argv("{step:convert-draft}", request, []), ["convert-draft"], "trtllm",
+        b.add("build-draft", build_argv("{step:convert-draft}", request, []), ["convert-draft"], "trtllm",
               "build the draft engine")
     plan.steps = b.steps
     return plan
-
-
-Conversion = tuple[list[str], str, list[str]]
-
-
-def _convert_eagle(model: str, heads: str | None, spec: SpeculativeSettings, scheme, tp: int, pp: int,
-                   deps: list[str]) -> Conversion:
-    template = ["python3", "{examples}/" + release.EAGLE_CONVERT, "--model_dir", model,
-                "--eagle_model_dir", "{step:" + PREPARE_STEP + "}",
-                "--output_dir", "{out}", "--dtype", scheme.dtype, "--max_draft_len", str(spec.max_draft_len),
-                "--num_eagle_layers", str(spec.num_eagle_layers), "--max_non_leaves_per_layer",
-                str(spec.max_non_leaves_per_layer), "--tp_size", str(tp), "--pp_size", str(pp), "--workers", str(tp * pp)]
-    deps = [d for d in deps if d != "download-draft"] + [PREPARE_STEP]
-    return template, "convert target + EAGLE head to a TensorRT-LLM checkpoint", deps
-
-
-def _convert_medusa(model: str, heads: str | None, spec: SpeculativeSettings, scheme, tp: int, pp: int,
-                    deps: list[str]) -> Conversion:
-    medusa = ["--medusa_model_dir", heads, "--num_medusa_heads", str(spec.num_medusa_heads),
-              "--num_medusa_layers", str(spec.num_medusa_layers)]
-    if scheme.name == "fp8":
-        template = _convert_argv(release.QUANTIZE, model, scheme.dtype, tp, pp,
-                                 ["--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", "512", *medusa,
-                                  "--max_draft_len", str(spec.max_draft_len)])
-        return template, "quantize target to FP8 (Medusa heads kept 16-bit) into a TensorRT-LLM checkpoint", deps
-    template = _convert_argv(release.MEDUSA_CONVERT, model, scheme.dtype, tp, pp,
-                             [*medusa, "--max_medusa_token_len", str(spec.max_draft_len), "--model_type", "llama",
-                              "--workers", str(tp * pp)])
-    return template, "convert target + Medusa heads to a TensorRT-LLM checkpoint", deps
-
-
-def _convert_target(model: str, heads: str | None, spec: SpeculativeSettings, scheme, tp: int, pp: int,
-                    deps: list[str]) -> Conversion:
-    desc = f"{'quantize' if scheme.tool == 'quantize' else 'convert'} target ({scheme.name}) to a TensorRT-LLM checkpoint"
-    return _checkpoint_argv(model, scheme, tp, pp), desc, deps
-
-
-#: How each engine-flow method converts the target (and its heads) to a TensorRT-LLM checkpoint:
-#: ``(model, heads, settings, scheme, tp, pp, dependencies) -> (argv template, description, dependencies)``.
-#: Methods without heads convert the target alone (a draft model gets its own ``convert-draft`` step).
-CONVERTERS: dict[Method, Callable[..., Conversion]] = {
-    Method.NONE: _convert_target,
-    Method.DRAFT_MODEL: _convert_target,
-    Method.LOOKAHEAD: _convert_target,
-    Method.EAGLE: _convert_eagle,
-    Method.MEDUSA: _convert_medusa,
-}
-
-
-def render_text(plan: Plan, docker_prefix: list[str] | None = None) -> str:
-    """The human-readable plan: settings, checks, steps (exact command lines) and the memory table."""
-    pre, req = plan.preflight, plan.request
-    lines = [
-        f"specpipe build plan: {plan.engine_name} ({plan.runtime}, TensorRT-LLM {release.TRTLLM_VERSION}, {release.CONTAINER_IMAGE})",
-        f"  target   {plan.target.name}  [{_src(plan.target.source)}]",
-        f"  draft    {plan.draft.name} ({plan.draft.method}{', ' + plan.draft.flavour if plan.draft.flavour else ''})"
-        + (f"  [{_src(plan.draft.source)}]" if plan.draft.source else ""),
-        f"  settings {pre.scheme.name}, {pre.parallel.sizes if pre.parallel else f'TP {req.tp} x PP {req.pp}'}"
-        f"{'' if pre.parallel is None or pre.parallel.fits is not None else ', not fitted to a GPU'}"
-        f", batch {req.max_batch_size}, input {req.max_input_len}, "
-        f"seq {req.max_seq_len} tokens, " + ", ".join(f"{k}={v}" for k, v in pre.speculative.to_json().items()
-                                                       if k not in ("choices", "method")),
-        f"  executor {plan.executor}" + (f" (each TensorRT-LLM step runs as: {shlex.join(docker_prefix)} ...)" if docker_prefix else ""),
-        f"  output   {plan.engine_dir}",
-        "",
-        "checks:",
-    ]
-    lines += [f"  [{c.status}] {c.name}: {c.detail}" for c in pre.checks]
-    lines += ["", "steps:"]
-    for i, step in enumerate(plan.steps, 1):
-        lines.append(f"  {i}. {step.name} ({step.runs_in}): {step.description}")
-        lines.append(f"     {shlex.join(step.argv)}")
-    if not plan.steps:
-        lines.append("  (none: local checkpoints, nothing to download)")
-    lines += ["", render_memory(pre)]
-    return "\n".join(lines)
-
-
-def _src(source: dict[str, Any] | None) -> str:
-    if not source:
-        return "-"
-    return f"{source['repo_id']}@{source.get('revision', 'main')}" if source["kind"] == "hf" else source["path"]
-
-
-def render_memory(pre: PreflightResult) -> str:
-    """The memory table per GPU (GiB; bytes in the JSON)."""
-    m = pre.memory
-    rows = [("target weights", m.target_weights), ("draft weights", m.draft_weights),
-            ("target KV cache", m.target_kv_cache), ("draft KV cache", m.draft_kv_cache),
-            ("activations (est.)", m.activations), ("runtime overhead (est.)", m.runtime_overhead)]
-    lines = [f"memory per GPU ({n_gpus(m.tp * m.pp)}, {pre.scheme.name}):"]
-    lines += [f"  {name:<24}{value / GIB:>9.2f} GiB" for name, value in rows]
-    lines.append(f"  {'total':<24}{m.total / GIB:>9.2f} GiB")
-    if m.gpu:
-        verdict = "fits" if m.fits else "DOES NOT FIT"
-        lines.append(f"  {m.gpu:<24}{m.gpu_memory / GIB:>9.2f} GiB ({m.usable / GIB:.2f} usable): {verdict}")
-    lines += [f"  note: {n}" for n in m.notes]
-    if pre.parallel is not None:
-        lines += ["", render_parallel(pre.parallel, m.gpu)]
-    return "\n".join(lines)
