@@ -15,7 +15,8 @@ from specpipe.runtime.cpu.scheduler.adaptive import (
     DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, shared_acceptance,
 )
 from specpipe.runtime.cpu.scheduler.batch_request import fork_drafter
-from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM, attention_groups
+from specpipe.runtime.cpu.model.attention_groups import BatchEntry, attention_groups
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM
 from specpipe.runtime.cpu.model.cached_lm import CachedLM
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel, non_decreasing
 from specpipe.runtime.cpu.verify.sampling import TokenSampler

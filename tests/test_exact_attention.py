@@ -13,7 +13,8 @@ import torch
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
-from specpipe.runtime.cpu.model.batched_lm import EXACT_QUERY_ROWS, BatchEntry, BatchedLM
+from specpipe.runtime.cpu.model.attention_groups import EXACT_QUERY_ROWS, BatchEntry
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM
 from specpipe.runtime.cpu.model.fused_projections import fuse_projections
 from specpipe.runtime.cpu.model.prepack import prepack_available, prepack_linear_layers
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree

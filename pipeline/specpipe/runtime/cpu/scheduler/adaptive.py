@@ -13,7 +13,7 @@ its first ``m_i`` nodes breadth-first) that maximises the batch's expected token
   1 to 64, spread over up to ``max_batch_size`` requests, sizes interleaved over rounds, the fastest of
   each made non-decreasing), interpolated linearly, and scaled while serving by the machine's speed
   learnt from the scheduler's own timed forwards. Attention is grouped so that one request's chain or
-  tree does not pad the others' queries (:func:`~specpipe.runtime.cpu.model.batched_lm.attention_groups`):
+  tree does not pad the others' queries (:func:`~specpipe.runtime.cpu.model.attention_groups.attention_groups`):
   a forward's cost then depends on its total tokens far more than on how they are spread over requests. ``N_0``
   counts the step's fixed tokens (prompt chunks and each decoding request's newest token), ``P`` the
   prompts that finish prefill this step;

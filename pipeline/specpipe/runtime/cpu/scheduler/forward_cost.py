@@ -49,7 +49,7 @@ class ForwardCostModel:
         learning_rate: weight of one observed forward in :meth:`observe` (0: the model stays fixed).
         mixed_seconds: extra seconds of a forward that mixes one-token entries (plain decoding) with
             multi-token ones (drafts, prompt chunks): their attention runs as two calls, with the rows
-            gathered and scattered (:func:`~specpipe.runtime.cpu.model.batched_lm.attention_groups`).
+            gathered and scattered (:func:`~specpipe.runtime.cpu.model.attention_groups.attention_groups`).
         speed: factor applied to the measured seconds (1.0 as measured; > 1: the machine is slower now).
         draft_factor: further factor for forwards in which requests verify draft tokens, learnt from
             served ones: the curve is measured one token per request, and a batch of chains and trees
