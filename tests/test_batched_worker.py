@@ -6,7 +6,7 @@ import pytest
 
 from specpipe.generation.api import SamplingParams
 from specpipe.triton.models.engine_request import EngineRequest
-from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker
+from specpipe.triton.models.request_worker import RequestWorker
 from batch_helpers import make_engine, prompts, run_alone, scheduler_for
 from recording_sender import RecordingSender as Sender
 

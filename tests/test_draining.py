@@ -18,7 +18,7 @@ from specpipe.serve import _report_unclean_exit
 from specpipe.triton.models.draining import (ENDED_BY_STOP, REFUSED_WHILE_STOPPING, DrainSignal, clear_drain, idle_path,
                                              request_drain, wait_idle)
 from specpipe.triton.models.engine_request import EngineRequest
-from specpipe.triton.models.tensorrt_llm_cpu import ERROR_AFTER_DATA_S, RequestWorker, TritonSender
+from specpipe.triton.models.request_worker import ERROR_AFTER_DATA_S, RequestWorker, TritonSender
 from batch_helpers import make_engine, prompts, run_alone, scheduler_for
 from recording_sender import RecordingSender
 from triton_fakes import FAKE_PB, FINAL, FakeSender, wait_for

@@ -14,7 +14,7 @@ from specpipe.triton.models.engine_request import parse_request
 from specpipe.triton.models.generation import run_request
 from specpipe.triton.models.postprocessing import Detokenizer, _rows
 from specpipe.triton.models.preprocessing import Preprocessor
-from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker
+from specpipe.triton.models.request_worker import RequestWorker
 from specpipe.triton.models.words import from_words_layout
 from recording_sender import RecordingSender
 from specpipe.runtime.cpu.scheduler.one_request import solo_scheduler

@@ -14,7 +14,8 @@ import pytest
 
 from specpipe.triton.models.scheduler_metrics import SchedulerMetrics
 from specpipe.triton.models.stop_requests import StopRequests
-from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker, TritonPythonModel
+from specpipe.triton.models.request_worker import RequestWorker
+from specpipe.triton.models.tensorrt_llm_cpu import TritonPythonModel
 from batch_helpers import make_engine, scheduler_for
 
 FINAL = 1
