@@ -79,7 +79,9 @@ class RequestStats:
             conditions end at its k-th token (the end id, a stop word's last token, the ``max_tokens``-th)
             counts ``k - 1``, that token being the step's own (the target chose it there), and the drafts
             after it none. So ``num_generated_tokens == target_forwards + total_accepted_draft_tokens``
-            for every request (docs/metrics.md, "Semantics").
+            for every request of the batch scheduler and of the draft verifier (docs/metrics.md,
+            "Semantics"); the one-request engines (``SpeculativeEngine.generate``) still count every
+            accepted draft and leave ``num_generated_tokens`` at 0.
         target_forwards: target forward passes, the prefill included.
         draft_length: draft tokens (a tree's nodes) the batch scheduler chose to verify in the request's
             latest step (0 = plain decoding; the load-adaptive rule of :mod:`specpipe.runtime.cpu.scheduler.adaptive`).
