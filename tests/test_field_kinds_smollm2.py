@@ -3,8 +3,9 @@ for every CPU method (none, n-gram, draft model, Medusa, EAGLE), each alone and 
 batch scheduler that serves Triton's requests. It drafts every step (``adaptive=False``), so a request's
 steps are the same alone and in a batch, and a run's blocks of accepted drafts can be aimed at:
 
-- an end id or a stop word inside a block of accepted drafts: nothing after it is emitted, the usage
-  counts what was emitted, and the drafts accepted past it are not counted;
+- an end id, a stop word or ``max_tokens`` inside a block of accepted drafts: nothing after it is emitted,
+  the usage counts what was emitted, the token that ended the request is its step's own token and the drafts
+  accepted past it are not counted, so that generated tokens = target forwards + accepted drafts;
 - penalties and ``min_tokens`` see every token a step commits (the output is the baseline's);
 - multi-token bad words are matched across draft positions;
 - seeded sampling gives the baseline's text alone and in a batch; unseeded requests differ;
@@ -126,7 +127,7 @@ def blocks_of(free: Record) -> list[tuple[int, int, int]]:
 
 def aim(free: Record, method: str, inside: bool = False):
     """An output index p in a block of accepted drafts whose token and pair ``(p-1, p)`` first occur there:
-    ``(p, step, drafts accepted up to p)`` or ``None``. ``inside=False``: p is a draft followed by accepted
+    ``(p, step, drafts accepted before p)`` or ``None``. ``inside=False``: p is a draft followed by accepted
     drafts (drafts accepted past it; any index for the baseline); ``True``: p's row of the verification
     has drafts before it in the step (its history holds the step's tokens)."""
     tokens = free.tokens
@@ -139,7 +140,7 @@ def aim(free: Record, method: str, inside: bool = False):
         for k in ks:
             p = offset + k
             if p >= 2 and tokens[p] not in tokens[:p] and tokens[p - 1 : p + 1] not in [tokens[j : j + 2] for j in range(p - 1)]:
-                return p, step, accepted_before + min(k + 1, accepted)
+                return p, step, accepted_before + k
         accepted_before += accepted
     return None
 
@@ -159,7 +160,22 @@ def aimed(name: str, engine, texts, inside: bool = False):
     return _AIMED[name, inside]
 
 
-def test_an_end_id_or_stop_word_inside_accepted_drafts_ends_there_and_is_counted_so(method, texts):
+def assert_counters_agree(run: Record, stopping_tokens: int = 0) -> None:
+    """The request's identities after every step: accepted <= drafted, generated tokens = emitted tokens + the
+    end id or stop word that ended it (``stopping_tokens``, at the end) = target forwards + accepted drafts,
+    and the mean accepted length is the generated tokens after the first per decoding forward."""
+    emitted = 0
+    for block, stats in zip(run.blocks, run.stats):
+        emitted += len(block)
+        assert stats.num_output_tokens == emitted and stats.total_accepted_draft_tokens <= stats.total_draft_tokens
+        assert stats.num_generated_tokens == stats.target_forwards + stats.total_accepted_draft_tokens
+    final = run.stats[-1]
+    assert final.num_generated_tokens == emitted + stopping_tokens
+    if final.target_forwards > 1:
+        assert final.mean_accepted_length == (final.num_generated_tokens - 1) / (final.target_forwards - 1)
+
+
+def test_an_end_id_stop_word_or_max_tokens_inside_accepted_drafts_ends_there_and_is_counted_so(method, texts):
     name, engine = method
     prompt, free, (p, step, accepted) = aimed(name, engine, texts)
     end = SamplingParams(max_tokens=N, end_id=free.tokens[p])
@@ -169,15 +185,23 @@ def test_an_end_id_or_stop_word_inside_accepted_drafts_ends_there_and_is_counted
     batch, scheduler = serve(engine, [(prompt, end, 0), (prompt, stop, 2), (prompt, SamplingParams(max_tokens=N), 0),
                                       (other, SamplingParams(max_tokens=N), 3)])
     assert batch[2].tokens == free.tokens and scheduler.lm.free_slots == 8
-    for run, emitted in ((alone[0], p), (alone[1], p - 1), (batch[0], p), (batch[1], p - 1)):
+    for run, emitted, stopping in ((alone[0], p, 1), (alone[1], p - 1, 2), (batch[0], p, 1), (batch[1], p - 1, 2)):
         assert run.error is None and run.reason == "stop"
         assert run.tokens == free.tokens[:emitted]  # nothing after the end id, nor the stop word itself
         final, upto = run.stats[-1], free.stats[step]
         assert final.num_output_tokens == emitted  # what was emitted
         assert final.target_forwards == upto.target_forwards and final.total_draft_tokens == upto.total_draft_tokens
-        assert final.total_accepted_draft_tokens == accepted  # up to the end, not the drafts past it
+        assert final.total_accepted_draft_tokens == accepted  # the drafts before the end, not it nor those past it
+        assert_counters_agree(run, stopping)
+    for run in (*batch[2:], free):
+        assert run.reason == "length"
+        assert_counters_agree(run)
     if name != "none":
-        assert accepted < free.stats[step].total_accepted_draft_tokens  # drafts were accepted past it
+        assert accepted + 1 < free.stats[step].total_accepted_draft_tokens  # drafts were accepted past it
+    # max_tokens ending inside the block: the step drafts only what the budget leaves, and counts alike
+    budget = serve(engine, [(prompt, SamplingParams(max_tokens=p + 1))])[0][0]
+    assert budget.tokens == free.tokens[: p + 1] and budget.reason == "length"
+    assert_counters_agree(budget)
 
 
 def test_penalties_and_min_tokens_see_every_token_a_step_commits(method, texts, baseline):
@@ -254,11 +278,7 @@ def test_each_requests_drafter_state_is_its_own_and_a_cancelled_request_leaves_c
         if i != 2:
             alone = serve(engine, [jobs[i][:2]])[0][0]
             assert record.steps == alone.steps and record.reason == alone.reason
-        final = record.stats[-1]
-        assert final.num_output_tokens == len(record.tokens)
-        assert final.total_accepted_draft_tokens <= final.total_draft_tokens
-        if record.reason in ("length", None):  # nothing cut a step short: every forward added its accepted + 1
-            assert final.num_output_tokens == final.target_forwards + final.total_accepted_draft_tokens
+        assert_counters_agree(record)  # ended by max_tokens, or cancelled
 
     def value(metric, **labels):
         return FakeMetricFamily.values.get((metric, tuple(sorted({"model_name": "m", **labels}.items()))), 0.0)

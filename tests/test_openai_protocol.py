@@ -116,3 +116,16 @@ def test_gateway_metrics_export_acceptance_per_deployment():
     assert [labels["model"] for labels, _ in samples["specpipe_acceptance_rate"]] == ["spec"]  # undefined without drafts
     assert metrics.acceptance("spec") == (pytest.approx(5 / 12), pytest.approx(12 / 7))
     assert metrics.acceptance("nobody") == (None, None)
+
+
+def test_gateway_mean_accepted_length_reads_the_target_forwards_where_the_deployment_returns_them():
+    """A CPU deployment returns each request's target forwards F: the length is then sum(F - 1 + A) / sum(F - 1),
+    exact also for a request whose end id or stop word was committed but not sent (the output count N would
+    say (N - 1) / (N - 1 - A), too few steps)."""
+    metrics = GatewayMetrics()
+    # 6 tokens generated in 3 forwards (1 + 2 + 3), the last one the end id: 5 sent, 3 drafts accepted
+    metrics.record("cpu", {"num_output_tokens": 5, "total_draft_tokens": 6, "total_accepted_draft_tokens": 3, "target_forwards": 3})
+    # ended by a 2-token stop word: 7 generated in 4 forwards, 5 sent
+    metrics.record("cpu", {"num_output_tokens": 5, "total_draft_tokens": 6, "total_accepted_draft_tokens": 3, "target_forwards": 4})
+    metrics.record("cpu", {"num_output_tokens": 0, "total_draft_tokens": 0, "total_accepted_draft_tokens": 0, "target_forwards": 1})
+    assert metrics.acceptance("cpu") == (pytest.approx(6 / 12), pytest.approx((2 + 3 + 3 + 3) / (2 + 3)))

@@ -47,19 +47,26 @@ def test_names_map_one_to_one_onto_vllm():
     assert "specpipe:time_to_first_token_seconds" not in exported_series()  # a histogram is its three series
 
 
-def test_drafts_past_the_end_id_are_not_accepted():
-    """A self-drafting engine accepts all 3 drafts of its first decoding step; when the first of them is
-    the end id, only that one reaches the output (as its end), so 1 is accepted, not 3."""
+def test_a_step_an_end_id_or_stop_word_ends_counts_the_drafts_before_it_only():
+    """A self-drafting engine accepts all 3 drafts of its first decoding step. When the first of them is the
+    end id, that token is the step's own (the target chose it there) and the drafts after it never reach the
+    output: 0 accepted, not 3 (nor 1). A 2-token stop word ending at the second draft: 1 accepted. Either
+    way the generated tokens (sent + the end id or stop word) are the target forwards + the accepted drafts."""
     engine = self_drafting_engine()
     prompt = [5, 9, 11, 13]
     [free] = run_batch(engine, [(prompt, SamplingParams(max_tokens=8, end_id=63))])
     assert free.stats.total_accepted_draft_tokens > 3  # every draft accepted while nothing ends it
     end = free.tokens[1]
     assert end not in free.tokens[:1]
-    [ended] = run_batch(engine, [(prompt, SamplingParams(max_tokens=8, end_id=end))])
-    assert ended.tokens == free.tokens[:1] and ended.reason == "stop"
-    assert ended.stats.total_draft_tokens == 3
-    assert ended.stats.total_accepted_draft_tokens == 1
+    stop_word = tuple(free.tokens[1:3])
+    [ended, stopped] = run_batch(engine, [(prompt, SamplingParams(max_tokens=8, end_id=end)),
+                                          (prompt, SamplingParams(max_tokens=8, end_id=63, stop_words=(stop_word,)))])
+    for run, accepted, stopping in ((ended, 0, 1), (stopped, 1, 2)):
+        assert run.tokens == free.tokens[:1] and run.reason == "stop"
+        assert run.stats.target_forwards == 2 and run.stats.total_draft_tokens == 3
+        assert run.stats.total_accepted_draft_tokens == accepted
+        assert run.stats.num_generated_tokens == 1 + stopping == run.stats.target_forwards + accepted
+    assert free.stats.num_generated_tokens == len(free.tokens) == free.stats.target_forwards + free.stats.total_accepted_draft_tokens
 
 
 @pytest.fixture

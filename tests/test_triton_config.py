@@ -57,7 +57,7 @@ UPSTREAM_ENSEMBLE_OUTPUTS = {
 
 
 #: specpipe's documented addition to the CPU runtime's ensemble outputs (see specpipe.triton.interface).
-SPECPIPE_CPU_ENSEMBLE_OUTPUTS = {"draft_length": ("INT32", (1,))}
+SPECPIPE_CPU_ENSEMBLE_OUTPUTS = {"draft_length": ("INT32", (1,)), "target_forwards": ("INT32", (1,))}
 
 
 def step_configs() -> dict[str, mc.ModelConfig]:
@@ -77,13 +77,14 @@ def test_ensemble_interface_matches_tensorrt_llm():
 
 
 def test_engine_flow_has_none_of_the_cpu_only_outputs():
-    cpu_only = {"prior_output_ids", "draft_length", "engine_request_id"}
+    cpu_only = {"prior_output_ids", "draft_length", "target_forwards", "engine_request_id"}
     assert {s.name for s in itf.TENSORRT_LLM.outputs} >= cpu_only
     assert not {s.name for s in itf.TENSORRT_LLM_ENGINE.outputs} & cpu_only
     for step in itf.ENGINE_ENSEMBLE_STEPS:
         assert not {name for name, _ in step.output_map} & cpu_only
         assert not {name for name, _ in step.input_map} & {"PRIOR_TOKENS_BATCH", "ENGINE_REQUEST_ID"}
-    assert "draft_length" in dict(next(s for s in itf.ENSEMBLE_STEPS if s.model_name == "tensorrt_llm").output_map)
+    cpu_engine_outputs = dict(next(s for s in itf.ENSEMBLE_STEPS if s.model_name == "tensorrt_llm").output_map)
+    assert {"draft_length", "target_forwards"} <= cpu_engine_outputs.keys()
 
 
 def test_step_interfaces_keep_tensorrt_llm_names_and_types():

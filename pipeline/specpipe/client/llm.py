@@ -28,9 +28,9 @@ logger = logging.getLogger(__name__)
 #: Seconds to wait for the answer to a stop request.
 STOP_TIMEOUT_S = 10.0
 
-#: Per-request counters read from a response when present (``draft_length``: CPU runtime only).
+#: Per-request counters read from a response when present (``draft_length``, ``target_forwards``: CPU runtime only).
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-                "num_output_tokens", "draft_length")
+                "num_output_tokens", "draft_length", "target_forwards")
 
 
 @dataclass

@@ -70,8 +70,18 @@ class RequestStats:
     Attributes:
         num_input_tokens: prompt length, tokens.
         num_output_tokens: tokens returned (after stop-word trimming).
+        num_generated_tokens: tokens the request's steps committed, up to and including the one that ended
+            it: ``num_output_tokens`` plus the end id or the stop word that ended the request (neither is
+            returned).
         total_draft_tokens: draft tokens proposed to the target over the request.
-        total_accepted_draft_tokens: draft tokens the target accepted.
+        total_accepted_draft_tokens: draft tokens the target accepted and that a later token of the same step
+            follows: a step that commits ``a`` drafts and its own token counts ``a``; a step the stop
+            conditions end at its k-th token (the end id, a stop word's last token, the ``max_tokens``-th)
+            counts ``k - 1``, that token being the step's own (the target chose it there), and the drafts
+            after it none. So ``num_generated_tokens == target_forwards + total_accepted_draft_tokens``
+            for every request of the batch scheduler and of the draft verifier (docs/metrics.md,
+            "Semantics"); the one-request engines (``SpeculativeEngine.generate``) still count every
+            accepted draft and leave ``num_generated_tokens`` at 0.
         target_forwards: target forward passes, the prefill included.
         draft_length: draft tokens (a tree's nodes) the batch scheduler chose to verify in the request's
             latest step (0 = plain decoding; the load-adaptive rule of :mod:`specpipe.runtime.cpu.scheduler.adaptive`).
@@ -79,6 +89,7 @@ class RequestStats:
 
     num_input_tokens: int = 0
     num_output_tokens: int = 0
+    num_generated_tokens: int = 0
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
     target_forwards: int = 0
@@ -93,7 +104,8 @@ class RequestStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens committed per decoding target forward (accepted drafts + the one target token).
+        """Tokens committed per decoding target forward (accepted drafts + the one target token):
+        ``(num_generated_tokens - 1) / (target_forwards - 1)`` where the counters are the scheduler's.
 
         1.0 for plain decoding and when no decode step ran; the prefill forward is not counted.
         """

@@ -28,7 +28,9 @@ counterpart: one engine per model), and ``position`` (0-based draft position) on
 counter. Semantics, as vLLM's: a *draft* is one request-step that verified >= 1 draft token (a tree's
 nodes count as its draft tokens); a step that accepted ``a`` drafts adds 1 at positions ``0 .. a-1``,
 so the per-position counts sum to the accepted total and never exceed the drafts; accepted <= drafted.
-A draft accepted past the request's end id or stop word is not accepted (it never reaches the output).
+A step that the request's end id, stop word or ``max_tokens`` ends inside counts only the drafts before
+the token that ended it (that token is the step's own), so a request's generated tokens equal its target
+forwards plus its accepted drafts (:class:`~specpipe.generation.api.RequestStats`).
 TTFT runs from the request's arrival at the model to its first engine step's output (prefill done, in
 seconds); inter-token latency is one observation per later step of the request (seconds between its
 outputs; a step may commit several tokens), so TTFT's count is the requests that got a first step and

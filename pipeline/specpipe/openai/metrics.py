@@ -10,8 +10,12 @@ deployment's name):
   and accepted (counters, from the ensemble's perf outputs);
 - ``specpipe_acceptance_rate``: accepted / proposed draft tokens since start, in [0, 1] (gauge;
   absent until a draft token was proposed);
-- ``specpipe_mean_accepted_length``: sum(N - 1) / sum(N - 1 - A) over requests since start, tokens
-  per target decoding step after the first token (gauge; 1.0 without speculation).
+- ``specpipe_mean_accepted_length``: tokens per target decoding step after the first token, over
+  requests since start (gauge; 1.0 without speculation): sum(F - 1 + A) / sum(F - 1) with F the target
+  forwards and A the accepted drafts of each request, where the deployment returns F (the CPU runtime's
+  ``target_forwards``: exact, requests ended by an end id or a stop word included); else estimated as
+  sum(N - 1) / sum(N - 1 - A) from the N output tokens, which counts too few steps for a request whose
+  end id or stop word was not sent.
 
 The same counts under vLLM's names (:mod:`specpipe.generation.spec_metrics`, docs/metrics.md), label
 ``model_name`` (the deployment's name): ``specpipe:spec_decode_num_draft_tokens_total``,
@@ -76,7 +80,13 @@ class GatewayMetrics:
             t.input_tokens += int(perf.get("num_input_tokens", 0))
             t.draft_tokens += int(perf.get("total_draft_tokens", 0))
             t.accepted += accepted
-            if out >= 2 and "total_accepted_draft_tokens" in perf:
+            if "total_accepted_draft_tokens" not in perf:
+                return
+            if "target_forwards" in perf:
+                decode_steps = int(perf["target_forwards"]) - 1
+                t.produced_after_first += max(decode_steps, 0) + accepted
+                t.steps += max(decode_steps, 0)
+            elif out >= 2:
                 t.produced_after_first += out - 1
                 t.steps += out - 1 - accepted
 

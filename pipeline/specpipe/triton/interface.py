@@ -30,10 +30,13 @@ Differences from upstream, all of them additions internal to the repository:
   text, so a special-token string typed by a user is not turned into a control token.
 - The seed input of ``tensorrt_llm`` is ``seed`` at 2a9abd95; releases before ~0.15 named it
   ``random_seed``.
-- CPU runtime only: ``tensorrt_llm`` and the ensemble (:data:`CPU_ENSEMBLE`) have one extra output,
-  ``draft_length`` (INT32 ``[1]``), returned with ``return_perf_metrics``: the draft length the
+- CPU runtime only: ``tensorrt_llm`` and the ensemble (:data:`CPU_ENSEMBLE`) have two extra outputs,
+  returned with ``return_perf_metrics``: ``draft_length`` (INT32 ``[1]``), the draft length the
   load-adaptive rule chose for the request's latest step (0 = plain decoding; a tree method: the
-  tree's depth). TensorRT-LLM drafts a fixed length, so the engine flow's ensemble has no such output.
+  tree's depth; TensorRT-LLM drafts a fixed length), and ``target_forwards`` (INT32 ``[1]``), the
+  target forward passes of the request so far, the prefill included (with the accepted drafts it gives
+  the exact mean accepted length: :class:`specpipe.generation.api.RequestStats`). The engine flow's
+  ensemble has neither.
 """
 
 from __future__ import annotations
@@ -206,6 +209,7 @@ TENSORRT_LLM = ModelInterface(
         _t("num_input_tokens", "INT32", [1]),
         _t("num_output_tokens", "INT32", [1]),
         _t("draft_length", "INT32", [1], doc="specpipe: draft length chosen for the latest step (0 = plain decoding)"),
+        _t("target_forwards", "INT32", [1], doc="specpipe: target forward passes so far, the prefill included"),
         _t("engine_request_id", "STRING", [1], doc="specpipe: the id the engine model knows the request by: the "
            "client's, or one it gave a request sent without (postprocessing stops an abandoned request by it)"),
     ),
@@ -284,6 +288,7 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
             ("num_input_tokens", "num_input_tokens"),
             ("num_output_tokens", "num_output_tokens"),
             ("draft_length", "draft_length"),
+            ("target_forwards", "target_forwards"),
             ("engine_request_id", "_ENGINE_REQUEST_ID"),
         ),
     ),
@@ -299,21 +304,23 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
     ),
 )
 
-#: The CPU runtime's ensemble: :data:`ENSEMBLE` plus ``draft_length`` (module doc).
+#: The CPU runtime's ensemble: :data:`ENSEMBLE` plus ``draft_length`` and ``target_forwards`` (module doc).
 CPU_ENSEMBLE = ModelInterface(
     name=ENSEMBLE.name, inputs=ENSEMBLE.inputs,
     outputs=ENSEMBLE.outputs + (
         _t("draft_length", "INT32", [1],
            doc="specpipe, CPU runtime: draft length the load-adaptive rule chose for the latest step (0 = plain decoding)"),
+        _t("target_forwards", "INT32", [1],
+           doc="specpipe, CPU runtime: target forward passes of the request so far, the prefill included"),
     ),
 )
 
 #: Ensemble outputs filled only on request (``return_perf_metrics`` and the ``return_num_*`` flags).
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-                "num_output_tokens", "draft_length")
+                "num_output_tokens", "draft_length", "target_forwards")
 
 #: Outputs of the CPU runtime's models that TensorRT-LLM's engine flow does not have.
-_CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length", "engine_request_id")
+_CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length", "target_forwards", "engine_request_id")
 
 
 # --- the TensorRT-LLM engine flow ----------------------------------------------------------------------

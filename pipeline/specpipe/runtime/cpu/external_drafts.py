@@ -84,6 +84,8 @@ class DraftVerifier:
         tokens, reason = stop.push(committed)
         if reason is None:
             tokens += stop.finish()
+        # as the scheduler counts (RequestStats): a draft that ends the request is the step's own token
         stats = RequestStats(num_input_tokens=len(input_ids), num_output_tokens=len(tokens),
-                             total_draft_tokens=len(drafts), total_accepted_draft_tokens=accepted, target_forwards=1)
+                             num_generated_tokens=stop.committed, total_draft_tokens=len(drafts),
+                             total_accepted_draft_tokens=min(accepted, stop.committed - 1), target_forwards=1)
         yield StepOutput(tokens, True, reason or "length", stats)

@@ -9,7 +9,9 @@ Output tensors (TensorRT-LLM's ``tensorrt_llm`` outputs @ 2a9abd95, batch size 1
   the request (``P = 0`` otherwise), so that postprocessing can decode chunks exactly.
 - with ``return_perf_metrics``: ``acceptance_rate`` FP32 ``[1, 1]`` (in [0, 1]),
   ``total_accepted_draft_tokens`` / ``total_draft_tokens`` INT32 ``[1, 1]``, cumulative over the
-  request, and ``draft_length`` INT32 ``[1, 1]`` (specpipe: the draft length chosen for the latest step); with it or the ``return_num_*`` flags: ``num_input_tokens`` / ``num_output_tokens`` INT32
+  request, ``draft_length`` INT32 ``[1, 1]`` (specpipe: the draft length chosen for the latest step) and
+  ``target_forwards`` INT32 ``[1, 1]`` (specpipe: target forward passes so far, the prefill included);
+  with it or the ``return_num_*`` flags: ``num_input_tokens`` / ``num_output_tokens`` INT32
   ``[1, 1]``.
 """
 
@@ -43,6 +45,7 @@ def response_outputs(request: EngineRequest, tokens: list[int], prior: list[int]
         outputs["total_accepted_draft_tokens"] = np.array([[stats.total_accepted_draft_tokens]], dtype=np.int32)
         outputs["total_draft_tokens"] = np.array([[stats.total_draft_tokens]], dtype=np.int32)
         outputs["draft_length"] = np.array([[stats.draft_length]], dtype=np.int32)
+        outputs["target_forwards"] = np.array([[stats.target_forwards]], dtype=np.int32)
     if request.return_perf_metrics or request.return_num_input_tokens:
         outputs["num_input_tokens"] = np.array([[stats.num_input_tokens]], dtype=np.int32)
     if request.return_perf_metrics or request.return_num_output_tokens:

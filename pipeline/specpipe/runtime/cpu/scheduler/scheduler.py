@@ -15,7 +15,7 @@ Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching
    and one ``lm_head`` over every row that needs logits;
 5. per request: chooses tokens (:mod:`~specpipe.runtime.cpu.scheduler.batch_request`), accepts its own drafts,
    rolls back its own rejected entries (chain: truncate; tree: compact the accepted path, one
-   gather/scatter for the batch), applies its stop conditions (accepted drafts past them do not count) and emits its own
+   gather/scatter for the batch), applies its stop conditions (counting: :class:`~specpipe.generation.api.RequestStats`) and emits its own
    :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot.
 
 A failure while drafting or choosing for one request ends only that request (``fail`` callback); a
@@ -371,10 +371,12 @@ class BatchScheduler:
     def _release_tokens(self, request: BatchRequest, committed: list[int], proposed: int = 0, accepted: int = 0) -> None:
         before = request.stop.committed
         tokens, reason = request.stop.push(committed)
+        through_stop = request.stop.committed - before  # committed, or up to the token that ended the request
         stats = request.stats
         stats.target_forwards += 1
         stats.total_draft_tokens += proposed
-        stats.total_accepted_draft_tokens += min(accepted, request.stop.committed - before)
+        stats.total_accepted_draft_tokens += min(accepted, through_stop - 1)  # a stopping draft is the step's own token
+        stats.num_generated_tokens = request.stop.committed
         if reason is None and len(request.context) >= self.max_context:
             tokens += request.stop.finish()
             reason = "length"
