@@ -15,7 +15,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe.errors import SpecpipeError
-from specpipe.triton.interface import ENSEMBLE, ENSEMBLE_STEPS, MAX_BATCH_SIZE, ModelInterface, TensorSpec
+from specpipe.triton.interface import ENSEMBLE, ENSEMBLE_STEPS, MAX_BATCH_SIZE
+from specpipe.triton.tensor_spec import ModelInterface, TensorSpec
 
 CONFIG_NAME = "config.pbtxt"
 PLACEHOLDER = "${"

@@ -41,109 +41,46 @@ Differences from upstream, all of them additions internal to the repository:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from specpipe.triton.tensor_spec import SCALAR, EnsembleStep, ModelInterface, TensorSpec, tensor
 
 #: ``max_batch_size`` of every model: one prompt per request, as TensorRT-LLM's ensemble is used (the
 #: CPU engine batches requests itself, in flight). Tensors carry a leading batch dimension of 1.
 MAX_BATCH_SIZE = 1
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output tensor of a Triton model.
-
-    Attributes:
-        name: tensor name, exactly as in TensorRT-LLM.
-        dtype: Triton data type without ``TYPE_`` (``"INT32"``, ``"STRING"`` ...).
-        dims: shape without the batch dimension; -1 is variable.
-        optional: an input the client may leave out (outputs: always False).
-        reshape: shape the model sees instead of ``dims`` (``()`` = a scalar per batch entry), or
-            ``None`` for no reshape.
-        doc: what the tensor holds, with units.
-        ragged: ``allow_ragged_batch`` (requests of different lengths batched without padding; the
-            tensorrtllm backend's variable-length inputs).
-    """
-
-    name: str
-    dtype: str
-    dims: tuple[int, ...]
-    optional: bool = False
-    reshape: tuple[int, ...] | None = None
-    doc: str = ""
-    ragged: bool = False
-
-
-@dataclass(frozen=True)
-class ModelInterface:
-    """Inputs and outputs of one model of the repository."""
-
-    name: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    def input(self, name: str) -> TensorSpec:
-        """The input called ``name``; raises ``KeyError`` when there is none."""
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
-        raise KeyError(f"{self.name} has no input {name!r}")
-
-    def output(self, name: str) -> TensorSpec:
-        """The output called ``name``; raises ``KeyError`` when there is none."""
-        for spec in self.outputs:
-            if spec.name == name:
-                return spec
-        raise KeyError(f"{self.name} has no output {name!r}")
-
-
-@dataclass(frozen=True)
-class EnsembleStep:
-    """One step of the ensemble: ``input_map`` / ``output_map`` map step tensor -> ensemble tensor."""
-
-    model_name: str
-    input_map: tuple[tuple[str, str], ...]
-    output_map: tuple[tuple[str, str], ...]
-
-
-def _t(name, dtype, dims, optional=False, reshape=None, doc="", ragged=False):
-    return TensorSpec(name, dtype, tuple(dims), optional, None if reshape is None else tuple(reshape), doc, ragged)
-
-
-_SCALAR = ()  # reshape target of tensorrt_llm's per-request scalars
 
 # --- ensemble (the client-facing model) -----------------------------------------------------------
 
 ENSEMBLE = ModelInterface(
     name="ensemble",
     inputs=(
-        _t("text_input", "STRING", [1], doc="prompt text, UTF-8; chat template already applied by the client"),
-        _t("max_tokens", "INT32", [1], doc="new tokens to generate at most (>= 1)"),
-        _t("bad_words", "STRING", [-1], True, doc="strings that must not be generated"),
-        _t("stop_words", "STRING", [-1], True, doc="strings that end generation (not returned)"),
-        _t("exclude_input_in_output", "BOOL", [1], True, doc="non-streamed text_output without the prompt"),
-        _t("end_id", "INT32", [1], True, doc="end-of-sequence token id (default: the tokenizer's EOS)"),
-        _t("pad_id", "INT32", [1], True, doc="padding token id (default: the tokenizer's pad, else EOS)"),
-        _t("top_k", "INT32", [1], True, doc="top-k sampling; 1 = greedy, 0 = off"),
-        _t("top_p", "FP32", [1], True, doc="nucleus mass in (0, 1]"),
-        _t("temperature", "FP32", [1], True, doc="> 0; divides the logits when sampling"),
-        _t("seed", "UINT64", [1], True, doc="seed of the request's random generator"),
-        _t("repetition_penalty", "FP32", [1], True, doc="> 0, 1 = off: logits of seen tokens divided (positive) or multiplied (negative)"),
-        _t("min_tokens", "INT32", [1], True, doc=">= 0: the end id is masked until this many tokens were generated"),
-        _t("presence_penalty", "FP32", [1], True, doc="subtracted once from the logits of seen tokens; 0 = off"),
-        _t("frequency_penalty", "FP32", [1], True, doc="subtracted per occurrence from the logits of seen tokens; 0 = off"),
-        _t("return_perf_metrics", "BOOL", [1], True, doc="return the speculative-decoding counters"),
-        _t("return_num_input_tokens", "BOOL", [1], True, doc="return num_input_tokens"),
-        _t("return_num_output_tokens", "BOOL", [1], True, doc="return num_output_tokens"),
-        _t("stream", "BOOL", [1], True, doc="one response per engine step instead of one at the end"),
-        _t("text_segments", "STRING", [-1], True,
+        tensor("text_input", "STRING", [1], doc="prompt text, UTF-8; chat template already applied by the client"),
+        tensor("max_tokens", "INT32", [1], doc="new tokens to generate at most (>= 1)"),
+        tensor("bad_words", "STRING", [-1], True, doc="strings that must not be generated"),
+        tensor("stop_words", "STRING", [-1], True, doc="strings that end generation (not returned)"),
+        tensor("exclude_input_in_output", "BOOL", [1], True, doc="non-streamed text_output without the prompt"),
+        tensor("end_id", "INT32", [1], True, doc="end-of-sequence token id (default: the tokenizer's EOS)"),
+        tensor("pad_id", "INT32", [1], True, doc="padding token id (default: the tokenizer's pad, else EOS)"),
+        tensor("top_k", "INT32", [1], True, doc="top-k sampling; 1 = greedy, 0 = off"),
+        tensor("top_p", "FP32", [1], True, doc="nucleus mass in (0, 1]"),
+        tensor("temperature", "FP32", [1], True, doc="> 0; divides the logits when sampling"),
+        tensor("seed", "UINT64", [1], True, doc="seed of the request's random generator"),
+        tensor("repetition_penalty", "FP32", [1], True, doc="> 0, 1 = off: logits of seen tokens divided (positive) or multiplied (negative)"),
+        tensor("min_tokens", "INT32", [1], True, doc=">= 0: the end id is masked until this many tokens were generated"),
+        tensor("presence_penalty", "FP32", [1], True, doc="subtracted once from the logits of seen tokens; 0 = off"),
+        tensor("frequency_penalty", "FP32", [1], True, doc="subtracted per occurrence from the logits of seen tokens; 0 = off"),
+        tensor("return_perf_metrics", "BOOL", [1], True, doc="return the speculative-decoding counters"),
+        tensor("return_num_input_tokens", "BOOL", [1], True, doc="return num_input_tokens"),
+        tensor("return_num_output_tokens", "BOOL", [1], True, doc="return num_output_tokens"),
+        tensor("stream", "BOOL", [1], True, doc="one response per engine step instead of one at the end"),
+        tensor("text_segments", "STRING", [-1], True,
            doc="specpipe: text_input in pieces; odd pieces (user text) are tokenized as plain text, special-token strings included"),
     ),
     outputs=(
-        _t("text_output", "STRING", [-1], doc="generated text (a streamed response: the text it adds)"),
-        _t("acceptance_rate", "FP32", [1], doc="accepted / proposed draft tokens so far, in [0, 1]"),
-        _t("total_accepted_draft_tokens", "INT32", [1], doc="draft tokens accepted so far"),
-        _t("total_draft_tokens", "INT32", [1], doc="draft tokens proposed so far"),
-        _t("num_input_tokens", "INT32", [1], doc="prompt length, tokens"),
-        _t("num_output_tokens", "INT32", [1], doc="tokens generated so far"),
+        tensor("text_output", "STRING", [-1], doc="generated text (a streamed response: the text it adds)"),
+        tensor("acceptance_rate", "FP32", [1], doc="accepted / proposed draft tokens so far, in [0, 1]"),
+        tensor("total_accepted_draft_tokens", "INT32", [1], doc="draft tokens accepted so far"),
+        tensor("total_draft_tokens", "INT32", [1], doc="draft tokens proposed so far"),
+        tensor("num_input_tokens", "INT32", [1], doc="prompt length, tokens"),
+        tensor("num_output_tokens", "INT32", [1], doc="tokens generated so far"),
     ),
 )
 
@@ -152,22 +89,22 @@ ENSEMBLE = ModelInterface(
 PREPROCESSING = ModelInterface(
     name="preprocessing",
     inputs=(
-        _t("QUERY", "STRING", [1], doc="prompt text"),
-        _t("REQUEST_OUTPUT_LEN", "INT32", [1], doc="max_tokens, passed through"),
-        _t("BAD_WORDS_DICT", "STRING", [-1], True, doc="bad-word strings"),
-        _t("STOP_WORDS_DICT", "STRING", [-1], True, doc="stop-word strings"),
-        _t("END_ID", "INT32", [1], True, doc="end id given by the client"),
-        _t("PAD_ID", "INT32", [1], True, doc="pad id given by the client"),
-        _t("QUERY_SEGMENTS", "STRING", [-1], True, doc="specpipe: QUERY in pieces, odd ones tokenized as plain text"),
+        tensor("QUERY", "STRING", [1], doc="prompt text"),
+        tensor("REQUEST_OUTPUT_LEN", "INT32", [1], doc="max_tokens, passed through"),
+        tensor("BAD_WORDS_DICT", "STRING", [-1], True, doc="bad-word strings"),
+        tensor("STOP_WORDS_DICT", "STRING", [-1], True, doc="stop-word strings"),
+        tensor("END_ID", "INT32", [1], True, doc="end id given by the client"),
+        tensor("PAD_ID", "INT32", [1], True, doc="pad id given by the client"),
+        tensor("QUERY_SEGMENTS", "STRING", [-1], True, doc="specpipe: QUERY in pieces, odd ones tokenized as plain text"),
     ),
     outputs=(
-        _t("INPUT_ID", "INT32", [-1], doc="prompt token ids"),
-        _t("REQUEST_INPUT_LEN", "INT32", [1], doc="prompt length, tokens"),
-        _t("BAD_WORDS_IDS", "INT32", [2, -1], doc="bad words in the [2, N] ids/offsets layout"),
-        _t("STOP_WORDS_IDS", "INT32", [2, -1], doc="stop words in the [2, N] ids/offsets layout"),
-        _t("REQUEST_OUTPUT_LEN", "INT32", [-1], doc="max_tokens"),
-        _t("OUT_END_ID", "INT32", [1], doc="end id to use"),
-        _t("OUT_PAD_ID", "INT32", [1], doc="pad id to use"),
+        tensor("INPUT_ID", "INT32", [-1], doc="prompt token ids"),
+        tensor("REQUEST_INPUT_LEN", "INT32", [1], doc="prompt length, tokens"),
+        tensor("BAD_WORDS_IDS", "INT32", [2, -1], doc="bad words in the [2, N] ids/offsets layout"),
+        tensor("STOP_WORDS_IDS", "INT32", [2, -1], doc="stop words in the [2, N] ids/offsets layout"),
+        tensor("REQUEST_OUTPUT_LEN", "INT32", [-1], doc="max_tokens"),
+        tensor("OUT_END_ID", "INT32", [1], doc="end id to use"),
+        tensor("OUT_PAD_ID", "INT32", [1], doc="pad id to use"),
     ),
 )
 
@@ -176,41 +113,41 @@ PREPROCESSING = ModelInterface(
 TENSORRT_LLM = ModelInterface(
     name="tensorrt_llm",
     inputs=(
-        _t("input_ids", "INT32", [-1], True, doc="prompt token ids"),
-        _t("input_lengths", "INT32", [1], reshape=_SCALAR, doc="prompt length, tokens"),
-        _t("request_output_len", "INT32", [1], reshape=_SCALAR, doc="new tokens at most"),
-        _t("end_id", "INT32", [1], True, _SCALAR, doc="end-of-sequence token id"),
-        _t("pad_id", "INT32", [1], True, _SCALAR, doc="padding token id"),
-        _t("stop_words_list", "INT32", [2, -1], True, doc="stop words, [2, N] ids/offsets layout"),
-        _t("bad_words_list", "INT32", [2, -1], True, doc="bad words, [2, N] ids/offsets layout"),
-        _t("temperature", "FP32", [1], True, _SCALAR),
-        _t("runtime_top_k", "INT32", [1], True, _SCALAR),
-        _t("runtime_top_p", "FP32", [1], True, _SCALAR),
-        _t("seed", "UINT64", [1], True, _SCALAR),
-        _t("repetition_penalty", "FP32", [1], True, _SCALAR),
-        _t("min_tokens", "INT32", [1], True, _SCALAR),
-        _t("presence_penalty", "FP32", [1], True, _SCALAR),
-        _t("frequency_penalty", "FP32", [1], True, _SCALAR),
-        _t("return_perf_metrics", "BOOL", [1], True, _SCALAR),
-        _t("return_num_input_tokens", "BOOL", [1], True, _SCALAR),
-        _t("return_num_output_tokens", "BOOL", [1], True, _SCALAR),
-        _t("exclude_input_in_output", "BOOL", [1], True, _SCALAR),
-        _t("streaming", "BOOL", [1], True, _SCALAR),
-        _t("stop", "BOOL", [1], True, _SCALAR, doc="true: a stop request, cancelling the running request with this request's id"),
-        _t("draft_input_ids", "INT32", [-1], True, doc="draft tokens to verify in one target step (draft-target)"),
+        tensor("input_ids", "INT32", [-1], True, doc="prompt token ids"),
+        tensor("input_lengths", "INT32", [1], reshape=SCALAR, doc="prompt length, tokens"),
+        tensor("request_output_len", "INT32", [1], reshape=SCALAR, doc="new tokens at most"),
+        tensor("end_id", "INT32", [1], True, SCALAR, doc="end-of-sequence token id"),
+        tensor("pad_id", "INT32", [1], True, SCALAR, doc="padding token id"),
+        tensor("stop_words_list", "INT32", [2, -1], True, doc="stop words, [2, N] ids/offsets layout"),
+        tensor("bad_words_list", "INT32", [2, -1], True, doc="bad words, [2, N] ids/offsets layout"),
+        tensor("temperature", "FP32", [1], True, SCALAR),
+        tensor("runtime_top_k", "INT32", [1], True, SCALAR),
+        tensor("runtime_top_p", "FP32", [1], True, SCALAR),
+        tensor("seed", "UINT64", [1], True, SCALAR),
+        tensor("repetition_penalty", "FP32", [1], True, SCALAR),
+        tensor("min_tokens", "INT32", [1], True, SCALAR),
+        tensor("presence_penalty", "FP32", [1], True, SCALAR),
+        tensor("frequency_penalty", "FP32", [1], True, SCALAR),
+        tensor("return_perf_metrics", "BOOL", [1], True, SCALAR),
+        tensor("return_num_input_tokens", "BOOL", [1], True, SCALAR),
+        tensor("return_num_output_tokens", "BOOL", [1], True, SCALAR),
+        tensor("exclude_input_in_output", "BOOL", [1], True, SCALAR),
+        tensor("streaming", "BOOL", [1], True, SCALAR),
+        tensor("stop", "BOOL", [1], True, SCALAR, doc="true: a stop request, cancelling the running request with this request's id"),
+        tensor("draft_input_ids", "INT32", [-1], True, doc="draft tokens to verify in one target step (draft-target)"),
     ),
     outputs=(
-        _t("output_ids", "INT32", [-1, -1], doc="[beam=1, T]: streamed: the new tokens; else prompt (unless excluded) + output"),
-        _t("sequence_length", "INT32", [-1], doc="[beam=1]: valid tokens in output_ids"),
-        _t("prior_output_ids", "INT32", [-1, -1], doc="specpipe: [beam=1, P] tokens sent in earlier streamed responses"),
-        _t("acceptance_rate", "FP32", [1]),
-        _t("total_accepted_draft_tokens", "INT32", [1]),
-        _t("total_draft_tokens", "INT32", [1]),
-        _t("num_input_tokens", "INT32", [1]),
-        _t("num_output_tokens", "INT32", [1]),
-        _t("draft_length", "INT32", [1], doc="specpipe: draft length chosen for the latest step (0 = plain decoding)"),
-        _t("target_forwards", "INT32", [1], doc="specpipe: target forward passes so far, the prefill included"),
-        _t("engine_request_id", "STRING", [1], doc="specpipe: the id the engine model knows the request by: the "
+        tensor("output_ids", "INT32", [-1, -1], doc="[beam=1, T]: streamed: the new tokens; else prompt (unless excluded) + output"),
+        tensor("sequence_length", "INT32", [-1], doc="[beam=1]: valid tokens in output_ids"),
+        tensor("prior_output_ids", "INT32", [-1, -1], doc="specpipe: [beam=1, P] tokens sent in earlier streamed responses"),
+        tensor("acceptance_rate", "FP32", [1]),
+        tensor("total_accepted_draft_tokens", "INT32", [1]),
+        tensor("total_draft_tokens", "INT32", [1]),
+        tensor("num_input_tokens", "INT32", [1]),
+        tensor("num_output_tokens", "INT32", [1]),
+        tensor("draft_length", "INT32", [1], doc="specpipe: draft length chosen for the latest step (0 = plain decoding)"),
+        tensor("target_forwards", "INT32", [1], doc="specpipe: target forward passes so far, the prefill included"),
+        tensor("engine_request_id", "STRING", [1], doc="specpipe: the id the engine model knows the request by: the "
            "client's, or one it gave a request sent without (postprocessing stops an abandoned request by it)"),
     ),
 )
@@ -220,12 +157,12 @@ TENSORRT_LLM = ModelInterface(
 POSTPROCESSING = ModelInterface(
     name="postprocessing",
     inputs=(
-        _t("TOKENS_BATCH", "INT32", [-1, -1], doc="[beam, T] token ids"),
-        _t("SEQUENCE_LENGTH", "INT32", [-1], doc="[beam] valid tokens per beam"),
-        _t("PRIOR_TOKENS_BATCH", "INT32", [-1, -1], True, doc="specpipe: [beam, P] tokens of earlier chunks"),
-        _t("ENGINE_REQUEST_ID", "STRING", [1], True, doc="specpipe: the engine model's id of the request"),
+        tensor("TOKENS_BATCH", "INT32", [-1, -1], doc="[beam, T] token ids"),
+        tensor("SEQUENCE_LENGTH", "INT32", [-1], doc="[beam] valid tokens per beam"),
+        tensor("PRIOR_TOKENS_BATCH", "INT32", [-1, -1], True, doc="specpipe: [beam, P] tokens of earlier chunks"),
+        tensor("ENGINE_REQUEST_ID", "STRING", [1], True, doc="specpipe: the engine model's id of the request"),
     ),
-    outputs=(_t("OUTPUT", "STRING", [-1], doc="[beam] text"),),
+    outputs=(tensor("OUTPUT", "STRING", [-1], doc="[beam] text"),),
 )
 
 STEP_MODELS: tuple[ModelInterface, ...] = (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING)
@@ -308,9 +245,9 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
 CPU_ENSEMBLE = ModelInterface(
     name=ENSEMBLE.name, inputs=ENSEMBLE.inputs,
     outputs=ENSEMBLE.outputs + (
-        _t("draft_length", "INT32", [1],
+        tensor("draft_length", "INT32", [1],
            doc="specpipe, CPU runtime: draft length the load-adaptive rule chose for the latest step (0 = plain decoding)"),
-        _t("target_forwards", "INT32", [1],
+        tensor("target_forwards", "INT32", [1],
            doc="specpipe, CPU runtime: target forward passes of the request so far, the prefill included"),
     ),
 )
@@ -332,9 +269,9 @@ _CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length", "target_forwards", "eng
 # decodes each streamed chunk on its own (as upstream's does); ``tensorrt_llm_bls`` streams exact text.
 
 _DRAFT_TARGET_INPUTS = (
-    _t("draft_logits", "FP32", [-1, -1], True, doc="draft model logits of the draft tokens (use_draft_logits)", ragged=True),
-    _t("draft_acceptance_threshold", "FP32", [1], True, _SCALAR, doc="acceptance threshold with draft logits"),
-    _t("return_generation_logits", "BOOL", [1], True, _SCALAR, doc="return generation_logits (draft model, use_draft_logits)"),
+    tensor("draft_logits", "FP32", [-1, -1], True, doc="draft model logits of the draft tokens (use_draft_logits)", ragged=True),
+    tensor("draft_acceptance_threshold", "FP32", [1], True, SCALAR, doc="acceptance threshold with draft logits"),
+    tensor("return_generation_logits", "BOOL", [1], True, SCALAR, doc="return generation_logits (draft model, use_draft_logits)"),
 )
 _RAGGED = {"input_ids", "draft_input_ids", "stop_words_list", "bad_words_list"}
 
@@ -344,7 +281,7 @@ TENSORRT_LLM_ENGINE = ModelInterface(
         TensorSpec(s.name, s.dtype, s.dims, s.optional, s.reshape, s.doc, s.name in _RAGGED) for s in TENSORRT_LLM.inputs
     ) + _DRAFT_TARGET_INPUTS,
     outputs=tuple(s for s in TENSORRT_LLM.outputs if s.name not in _CPU_ONLY_OUTPUTS)
-    + (_t("generation_logits", "FP32", [-1, -1, -1], doc="[beam, T, vocab] logits of generated tokens (on request)"),),
+    + (tensor("generation_logits", "FP32", [-1, -1, -1], doc="[beam, T, vocab] logits of generated tokens (on request)"),),
 )
 
 ENGINE_ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = tuple(
@@ -365,8 +302,8 @@ ENGINE_ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = tuple(
 TENSORRT_LLM_BLS = ModelInterface(
     name="tensorrt_llm_bls",
     inputs=ENSEMBLE.inputs + (
-        _t("num_draft_tokens", "INT32", [1], True, doc="draft tokens per step (<= the engine's max_draft_len)"),
-        _t("use_draft_logits", "BOOL", [1], True, doc="verify with the draft model's logits (draft engine built with gather_generation_logits)"),
+        tensor("num_draft_tokens", "INT32", [1], True, doc="draft tokens per step (<= the engine's max_draft_len)"),
+        tensor("use_draft_logits", "BOOL", [1], True, doc="verify with the draft model's logits (draft engine built with gather_generation_logits)"),
     ),
     outputs=ENSEMBLE.outputs,
 )
