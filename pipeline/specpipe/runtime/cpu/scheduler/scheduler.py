@@ -37,9 +37,10 @@ from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.scheduler.adaptive import (
-    IDLE_FORGETTING, DraftCandidate, NodeAcceptance, ResumeCost, StartCost, choose_draft_lengths, ewma, shared_acceptance,
+    IDLE_FORGETTING, NodeAcceptance, ResumeCost, StartCost, ewma, shared_acceptance,
 )
 from specpipe.runtime.cpu.scheduler.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
+from specpipe.runtime.cpu.scheduler.draft_planning import DraftPlanning
 from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
@@ -57,7 +58,7 @@ class Cancelled(Exception):
     """The request was cancelled before it finished."""
 
 
-class BatchScheduler:
+class BatchScheduler(DraftPlanning):
     """Serves many requests together on a deployment's target and drafter (module doc); one request alone
     too (:mod:`~specpipe.runtime.cpu.scheduler.one_request`).
 
@@ -244,49 +245,6 @@ class BatchScheduler:
                 self._complete(request, entry, draft, own_hidden, own_logits)
             except Exception as exc:  # noqa: BLE001 - isolate one request's failure
                 self._finish(request, error=exc)
-
-    def _draft_lengths(self, decoding: list[BatchRequest], prefill_tokens: int,
-                       prefill_outputs: int) -> list[tuple[int, int]]:
-        """``(draft tokens, draft depth)`` per decoding request, by the adaptive rule (module doc)."""
-        depths = [self._node_depths(request) for request in decoding]
-        if not self.adaptive:
-            return [(len(d), d[-1] if d else 0) for d in depths]
-        if prefill_tokens:  # beside a prompt chunk only requests already drafting draft (adaptive module doc)
-            depths = [d if request.draft_length else [] for request, d in zip(decoding, depths)]
-        candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth,
-                                        self._catch_up_charge(request))
-                      for request, d in zip(decoding, depths)]
-        chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
-                                      prefill=prefill_tokens > 0)
-        if any(request.fresh and d and not m for request, d, m in zip(decoding, depths, chosen)):
-            self.start_cost.forget(1.0 - IDLE_FORGETTING)
-        return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
-
-    def _catch_up_charge(self, request: BatchRequest) -> float:
-        """Seconds charged to a drafting step of ``request`` for its drafter's catching up first (resume, start)."""
-        if request.paused:
-            return self.resume_cost.charge()
-        return self.start_cost.charge(len(request.context) - 1, request.stop.remaining) if request.fresh else 0.0
-
-    def _node_depths(self, request: BatchRequest) -> list[int]:
-        """Depth of each draft node the request may verify this step, in the drafter's node order (chain:
-        1, 2, ...; tree: breadth-first), within ``max_draft_len``, the tokens it may still emit and the context."""
-        room = max(0, min(request.stop.remaining - 1, self.max_context - len(request.context) - 1))
-        if not self.tree:
-            return list(range(1, min(self.max_draft_len, room) + 1))
-        static = None if getattr(request.drafter, "dynamic", False) else getattr(request.drafter, "tree", None)
-        if static is not None:
-            depths = list(static.depths)
-        else:  # a dynamic tree: the latest tree's depths, then an even spread over the depth limit
-            limit = self._tree_depth(request.drafter)
-            width = max(1, self.max_draft_len // max(limit, 1))
-            spread = [min(limit, 1 + i // width) for i in range(self.max_draft_len)]
-            latest = request.node_depths or []
-            depths = latest + [max(latest[-1] if latest else 1, d) for d in spread[len(latest):]]
-        return [d for d in depths[: self.max_draft_len] if d <= room]
-
-    def _tree_depth(self, drafter) -> int:
-        return int(getattr(drafter, "depth_limit", None) or getattr(drafter, "max_depth", None) or self.max_draft_len)
 
     def _draft(self, request: BatchRequest, nodes: int, depth: int):
         """Propose the request's first ``nodes`` draft tokens (``depth`` deep); returns ``(request, entry, draft)``."""
