@@ -10,7 +10,7 @@ import torch
 
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.scheduler import scheduler as scheduler_module
+from specpipe.runtime.cpu.scheduler import draft_planning as planning_module
 from specpipe.runtime.cpu.scheduler.adaptive import (
     DraftCandidate, NodeAcceptance, ResumeCost, choose_draft_lengths, shared_acceptance,
 )
@@ -260,7 +260,7 @@ def test_the_scheduler_times_resumes_and_measures_the_runs_of_drafting_steps(mon
         chosen.extend(min(next(choices), len(c.expected) - 1) for c in candidates)
         return chosen[len(chosen) - len(candidates):]
 
-    monkeypatch.setattr(scheduler_module, "choose_draft_lengths", scripted)
+    monkeypatch.setattr(planning_module, "choose_draft_lengths", scripted)
     scheduler = scheduler_for(make_engine("eagle"))
     request, out = submit(scheduler, prompts(1)[0], SamplingParams(max_tokens=24))
     scheduler.run_until_idle()

@@ -4,7 +4,7 @@ spread over the steps requests draft in (``StartCost``), and the scheduler measu
 import pytest
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.scheduler import scheduler as scheduler_module
+from specpipe.runtime.cpu.scheduler import draft_planning as planning_module
 from specpipe.runtime.cpu.scheduler.adaptive import (
     IDLE_FORGETTING, DraftCandidate, NodeAcceptance, StartCost, choose_draft_lengths,
 )
@@ -51,7 +51,7 @@ def test_the_scheduler_times_first_catch_ups_and_counts_each_requests_drafting_s
                                 scheduler.start_cost.charge(len(request.context) - 1, request.stop.remaining)))
         return [len(c.expected) - 1 for c in candidates]
 
-    monkeypatch.setattr(scheduler_module, "choose_draft_lengths", draft_always)
+    monkeypatch.setattr(planning_module, "choose_draft_lengths", draft_always)
     scheduler = scheduler_for(make_engine("draft-model"))
     first, out = submit(scheduler, prompts(2)[1], SamplingParams(max_tokens=12))
     scheduler.run_until_idle()
@@ -75,7 +75,7 @@ def test_an_inflated_start_estimate_is_forgotten_while_requests_do_not_start(mon
         could_start.append(any(len(c.expected) > 1 for c in candidates))
         return [0] * len(candidates)
 
-    monkeypatch.setattr(scheduler_module, "choose_draft_lengths", never_draft)
+    monkeypatch.setattr(planning_module, "choose_draft_lengths", never_draft)
     scheduler = scheduler_for(make_engine("eagle"))
     scheduler.start_cost = StartCost(seconds_per_token=0.05, drafting_steps=4.0)
     request, out = submit(scheduler, prompts(2)[1], SamplingParams(max_tokens=16))
