@@ -33,6 +33,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from draft_acceptance import CHAT_CATEGORIES, TRAINING_STYLE_SEED
+from plain_step import LlamaCppLane, load_llama
 from transformers import AutoTokenizer
 
 from specpipe.bench.prompts import load_prompts
@@ -41,9 +43,6 @@ from specpipe.runtime.cpu.dense_rows import apply_dense_rows, dense_copies_wante
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.training.prompts import builtin_prompts
-
-from draft_acceptance import CHAT_CATEGORIES, TRAINING_STYLE_SEED
-from plain_step import LlamaCppLane, load_llama
 
 
 class Lane:
@@ -84,8 +83,9 @@ def chat_prompt_ids(tokenizer, prompt_set: str) -> list[list[int]]:
         texts = [p.text for p in load_prompts("chat")[0]]
     else:
         texts = [p.text for p in builtin_prompts(seed=TRAINING_STYLE_SEED) if p.category in CHAT_CATEGORIES]
-    chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-             for text in texts]
+    chats = [
+        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True) for text in texts
+    ]
     return [list(c["input_ids"] if hasattr(c, "keys") else c) for c in chats]
 
 
@@ -106,12 +106,18 @@ def run_level(lanes: list[Lane], prompt_ids: list[list[int]], concurrency: int, 
         texts = lane.texts()
         rate = sum(len(t) for t in texts.values()) / lane.seconds
         baseline_rate = baseline_rate or rate
-        records.append({
-            "deployment": lane.name, "concurrency": concurrency, "requests": count,
-            "output_tok_s": round(rate, 1), "speedup": round(rate / baseline_rate, 3),
-            "step_seconds": round(lane.seconds, 2), "draft_lengths": dict(sorted(lane.lengths.items())),
-            "greedy_identical_to_baseline": sum(texts[i] == baseline_texts[i] for i in texts),
-        })
+        records.append(
+            {
+                "deployment": lane.name,
+                "concurrency": concurrency,
+                "requests": count,
+                "output_tok_s": round(rate, 1),
+                "speedup": round(rate / baseline_rate, 3),
+                "step_seconds": round(lane.seconds, 2),
+                "draft_lengths": dict(sorted(lane.lengths.items())),
+                "greedy_identical_to_baseline": sum(texts[i] == baseline_texts[i] for i in texts),
+            }
+        )
         print(json.dumps(records[-1]), flush=True)
     return records
 
@@ -132,9 +138,12 @@ def run_levels(lanes: list[Lane], prompt_ids: list[list[int]], args: argparse.Na
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         levels += run_level(lanes, prompt_ids, concurrency, max(args.prompts, 2 * concurrency), params)
     report = {
-        "command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
+        "command": shlex.join(["python", *sys.argv]),
+        "date": date.today().isoformat(),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "torch": torch.__version__, **extra, "levels": levels,
+        "torch": torch.__version__,
+        **extra,
+        "levels": levels,
     }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -147,12 +156,19 @@ def main() -> None:
     parser.add_argument("engines", nargs="+", type=Path)
     level_arguments(parser)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--prompt-set", choices=("chat", "training-style"), default="chat",
-                        help="chat: specpipe bench --chat's prompts (never trained on); training-style: questions and "
-                             "requests of the heads' training templates, with another seed (draft_acceptance.py)")
-    parser.add_argument("--llama-gguf", type=Path,
-                        help="also decode with llama.cpp (llama-cpp-python) on this f32 GGUF of the same checkpoint, "
-                             "at concurrency 1, as one more lane (see plain_step.py)")
+    parser.add_argument(
+        "--prompt-set",
+        choices=("chat", "training-style"),
+        default="chat",
+        help="chat: specpipe bench --chat's prompts (never trained on); training-style: questions and "
+        "requests of the heads' training templates, with another seed (draft_acceptance.py)",
+    )
+    parser.add_argument(
+        "--llama-gguf",
+        type=Path,
+        help="also decode with llama.cpp (llama-cpp-python) on this f32 GGUF of the same checkpoint, "
+        "at concurrency 1, as one more lane (see plain_step.py)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lanes, cost_curves = [], {}

@@ -47,26 +47,41 @@ PROMPTS: list[tuple[str, str]] = [
     ("code", "Write a Python class for a simple bank account with deposit and withdraw methods."),
     ("code", "Write a Python function that returns the second largest number in a list."),
     ("code", "Add type hints and a docstring to this function:\n\ndef area(w, h):\n    return w * h"),
-    ("code", "Explain what this code does:\n\nfor i in range(1, 16):\n    print('FizzBuzz' if i % 15 == 0 else 'Fizz' if i % 3 == 0 else 'Buzz' if i % 5 == 0 else i)"),
+    (
+        "code",
+        "Explain what this code does:\n\nfor i in range(1, 16):\n    print('FizzBuzz' if i % 15 == 0 else 'Fizz' if i % 3 == 0 else 'Buzz' if i % 5 == 0 else i)",
+    ),
     ("code", "Write a SQL query that selects the ten most recent orders from a table named orders."),
-    ("summary", "Summarize in 3 sentences: The Great Barrier Reef is the world's largest coral reef system, "
-                "composed of over 2,900 individual reefs and 900 islands stretching over 2,300 kilometres. "
-                "It is located in the Coral Sea, off the coast of Queensland, Australia. The reef can be seen "
-                "from outer space and is the world's biggest single structure made by living organisms. It "
-                "supports a wide diversity of life and was selected as a World Heritage Site in 1981. Climate "
-                "change, pollution and fishing threaten its health, and mass coral bleaching events have "
-                "become more frequent."),
-    ("summary", "Summarize this paragraph: Bicycles were introduced in the 19th century in Europe. By the early "
-                "21st century there were more than one billion in use. They are the principal means of "
-                "transport in many regions. Bicycles also provide a popular form of recreation and have been "
-                "adapted for use as children's toys, fitness equipment, military uses and racing."),
-    ("summary", "Give a one-paragraph summary: Tea is an aromatic beverage prepared by pouring hot water over "
-                "cured leaves of the tea plant. After water, it is the most widely consumed drink in the world. "
-                "Tea originated in southwest China, where it was used as a medicinal drink, and it spread to "
-                "the rest of the world through trade."),
-    ("summary", "Summarize the main idea: Regular physical activity improves mood, sleep and energy. It lowers "
-                "the risk of heart disease and diabetes and helps to keep a healthy weight. Adults are advised "
-                "to do at least 150 minutes of moderate activity each week."),
+    (
+        "summary",
+        "Summarize in 3 sentences: The Great Barrier Reef is the world's largest coral reef system, "
+        "composed of over 2,900 individual reefs and 900 islands stretching over 2,300 kilometres. "
+        "It is located in the Coral Sea, off the coast of Queensland, Australia. The reef can be seen "
+        "from outer space and is the world's biggest single structure made by living organisms. It "
+        "supports a wide diversity of life and was selected as a World Heritage Site in 1981. Climate "
+        "change, pollution and fishing threaten its health, and mass coral bleaching events have "
+        "become more frequent.",
+    ),
+    (
+        "summary",
+        "Summarize this paragraph: Bicycles were introduced in the 19th century in Europe. By the early "
+        "21st century there were more than one billion in use. They are the principal means of "
+        "transport in many regions. Bicycles also provide a popular form of recreation and have been "
+        "adapted for use as children's toys, fitness equipment, military uses and racing.",
+    ),
+    (
+        "summary",
+        "Give a one-paragraph summary: Tea is an aromatic beverage prepared by pouring hot water over "
+        "cured leaves of the tea plant. After water, it is the most widely consumed drink in the world. "
+        "Tea originated in southwest China, where it was used as a medicinal drink, and it spread to "
+        "the rest of the world through trade.",
+    ),
+    (
+        "summary",
+        "Summarize the main idea: Regular physical activity improves mood, sleep and energy. It lowers "
+        "the risk of heart disease and diabetes and helps to keep a healthy weight. Adults are advised "
+        "to do at least 150 minutes of moderate activity each week.",
+    ),
     ("list", "List 10 animals that live in the desert."),
     ("list", "Give me a list of 8 easy dinner recipes."),
     ("list", "Continue the list: 1. Mercury 2. Venus 3. Earth"),
@@ -114,7 +129,13 @@ def _draft_preset(name: str, cpu_overrides: dict, folder: Path) -> str:
 
     preset = load_draft(name)
     cpu = {**preset.extra.get("cpu", {}), **cpu_overrides}
-    lines = [f'name = "{name}-bench"', f'kind = "{preset.kind}"', f'description = "{name}, benchmark variant"', "", "[cpu]"]
+    lines = [
+        f'name = "{name}-bench"',
+        f'kind = "{preset.kind}"',
+        f'description = "{name}, benchmark variant"',
+        "",
+        "[cpu]",
+    ]
     lines += [f"{key} = {json.dumps(value)}" for key, value in cpu.items()]  # ints, bools, lists: TOML = JSON
     path = folder / f"{name}-bench.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -144,8 +165,9 @@ def build_engines(methods: list[str], prepack: bool = True):
     engines, extra = {}, {}
     for method in wanted:
         preset, overrides = ENGINE_PRESETS[method]
-        request = BuildRequest(target=TARGET, draft=_draft_preset(preset, overrides, folder), name=method,
-                               engines_dir=folder / "engines")
+        request = BuildRequest(
+            target=TARGET, draft=_draft_preset(preset, overrides, folder), name=method, engines_dir=folder / "engines"
+        )
         engine, _ = load_engine(build_cpu(request), prepack=prepack)
         if method in methods:
             engines[method] = engine
@@ -180,12 +202,19 @@ def run_hf(target, ids: list[int], max_tokens: int, eos: int, **kwargs):
     try:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens,
-                                  do_sample=False, eos_token_id=eos, pad_token_id=eos, **kwargs)
+            out = target.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos,
+                **kwargs,
+            )
         seconds = time.perf_counter() - t0
     finally:
         hook.remove()
-    tokens = out[0, len(ids):].tolist()
+    tokens = out[0, len(ids) :].tolist()
     if tokens and tokens[-1] == eos:
         tokens = tokens[:-1]
     decode_forwards = max(1, forwards[0] - 1)
@@ -200,10 +229,18 @@ def main() -> None:
     parser.add_argument("--methods", default="baseline,ngram,draft,medusa,eagle,eagle-dynamic,hf,hf-assisted,hf-lookup")
     parser.add_argument("--triton", action="store_true", help="also measure EAGLE through Triton + gRPC")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-prepack", action="store_true", help="plain nn.Linear everywhere (A/B of the prepacked kernels)")
-    parser.add_argument("--gguf", type=Path, default=None, help="llama-cpp: the f32 GGUF of the target (made when missing)")
-    parser.add_argument("--llama-convert", type=Path, default=None,
-                        help="llama-cpp: llama.cpp source folder with convert_hf_to_gguf.py and gguf-py/, to make --gguf")
+    parser.add_argument(
+        "--no-prepack", action="store_true", help="plain nn.Linear everywhere (A/B of the prepacked kernels)"
+    )
+    parser.add_argument(
+        "--gguf", type=Path, default=None, help="llama-cpp: the f32 GGUF of the target (made when missing)"
+    )
+    parser.add_argument(
+        "--llama-convert",
+        type=Path,
+        default=None,
+        help="llama-cpp: llama.cpp source folder with convert_hf_to_gguf.py and gguf-py/, to make --gguf",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -238,8 +275,19 @@ def main() -> None:
         elif method == "llama-cpp":
             run_llama(extra["llama"], warm, 8, eos)
         else:
-            run_hf(target, warm, 8, eos, **({"assistant_model": extra["draft_model"]} if method == "hf-assisted" else
-                                            {"prompt_lookup_num_tokens": 5} if method == "hf-lookup" else {}))
+            run_hf(
+                target,
+                warm,
+                8,
+                eos,
+                **(
+                    {"assistant_model": extra["draft_model"]}
+                    if method == "hf-assisted"
+                    else {"prompt_lookup_num_tokens": 5}
+                    if method == "hf-lookup"
+                    else {}
+                ),
+            )
     for index, (category, text) in enumerate(prompts):
         ids = chat_ids(tok, text)
         for method in methods:
@@ -255,8 +303,16 @@ def main() -> None:
                 tokens, seconds, mal = run_llama(extra["llama"], ids, args.max_tokens, eos)
             else:
                 raise SystemExit(f"unknown method {method}")
-            results[method].append({"prompt": index, "category": category, "tokens": tokens, "seconds": round(seconds, 4),
-                                    "tokens_per_s": round(len(tokens) / seconds, 3), "mean_accepted_length": round(mal, 4)})
+            results[method].append(
+                {
+                    "prompt": index,
+                    "category": category,
+                    "tokens": tokens,
+                    "seconds": round(seconds, 4),
+                    "tokens_per_s": round(len(tokens) / seconds, 3),
+                    "mean_accepted_length": round(mal, 4),
+                }
+            )
         if triton:
             results["eagle-triton"].append(run_triton(triton, tok, text, args.max_tokens, index, category))
         line = "  ".join(f"{m} {results[m][-1]['tokens_per_s']:.1f}" for m in results)
@@ -304,8 +360,15 @@ def run_triton(triton: dict, tok, text: str, max_tokens: int, index: int, catego
     tokens = tok(result.text, add_special_tokens=False)["input_ids"]
     perf = result.perf
     accepted = perf.get("total_accepted_draft_tokens", 0)
-    return {"prompt": index, "category": category, "text": result.text, "tokens": tokens, "seconds": round(result.latency_s, 4),
-            "tokens_per_s": round(len(tokens) / result.latency_s, 3), "accepted_draft_tokens": accepted}
+    return {
+        "prompt": index,
+        "category": category,
+        "text": result.text,
+        "tokens": tokens,
+        "seconds": round(result.latency_s, 4),
+        "tokens_per_s": round(len(tokens) / result.latency_s, 3),
+        "accepted_draft_tokens": accepted,
+    }
 
 
 def llama_cpp_targets(summary: dict, spec: list[str]) -> dict:
@@ -317,11 +380,13 @@ def llama_cpp_targets(summary: dict, spec: list[str]) -> dict:
     targets = {}
     if "baseline" in summary:
         targets["plain decoding within 1.2x of llama.cpp (llama.cpp tok/s / baseline tok/s <= 1.2)"] = round(
-            llama / summary["baseline"]["tokens_per_s"], 3)
+            llama / summary["baseline"]["tokens_per_s"], 3
+        )
     if spec:
         best = max(spec, key=lambda m: summary[m]["tokens_per_s"])
         targets[f"best speculative ({best}) faster than llama.cpp plain (ratio > 1)"] = round(
-            summary[best]["tokens_per_s"] / llama, 3)
+            summary[best]["tokens_per_s"] / llama, 3
+        )
     return targets
 
 
@@ -356,21 +421,36 @@ def summarize(results: dict[str, list[dict]], tok, args) -> dict:
         best_spec = max(spec, key=lambda m: summary[m]["tokens_per_s"])
         best_peer = max(peers, key=lambda m: summary[m]["tokens_per_s"])
         targets[f"best speculative ({best_spec}) >= 1.3x best transformers ({best_peer})"] = round(
-            summary[best_spec]["tokens_per_s"] / summary[best_peer]["tokens_per_s"], 3)
+            summary[best_spec]["tokens_per_s"] / summary[best_peer]["tokens_per_s"], 3
+        )
     if "eagle-triton" in summary and "eagle" in summary:
-        targets["eagle via Triton within 10% of in-process"] = round(summary["eagle-triton"]["tokens_per_s"] / summary["eagle"]["tokens_per_s"], 3)
+        targets["eagle via Triton within 10% of in-process"] = round(
+            summary["eagle-triton"]["tokens_per_s"] / summary["eagle"]["tokens_per_s"], 3
+        )
     import transformers
 
     return {
-        "setup": {"model": "SmolLM2-135M-Instruct (fp32)", "prompts": len(baseline), "max_new_tokens": args.max_tokens,
-                  "greedy": True, "batch": 1, "threads": args.threads,
-                  "linear_layers": "nn.Linear" if args.no_prepack else "oneDNN prepacked fp32 (specpipe and transformers alike)",
-                  "torch": torch.__version__,
-                  "transformers": transformers.__version__, "machine": platform.machine(),
-                  "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())},
+        "setup": {
+            "model": "SmolLM2-135M-Instruct (fp32)",
+            "prompts": len(baseline),
+            "max_new_tokens": args.max_tokens,
+            "greedy": True,
+            "batch": 1,
+            "threads": args.threads,
+            "linear_layers": "nn.Linear"
+            if args.no_prepack
+            else "oneDNN prepacked fp32 (specpipe and transformers alike)",
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "machine": platform.machine(),
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        },
         "summary": summary,
         "targets": targets,
-        "per_prompt": {m: [{k: v for k, v in r.items() if k not in ("tokens", "text")} for r in rows] for m, rows in results.items()},
+        "per_prompt": {
+            m: [{k: v for k, v in r.items() if k not in ("tokens", "text")} for r in rows]
+            for m, rows in results.items()
+        },
     }
 
 

@@ -36,7 +36,6 @@ from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.training.prompts import Prompt, builtin_prompts, chat_input_ids
 
-
 #: The training prompts' categories that are, like the benchmark's chat set, questions and requests
 #: (not summaries or edits of standard-library text, which any drafter copies from the prompt).
 CHAT_CATEGORIES = ("chat", "advice", "list")
@@ -62,7 +61,9 @@ def main() -> None:
     parser.add_argument("engine", type=Path)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--seed", type=int, default=TRAINING_STYLE_SEED, help="builtin_prompts seed of the training-style set")
+    parser.add_argument(
+        "--seed", type=int, default=TRAINING_STYLE_SEED, help="builtin_prompts seed of the training-style set"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -70,7 +71,9 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.engine / manifest.target.path)
     sets = {
         "bench-chat": [p.text for p in load_prompts("chat")[0][: args.prompts]],
-        "training-style": [p.text for p in builtin_prompts(seed=args.seed) if p.category in CHAT_CATEGORIES][: args.prompts],
+        "training-style": [p.text for p in builtin_prompts(seed=args.seed) if p.category in CHAT_CATEGORIES][
+            : args.prompts
+        ],
     }
     results = []
     for name, prompts in sets.items():
@@ -78,8 +81,13 @@ def main() -> None:
         mean, steps = tokens_per_step(scheduler, tokenizer, prompts, args.tokens)
         results.append({"prompts": name, "tokens_per_step": round(mean, 3), "steps": steps, "first_prompt": prompts[0]})
         print(json.dumps(results[-1]), flush=True)
-    report = {"command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
-              "engine": manifest.name, "max_draft_len": engine.max_draft_len, "results": results}
+    report = {
+        "command": shlex.join(["python", *sys.argv]),
+        "date": date.today().isoformat(),
+        "engine": manifest.name,
+        "max_draft_len": engine.max_draft_len,
+        "results": results,
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -42,13 +42,12 @@ def child(engine_dir: Path, prompts: int, concurrency: int, tokens: int) -> dict
     import torch
 
     torch.set_num_threads(2)
+    from adaptive_interleaved import Lane, chat_prompt_ids, run_level
     from transformers import AutoTokenizer
 
     from specpipe.generation.api import SamplingParams
     from specpipe.runtime.cpu.loader import load_engine
     from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
-
-    from adaptive_interleaved import Lane, chat_prompt_ids, run_level
 
     record = {"imported": status_mib()}
     engine, manifest = load_engine(engine_dir)
@@ -79,17 +78,37 @@ def main() -> None:
     results = []
     for engine_dir in args.engines:
         weight_files = sum(p.stat().st_size for p in engine_dir.rglob("*.safetensors")) / MiB
-        done = subprocess.run([sys.executable, __file__, str(engine_dir), "--child", "--prompts", str(args.prompts),
-                               "--concurrency", str(args.concurrency), "--tokens", str(args.tokens)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                str(engine_dir),
+                "--child",
+                "--prompts",
+                str(args.prompts),
+                "--concurrency",
+                str(args.concurrency),
+                "--tokens",
+                str(args.tokens),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         record = {"engine": engine_dir.name, "weight_files_mib": round(weight_files, 1), **json.loads(line[7:])}
         record["ratio"] = round(record["served"]["VmRSS"] / weight_files, 2)
         print(json.dumps(record), flush=True)
         results.append(record)
-    report = {"command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
-              "machine": platform.processor() or platform.machine(), "prompts": args.prompts,
-              "concurrency": args.concurrency, "tokens": args.tokens, "results": results}
+    report = {
+        "command": shlex.join(["python", *sys.argv]),
+        "date": date.today().isoformat(),
+        "machine": platform.processor() or platform.machine(),
+        "prompts": args.prompts,
+        "concurrency": args.concurrency,
+        "tokens": args.tokens,
+        "results": results,
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -93,8 +93,12 @@ def convert_to_gguf(checkpoint: Path, out: Path, llama_cpp_dir: Path) -> Path:
         raise SystemExit(f"{script} not found: pass --llama-convert <llama.cpp source folder> (see {__file__})")
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(llama_cpp_dir) / "gguf-py"), str(llama_cpp_dir)])}
-    done = subprocess.run([sys.executable, str(script), str(checkpoint), "--outtype", "f32", "--outfile", str(out)],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(script), str(checkpoint), "--outtype", "f32", "--outfile", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0 or not out.is_file():
         raise SystemExit(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return out
@@ -110,8 +114,9 @@ def load_llama(checkpoint: Path, gguf: Path, llama_cpp_dir: Path | None, threads
         if llama_cpp_dir is None:
             raise SystemExit(f"no GGUF at {gguf}: pass --gguf FILE or --llama-convert <llama.cpp source folder>")
         convert_to_gguf(checkpoint, Path(gguf), llama_cpp_dir)
-    return Llama(model_path=str(gguf), n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                 verbose=False)
+    return Llama(
+        model_path=str(gguf), n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
 
 
 def generate_greedy(llm, ids: list[int], max_tokens: int, eos: int) -> list[int]:
@@ -159,8 +164,9 @@ class LlamaCppLane:
         if self._current is None:
             index = self.todo.pop(0)
             self.llm.reset()
-            tokens = self.llm.generate(self.prompt_ids[index], top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
-                                       repeat_penalty=1.0, reset=True)
+            tokens = self.llm.generate(
+                self.prompt_ids[index], top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True
+            )
             self._current, self.outputs[index] = (index, tokens), []
         index, tokens = self._current
         token = int(next(tokens))
@@ -189,16 +195,21 @@ def main() -> None:
     from llama_cpp import Llama
     from transformers import AutoTokenizer
 
-    from specpipe.runtime.cpu.model.batched_lm import BatchedLM
     from specpipe.runtime.cpu.loader import load_engine
+    from specpipe.runtime.cpu.model.batched_lm import BatchedLM
     from specpipe.runtime.cpu.model.prepack import set_dense_rows
 
     engine, manifest = load_engine(args.engine, dense_copy=True)
     tokenizer = AutoTokenizer.from_pretrained(args.engine / manifest.target.path)
-    prompt_ids = list(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                                    return_dict=True)["input_ids"])
+    prompt_ids = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
     lm = BatchedLM(engine.target.model, 1)
-    llm = Llama(model_path=str(args.gguf), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    llm = Llama(
+        model_path=str(args.gguf), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+    )
     if lm.argmax_screen is None:
         sys.exit("this CPU or model has no argmax screen (bf16 kernels, tied lm_head): nothing to compare")
     ours, packed, fp32_head, theirs = [], [], [], []
@@ -216,9 +227,16 @@ def main() -> None:
         theirs.append(llama_step_seconds(llm, prompt_ids, args.tokens))
     result = {
         "command": shlex.join(["python", *sys.argv]),
-        "setup": {"prompt_tokens": len(prompt_ids), "tokens": args.tokens, "reps": args.reps, "threads": args.threads,
-                  "torch": torch.__version__, "machine": platform.machine(), "cpu": _cpu_name(),
-                  "date": time.strftime("%Y-%m-%d %H:%M")},
+        "setup": {
+            "prompt_tokens": len(prompt_ids),
+            "tokens": args.tokens,
+            "reps": args.reps,
+            "threads": args.threads,
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "cpu": _cpu_name(),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+        },
         "specpipe_step_ms": [round(s * 1e3, 2) for s in ours],
         "specpipe_packed_step_ms": [round(s * 1e3, 2) for s in packed],
         "specpipe_packed_fp32_head_step_ms": [round(s * 1e3, 2) for s in fp32_head],

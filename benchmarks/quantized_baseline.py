@@ -41,9 +41,9 @@ from transformers import AutoTokenizer
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.runtime.cpu.model.quantized_linear import quantized_bytes
 from specpipe.runtime.cpu.model.weights_memory import resident_bytes
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
 MiB = 2**20
 
@@ -63,9 +63,12 @@ QUESTIONS = [
 def chat_prompts(engine_dir: Path, count: int) -> list[list[int]]:
     """``count`` chat prompts as token ids, with the engine target's chat template."""
     tokenizer = AutoTokenizer.from_pretrained(engine_dir / "target")
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                          return_dict=False)
-            for q in (QUESTIONS * (count // len(QUESTIONS) + 1))[:count]]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in (QUESTIONS * (count // len(QUESTIONS) + 1))[:count]
+    ]
 
 
 def weight_files_bytes(engine_dir: Path) -> int:
@@ -86,11 +89,14 @@ def child(engine_dir: Path, tokens: int) -> dict:
     prompt = chat_prompts(engine_dir, 1)[0]
     generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=tokens))
     served = resident_bytes()
-    return {"engine": str(engine_dir), "quantization": manifest.quantization or "fp32",
-            "weight_files_mib": round(weight_files_bytes(engine_dir) / MiB, 1),
-            "quantized_linear_mib": round(quantized_bytes(engine.target.model) / MiB, 1),
-            "loaded_mib": {k: round(v / MiB, 1) for k, v in loaded.items()},
-            "served_mib": {k: round(v / MiB, 1) for k, v in served.items()}}
+    return {
+        "engine": str(engine_dir),
+        "quantization": manifest.quantization or "fp32",
+        "weight_files_mib": round(weight_files_bytes(engine_dir) / MiB, 1),
+        "quantized_linear_mib": round(quantized_bytes(engine.target.model) / MiB, 1),
+        "loaded_mib": {k: round(v / MiB, 1) for k, v in loaded.items()},
+        "served_mib": {k: round(v / MiB, 1) for k, v in served.items()},
+    }
 
 
 def speed(engine_dirs: list[Path], prompts: int, tokens: int, rounds: int) -> list[dict]:
@@ -118,10 +124,15 @@ def speed(engine_dirs: list[Path], prompts: int, tokens: int, rounds: int) -> li
         rate = total_tokens / sum(s for s, _ in seconds[i])
         first_rate = first_rate or rate
         same = sum(a == b for got, want in zip(outputs[i], outputs[0]) for a, b in zip(got, want))
-        results.append({"engine": str(engine_dir), "tokens_per_s": round(rate, 2),
-                        "median_prompt_tokens_per_s": round(statistics.median(n / s for s, n in seconds[i]), 2),
-                        "speed_vs_first": round(rate / first_rate, 3),
-                        "same_tokens_as_first": round(same / sum(len(o) for o in outputs[0]), 3)})
+        results.append(
+            {
+                "engine": str(engine_dir),
+                "tokens_per_s": round(rate, 2),
+                "median_prompt_tokens_per_s": round(statistics.median(n / s for s, n in seconds[i]), 2),
+                "speed_vs_first": round(rate / first_rate, 3),
+                "same_tokens_as_first": round(same / sum(len(o) for o in outputs[0]), 3),
+            }
+        )
     return results
 
 
@@ -139,18 +150,30 @@ def main() -> None:
         return
     memory = []
     for engine_dir in args.engines:
-        run = subprocess.run([sys.executable, __file__, str(engine_dir), "--child", "--tokens", str(args.tokens)],
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run(
+            [sys.executable, __file__, str(engine_dir), "--child", "--tokens", str(args.tokens)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         memory.append(json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:]))
         print(json.dumps(memory[-1]), flush=True)
     rates = speed(args.engines, args.prompts, args.tokens, args.rounds)
     for row in rates:
         print(json.dumps(row), flush=True)
-    report = {"command": shlex.join(["python", *sys.argv]), "date": date.today().isoformat(),
-              "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                          "torch": torch.__version__, "threads": torch.get_num_threads()},
-              "settings": {"prompts": args.prompts, "tokens": args.tokens, "rounds": args.rounds},
-              "speed": rates, "memory": memory}
+    report = {
+        "command": shlex.join(["python", *sys.argv]),
+        "date": date.today().isoformat(),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "settings": {"prompts": args.prompts, "tokens": args.tokens, "rounds": args.rounds},
+        "speed": rates,
+        "memory": memory,
+    }
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 

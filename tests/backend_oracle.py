@@ -25,7 +25,7 @@ def parse_like_backend(text: str) -> list[list[int]]:
         end = rest.find("}")
         if end < 0:  # getline reached the end of the stream: the loop stops
             break
-        group, rest = rest[:end], rest[end + 1:]
+        group, rest = rest[:end], rest[end + 1 :]
         if group == "":
             break
         if group[0] == "{":
@@ -33,7 +33,7 @@ def parse_like_backend(text: str) -> list[list[int]]:
         paths.append(_csv_ints(group))
         rest = rest.lstrip()
         comma = rest.find(",")
-        rest = "" if comma < 0 else rest[comma + 1:].lstrip()
+        rest = "" if comma < 0 else rest[comma + 1 :].lstrip()
     return paths
 
 

@@ -4,18 +4,18 @@ scheduler (:mod:`specpipe.runtime.cpu.scheduler.scheduler`) on the test's thread
 from __future__ import annotations
 
 import torch
+from tiny_models import tiny_llama
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
-from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
+from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.tree import Tree
-from tiny_models import tiny_llama
 
 METHODS = ("none", "ngram", "draft-model", "medusa", "eagle", "eagle-dynamic")
 TREE = "[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]"

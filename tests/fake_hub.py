@@ -48,7 +48,11 @@ class FakeRepo:
     def entry(self, path: str) -> dict:
         data = self.files[path]
         blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-        lfs = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134} if len(data) > LFS_THRESHOLD else None
+        lfs = (
+            {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            if len(data) > LFS_THRESHOLD
+            else None
+        )
         return {"type": "file", "path": path, "size": len(data), "oid": blob, "lfs": lfs}
 
 
@@ -120,15 +124,23 @@ def _handler(hub: FakeHub):
             header = self.headers.get("Authorization", "")
             token = header.removeprefix("Bearer ") if header else None
             if token is not None and token not in hub.tokens:
-                self._send(401, b'{"error":"Invalid credentials"}',
-                           {"X-Error-Message": "Invalid credentials in Authorization header"}, head)
+                self._send(
+                    401,
+                    b'{"error":"Invalid credentials"}',
+                    {"X-Error-Message": "Invalid credentials in Authorization header"},
+                    head,
+                )
                 return True
             if repo is None:
                 self._send(401, b'{"error":"Repository not found"}', {"X-Error-Code": "RepoNotFound"}, head)
                 return True
             if repo.gated and token not in repo.granted:
-                self._send(401 if token is None else 403, b'{"error":"gated"}',
-                           {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to this model is restricted"}, head)
+                self._send(
+                    401 if token is None else 403,
+                    b'{"error":"gated"}',
+                    {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to this model is restricted"},
+                    head,
+                )
                 return True
             return False
 
@@ -153,11 +165,26 @@ def _handler(hub: FakeHub):
                 if m.group(2) == "tree":
                     self._json(entries)
                 else:
-                    siblings = [{"rfilename": e["path"], "size": e["size"], "blobId": e["oid"],
-                                 "lfs": {"sha256": e["lfs"]["oid"], "size": e["size"], "pointerSize": 134} if e["lfs"] else None}
-                                for e in entries]
-                    self._json({"id": repo.repo_id, "sha": repo.commit, "siblings": siblings, "private": False,
-                                "gated": "manual" if repo.gated else False})
+                    siblings = [
+                        {
+                            "rfilename": e["path"],
+                            "size": e["size"],
+                            "blobId": e["oid"],
+                            "lfs": {"sha256": e["lfs"]["oid"], "size": e["size"], "pointerSize": 134}
+                            if e["lfs"]
+                            else None,
+                        }
+                        for e in entries
+                    ]
+                    self._json(
+                        {
+                            "id": repo.repo_id,
+                            "sha": repo.commit,
+                            "siblings": siblings,
+                            "private": False,
+                            "gated": "manual" if repo.gated else False,
+                        }
+                    )
                 return
             self._resolve(head=False)
 

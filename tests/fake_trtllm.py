@@ -23,7 +23,7 @@ GENERATIONS = {
 #: sys.argv), ``none`` (returns nothing: a shape the check must refuse).
 BUILD_RETURNS = {"parser": "parser", "namespace": "parser.parse_args()", "none": "None"}
 
-BUILD = '''
+BUILD = """
 import argparse, json
 def parse_arguments():
     parser = argparse.ArgumentParser()
@@ -33,16 +33,16 @@ def parse_arguments():
         else:
             parser.add_argument(flag, choices=spec.get("choices"))
     return {returns}
-'''
+"""
 
 #: ``tensorrt_llm/__init__.py`` of a container whose import fails, by cause (the texts the loader gives).
 IMPORT_FAILURES = {
     "no-driver": "raise ImportError('libcuda.so.1: cannot open shared object file: No such file or directory')",
     "broken": "raise ImportError('/usr/local/lib/python3.12/dist-packages/tensorrt_llm/libs/libth_common.so: "
-              "undefined symbol: _ZN3c1017RegisterOperatorsD1Ev')",
+    "undefined symbol: _ZN3c1017RegisterOperatorsD1Ev')",
 }
 
-LLM_ARGS = '''
+LLM_ARGS = """
 TYPES, MODEL_KEY = {types!r}, {key!r}
 TOP = {{"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len",
         "kv_cache_config", "speculative_config", "disable_overlap_scheduler"}}
@@ -59,9 +59,9 @@ class TorchLlmArgs:
                 raise ValueError(f"decoding_type {{spec.get('decoding_type')!r}} is not one of {{TYPES}}")
             if spec["decoding_type"] != "NGram" and MODEL_KEY not in spec:
                 raise ValueError(f"{{MODEL_KEY}} is required")
-'''
+"""
 
-CONVERT = '''
+CONVERT = """
 import argparse
 def parse_arguments():
     parser = argparse.ArgumentParser()
@@ -70,9 +70,9 @@ def parse_arguments():
     return parser.parse_args()
 if __name__ == "__main__":
     raise SystemExit("the converter ran: the check must only parse")
-'''
+"""
 
-QUANTIZE = '''
+QUANTIZE = """
 import argparse
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
@@ -81,11 +81,12 @@ if __name__ == "__main__":
         parser.add_argument(flag)
     args = parser.parse_args()
     raise SystemExit("quantize ran: the check must stop after parsing")
-'''
+"""
 
 
-def write_fake(root: Path, generation: str, *, build_returns: str = "parser",
-               import_failure: str | None = None) -> tuple[Path, Path]:
+def write_fake(
+    root: Path, generation: str, *, build_returns: str = "parser", import_failure: str | None = None
+) -> tuple[Path, Path]:
     """Write the stand-in package under ``root/site`` and examples under ``root/examples``
     (``build_returns``: a :data:`BUILD_RETURNS` shape; ``import_failure``: an :data:`IMPORT_FAILURES` cause)."""
     version, types, key = GENERATIONS[generation]
@@ -93,9 +94,12 @@ def write_fake(root: Path, generation: str, *, build_returns: str = "parser",
     for sub in ("commands", "llmapi"):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text(IMPORT_FAILURES[import_failure] + "\n" if import_failure else f"__version__ = {version!r}\n")
-    (pkg / "commands" / "build.py").write_text(BUILD.format(flags=str(FLAGS_DIR / "trtllm-build.json"),
-                                                            returns=BUILD_RETURNS[build_returns]))
+    (pkg / "__init__.py").write_text(
+        IMPORT_FAILURES[import_failure] + "\n" if import_failure else f"__version__ = {version!r}\n"
+    )
+    (pkg / "commands" / "build.py").write_text(
+        BUILD.format(flags=str(FLAGS_DIR / "trtllm-build.json"), returns=BUILD_RETURNS[build_returns])
+    )
     (pkg / "llmapi" / "llm_args.py").write_text(LLM_ARGS.format(types=types, key=key))
     examples = root / "examples"
     (examples / "models/core/llama").mkdir(parents=True)
@@ -108,15 +112,56 @@ def write_fake(root: Path, generation: str, *, build_returns: str = "parser",
 
 
 def checks_document(root: Path, examples: Path, pin: str, *, model_yaml: str | None = None, argvs=None) -> Path:
-    doc = {"pin": pin, "image": "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3",
-           "argvs": argvs if argvs is not None else [
-               {"step": "convert-target", "argv": ["python3", f"{examples}/models/core/llama/convert_checkpoint.py",
-                                                   "--model_dir", "/m", "--output_dir", "/o", "--tp_size", "1"]},
-               {"step": "quantize", "argv": ["python3", f"{examples}/quantization/quantize.py", "--model_dir", "/m",
-                                             "--qformat", "fp8", "--output_dir", "/o"]},
-               {"step": "build-target", "argv": ["trtllm-build", "--checkpoint_dir", "/c", "--output_dir", "/e",
-                                                 "--gemm_plugin", "auto", "--max_batch_size", "8"]}],
-           "backends": ["tensorrtllm", "python"], "backends_root": str(root / "backends")}
+    doc = {
+        "pin": pin,
+        "image": "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3",
+        "argvs": argvs
+        if argvs is not None
+        else [
+            {
+                "step": "convert-target",
+                "argv": [
+                    "python3",
+                    f"{examples}/models/core/llama/convert_checkpoint.py",
+                    "--model_dir",
+                    "/m",
+                    "--output_dir",
+                    "/o",
+                    "--tp_size",
+                    "1",
+                ],
+            },
+            {
+                "step": "quantize",
+                "argv": [
+                    "python3",
+                    f"{examples}/quantization/quantize.py",
+                    "--model_dir",
+                    "/m",
+                    "--qformat",
+                    "fp8",
+                    "--output_dir",
+                    "/o",
+                ],
+            },
+            {
+                "step": "build-target",
+                "argv": [
+                    "trtllm-build",
+                    "--checkpoint_dir",
+                    "/c",
+                    "--output_dir",
+                    "/e",
+                    "--gemm_plugin",
+                    "auto",
+                    "--max_batch_size",
+                    "8",
+                ],
+            },
+        ],
+        "backends": ["tensorrtllm", "python"],
+        "backends_root": str(root / "backends"),
+    }
     if model_yaml is not None:
         doc["model_yaml"] = model_yaml
     path = root / "checks.json"

@@ -10,17 +10,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tiny_engine import tiny_tokenizer
+
 from specpipe.client.llm import GenerationResult
 from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 from specpipe.triton.interface import ENSEMBLE
 from specpipe.triton.models.postprocessing import Detokenizer
 from specpipe.triton.models.preprocessing import Preprocessor
-from tiny_engine import tiny_tokenizer
 
 CONTEXT = 256
-SCRIPT = ("Here are three fruits that are perfect for a healthy and balanced diet: apples, bananas and pears. "
-          "Bananas are rich in potassium.")
+SCRIPT = (
+    "Here are three fruits that are perfect for a healthy and balanced diet: apples, bananas and pears. "
+    "Bananas are rich in potassium."
+)
 
 
 def tokenizer_dir(root: Path) -> Path:
@@ -63,15 +66,21 @@ class FakeLLM:
 
     async def generate(self, request: GenerationRequest, on_text=None) -> GenerationResult:
         self.requests.append(request)
-        ids = self.pre.encode_segments(list(request.text_segments)) if request.text_segments else self.pre.encode_prompt(request.prompt)
+        ids = (
+            self.pre.encode_segments(list(request.text_segments))
+            if request.text_segments
+            else self.pre.encode_prompt(request.prompt)
+        )
         self.prompt_ids.append(ids)
         result = GenerationResult()
         if len(ids) >= CONTEXT:
             result.error = f"the prompt has {len(ids)} tokens but the context limit is {CONTEXT} tokens"
             return result
         if self.busy:  # what the CPU engine answers past its queue bound, as it reaches the client
-            result.error = ("in ensemble 'ensemble', server busy: it holds 40 requests already, the most it takes "
-                            "(8 decoding together + max_queue 32 waiting); retry later")
+            result.error = (
+                "in ensemble 'ensemble', server busy: it holds 40 requests already, the most it takes "
+                "(8 decoding together + max_queue 32 waiting); retry later"
+            )
             return result
         budget = min(request.max_tokens, CONTEXT - len(ids))
         tokens = (self.script if self.end else self.script * 10)[:budget]
@@ -80,7 +89,7 @@ class FakeLLM:
         try:
             while len(sent) < len(tokens):
                 await asyncio.sleep(self.step_delay_s)
-                new = tokens[len(sent): len(sent) + self.tokens_per_step]
+                new = tokens[len(sent) : len(sent) + self.tokens_per_step]
                 text = self.detok.delta(sent, new)
                 sent += new
                 result.perf = {"num_input_tokens": len(ids), "num_output_tokens": len(sent)}
@@ -102,7 +111,9 @@ class FakeLLM:
 def post(server, path, body, raw: bytes | None = None):
     """(status, parsed JSON or the event-stream text) of a POST of ``body`` (or the bytes ``raw``) to a running gateway."""
     data = raw if raw is not None else json.dumps(body).encode()
-    request = urllib.request.Request(server.url.removesuffix("/v1") + path, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        server.url.removesuffix("/v1") + path, data=data, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             text = reply.read().decode()

@@ -13,7 +13,10 @@ def next_token_logits(model: PreTrainedModel, token_ids: list[int]) -> torch.Ten
 
 
 def greedy_reference(
-    model: PreTrainedModel, prompt_ids: list[int], max_tokens: int, banned_ids: tuple[int, ...] = (),
+    model: PreTrainedModel,
+    prompt_ids: list[int],
+    max_tokens: int,
+    banned_ids: tuple[int, ...] = (),
     bad_words: tuple[tuple[int, ...], ...] = (),
 ) -> list[int]:
     """Greedy decoding, recomputing the whole sequence each token (O(n²), for tests and checks).

@@ -6,12 +6,13 @@ from __future__ import annotations
 import types
 
 import numpy as np
+from batch_helpers import prompts, run_alone
+from triton_fakes import FAKE_PB, FINAL, FakeRequest, generate_request, model, wait_for  # noqa: F401 - model is a fixture
 
 from specpipe.generation.api import SamplingParams
 from specpipe.triton.interface import TENSORRT_LLM
 from specpipe.triton.models.stop_requests import AbandonedRequests, stop_request_values
-from batch_helpers import prompts, run_alone
-from triton_fakes import FAKE_PB, FINAL, generate_request, FakeRequest, wait_for, model  # noqa: F401 - model is a fixture
+
 
 def test_abandoned_requests_get_one_stop_each_and_a_failed_stop_is_tried_again():
     sent, failing, clock = [], {"flaky"}, [100.0]
@@ -46,8 +47,9 @@ class _Cancelled(FakeRequest):
     """A postprocessing request the ensemble created cancelled (its client went away)."""
 
     def __init__(self, request_id, tokens):
-        super().__init__(request_id, TOKENS_BATCH=np.array([[tokens]], np.int32),
-                         SEQUENCE_LENGTH=np.array([[len(tokens)]], np.int32))
+        super().__init__(
+            request_id, TOKENS_BATCH=np.array([[tokens]], np.int32), SEQUENCE_LENGTH=np.array([[len(tokens)]], np.int32)
+        )
 
     def is_cancelled(self):
         return True
@@ -68,8 +70,11 @@ def postprocessing_stopping_through(instance, monkeypatch):
         def exec(self, decoupled):
             assert decoupled
             instance.execute([self.request])
-            return [types.SimpleNamespace(has_error=lambda: response.error is not None, error=lambda: response.error)
-                    for response, _ in self.request.sender.sent if response is not None]
+            return [
+                types.SimpleNamespace(has_error=lambda: response.error is not None, error=lambda: response.error)
+                for response, _ in self.request.sender.sent
+                if response is not None
+            ]
 
     monkeypatch.setattr(FAKE_PB, "InferenceRequest", _BlsRequest, raising=False)
     post = postprocessing.TritonPythonModel()
@@ -114,7 +119,9 @@ def test_a_request_sent_without_an_id_is_stopped_by_the_id_the_engine_gave_it(mo
     assert len(ids) == 1 and (given := ids.pop().decode()).startswith("specpipe-anonymous-")
     assert other.sender.sent[0][0].outputs["engine_request_id"].reshape(-1)[0].decode() != given
     cancelled = _Cancelled("", [5, 6])
-    cancelled.inputs["ENGINE_REQUEST_ID"] = types.SimpleNamespace(as_numpy=lambda: np.array([[given.encode()]], np.object_))
+    cancelled.inputs["ENGINE_REQUEST_ID"] = types.SimpleNamespace(
+        as_numpy=lambda: np.array([[given.encode()]], np.object_)
+    )
     (reply,) = post.execute([cancelled])
     assert reply.error is None and bls_calls == [("tensorrt_llm", given)]
     assert anonymous.sender.done.wait(60) and other.sender.done.wait(60)

@@ -78,6 +78,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_no_module_over_the_size_limit():
-    too_big = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
-               if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    too_big = {
+        str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert too_big == {}, f"split these modules by concern (over {MAX_LINES} lines): {too_big}"

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batch_helpers import make_engine, prompts, scheduler_for, submit
+from tiny_models import tiny_llama
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.model.argmax_screen import MAX_SCREENED_ROWS, ArgmaxScreen
-from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.model.prepack import bf16_prepack_available, prepack_linear_layers
 from specpipe.runtime.cpu.verify.sampling import TokenSampler
-
-from batch_helpers import make_engine, prompts, scheduler_for, submit
-from tiny_models import tiny_llama
 
 GREEDY = SamplingParams(max_tokens=24)
 needs_bf16 = pytest.mark.skipif(not bf16_prepack_available(), reason="this CPU has no native bf16 linear layers")
@@ -23,7 +22,10 @@ def weights_and_states(seed: int, vocab: int = 4096, hidden: int = 96, rows: int
     """A weight whose rows span three orders of magnitude, and hidden states of every scale from
     tiny to large, some rows nearly parallel to a weight row (a clear winner) and some not."""
     generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(vocab, hidden, generator=generator) * torch.logspace(-2, 1, vocab)[torch.randperm(vocab, generator=generator), None]
+    weight = (
+        torch.randn(vocab, hidden, generator=generator)
+        * torch.logspace(-2, 1, vocab)[torch.randperm(vocab, generator=generator), None]
+    )
     states = torch.randn(rows, hidden, generator=generator) * torch.logspace(-3, 2, rows)[:, None]
     states[: rows // 2] += 3 * weight[torch.randint(vocab, (rows // 2,), generator=generator)]
     return weight, states
@@ -59,7 +61,7 @@ def test_its_argmax_is_the_exact_argmax_and_the_kept_values_are_exact(seed):
 
 
 @needs_bf16
-@pytest.mark.parametrize("scale", [1e-38, 1e-36, 2.0 ** -100, 1e-20])
+@pytest.mark.parametrize("scale", [1e-38, 1e-36, 2.0**-100, 1e-20])
 def test_rows_too_small_for_float32_squares_or_bf16_products_keep_the_exact_argmax(scale):
     """Below about 1e-19 a row's float32 norm underflows to 0, and below 2**-126 the kernel may flush
     inputs, products and outputs to zero: the bound must still hold (or the row go to the full lm_head)."""
@@ -145,14 +147,17 @@ def test_batched_projection_screens_only_the_argmax_rows_of_a_prepacked_model():
     assert torch.equal(lm.project(many, [True] * len(many)), lm.project(many))  # past the cap: the full lm_head
 
 
-@pytest.mark.parametrize(("params", "expected"), [
-    (SamplingParams(max_tokens=4), True),
-    (SamplingParams(max_tokens=4, greedy=False, temperature=0.7), False),
-    (SamplingParams(max_tokens=4, bad_words=((3,),)), False),
-    (SamplingParams(max_tokens=4, repetition_penalty=1.2), False),
-    (SamplingParams(max_tokens=4, min_tokens=2, end_id=2), False),
-    (SamplingParams(max_tokens=4, greedy=False, top_k=1), True),
-])
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (SamplingParams(max_tokens=4), True),
+        (SamplingParams(max_tokens=4, greedy=False, temperature=0.7), False),
+        (SamplingParams(max_tokens=4, bad_words=((3,),)), False),
+        (SamplingParams(max_tokens=4, repetition_penalty=1.2), False),
+        (SamplingParams(max_tokens=4, min_tokens=2, end_id=2), False),
+        (SamplingParams(max_tokens=4, greedy=False, top_k=1), True),
+    ],
+)
 def test_only_plain_greedy_requests_are_argmax_only(params, expected):
     assert TokenSampler(params, torch.Generator()).argmax_only is expected
 
@@ -165,7 +170,9 @@ def test_the_schedulers_output_is_the_same_without_the_screen(method, monkeypatc
     batch = [(p, GREEDY if i != 3 else sampled) for i, p in enumerate(prompts(8, seed=4))]
     outputs, calls = [], []
     original = ArgmaxScreen.logits
-    monkeypatch.setattr(ArgmaxScreen, "logits", lambda self, hidden: calls.append(len(hidden)) or original(self, hidden))
+    monkeypatch.setattr(
+        ArgmaxScreen, "logits", lambda self, hidden: calls.append(len(hidden)) or original(self, hidden)
+    )
     for screened in (True, False):
         scheduler = scheduler_for(engine)
         # the tiny engines' lm_head is untied (a tied random model only repeats itself): screen it directly

@@ -3,12 +3,12 @@ thread (the one that loaded the engine), each streams its own responses, a clien
 only that request, and a request past the queue bound gets UNAVAILABLE ("server busy") at once."""
 
 import pytest
+from batch_helpers import make_engine, prompts, run_alone, scheduler_for
+from recording_sender import RecordingSender as Sender
 
 from specpipe.generation.api import SamplingParams
 from specpipe.triton.models.engine_request import EngineRequest
 from specpipe.triton.models.request_worker import RequestWorker
-from batch_helpers import make_engine, prompts, run_alone, scheduler_for
-from recording_sender import RecordingSender as Sender
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -20,8 +20,10 @@ def test_worker_batches_streams_cancels_and_answers_busy():
     worker = RequestWorker(load=lambda: scheduler_for(engine, max_batch_size=2, max_queue=1))
     senders = [Sender(), Sender(cancel_after=2), Sender(), Sender()]
     for prompt, sender in zip(ps, senders):
-        worker.submit(EngineRequest(prompt, params, streaming=True, exclude_input_in_output=True,
-                                    return_perf_metrics=True), sender)
+        worker.submit(
+            EngineRequest(prompt, params, streaming=True, exclude_input_in_output=True, return_perf_metrics=True),
+            sender,
+        )
     busy = Sender()
     # the queue is drained in one go: 2 running + 1 waiting fit, the 4th and this one are refused
     worker.submit(EngineRequest(ps[0], params), busy)

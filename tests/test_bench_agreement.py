@@ -8,17 +8,29 @@ import pytest
 from specpipe.bench.agreement import agreement_line, first_texts, greedy_agreement, prefix_share
 from specpipe.bench.records import LevelResult, RequestRecord
 from specpipe.bench.report import to_json, write_results
-from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings
+from specpipe.bench.table import comparison_table
 
 TEXTS = {"p0": "The cat sat on the mat.", "p1": "Hello world", "p2": "1 2 3 4", "p3": "abcdefghij"}
 
 
 def level(name, texts, concurrency=1, errors=(), **record):
-    records = [RequestRecord(deployment=name, concurrency=concurrency, index=i, prompt_id=prompt, start_s=float(i),
-                             latency_s=0.5, ttft_s=0.1, output_tokens=4, text=text,
-                             error="server died" if prompt in errors else None, **record)
-               for i, (prompt, text) in enumerate(texts.items())]
+    records = [
+        RequestRecord(
+            deployment=name,
+            concurrency=concurrency,
+            index=i,
+            prompt_id=prompt,
+            start_s=float(i),
+            latency_s=0.5,
+            ttft_s=0.1,
+            output_tokens=4,
+            text=text,
+            error="server died" if prompt in errors else None,
+            **record,
+        )
+        for i, (prompt, text) in enumerate(texts.items())
+    ]
     return LevelResult(name, concurrency, records=records)
 
 
@@ -37,7 +49,12 @@ def test_identical_texts_agree_fully_and_the_reference_gets_none():
     found = greedy_agreement(make_run(dict(TEXTS)))
     assert found["baseline", (1, None)] is None
     agreement = found["vllm", (1, None)]
-    assert (agreement.identical, agreement.prompts, agreement.common_prefix, agreement.reference) == (1.0, 4, 1.0, "baseline")
+    assert (agreement.identical, agreement.prompts, agreement.common_prefix, agreement.reference) == (
+        1.0,
+        4,
+        1.0,
+        "baseline",
+    )
 
 
 def test_one_differing_prompt_of_four():
@@ -60,11 +77,16 @@ def test_sampled_runs_get_no_figure():
 
 
 def test_first_completed_text_per_prompt_and_levels_matched_by_concurrency():
-    repeated = LevelResult("vllm", 1, records=[
-        RequestRecord("vllm", 1, index=0, prompt_id="p0", start_s=0, latency_s=1, text="lost", error="timeout"),
-        RequestRecord("vllm", 1, index=3, prompt_id="p0", start_s=0, latency_s=1, text="later round", round=1),
-        RequestRecord("vllm", 1, index=1, prompt_id="p0", start_s=0, latency_s=1, text="first"),
-        RequestRecord("vllm", 1, index=2, prompt_id="p0", start_s=0, latency_s=1, text="second")])
+    repeated = LevelResult(
+        "vllm",
+        1,
+        records=[
+            RequestRecord("vllm", 1, index=0, prompt_id="p0", start_s=0, latency_s=1, text="lost", error="timeout"),
+            RequestRecord("vllm", 1, index=3, prompt_id="p0", start_s=0, latency_s=1, text="later round", round=1),
+            RequestRecord("vllm", 1, index=1, prompt_id="p0", start_s=0, latency_s=1, text="first"),
+            RequestRecord("vllm", 1, index=2, prompt_id="p0", start_s=0, latency_s=1, text="second"),
+        ],
+    )
     assert first_texts(repeated) == {"p0": "first"}
     run = make_run(dict(TEXTS))
     run.levels.append(level("vllm", one_differs(), concurrency=4))  # the reference has no level @4
@@ -77,12 +99,20 @@ def test_json_csv_and_table_carry_it(tmp_path):
     paths = write_results(run, tmp_path)
     results = {r["deployment"]: r for r in json.loads(paths["bench.json"].read_text())["results"]}
     assert results["baseline"]["greedy_agreement"] is None
-    assert results["vllm"]["greedy_agreement"] == {"identical": 0.75, "prompts": 4, "common_prefix": 0.875,
-                                                   "reference": "baseline"}
+    assert results["vllm"]["greedy_agreement"] == {
+        "identical": 0.75,
+        "prompts": 4,
+        "common_prefix": 0.875,
+        "reference": "baseline",
+    }
     rows = {r["deployment"]: r for r in csv.DictReader(paths["bench.csv"].open())}
     assert rows["baseline"]["greedy_identical"] == "" and rows["baseline"]["greedy_reference"] == ""
-    assert (rows["vllm"]["greedy_identical"], rows["vllm"]["greedy_common_prefix"], rows["vllm"]["greedy_prompts"],
-            rows["vllm"]["greedy_reference"]) == ("0.75", "0.875", "4", "baseline")
+    assert (
+        rows["vllm"]["greedy_identical"],
+        rows["vllm"]["greedy_common_prefix"],
+        rows["vllm"]["greedy_prompts"],
+        rows["vllm"]["greedy_reference"],
+    ) == ("0.75", "0.875", "4", "baseline")
     line = "greedy agreement with baseline, identical texts (mean common prefix): vllm 3/4 (88%) @1"
     assert agreement_line(run) == line
 

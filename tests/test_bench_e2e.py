@@ -8,8 +8,9 @@ import time
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import free_port
+from tiny_engine import make_tiny_engine
+
 from specpipe.bench.endpoints import parse_endpoints
 from specpipe.bench.prompts import load_prompts
 from specpipe.bench.report import write_results
@@ -19,7 +20,6 @@ from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.serve.local import LocalTritonServer
 from specpipe.triton.repository import package_engine
-from tiny_engine import make_tiny_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +37,9 @@ def prompts_file(tmp_path_factory):
 def _serve(root, name, method):
     engine = make_tiny_engine(root / "engines", name, method=method)
     repo = package_engine(engine, root / "repo" / name)
-    return LocalTritonServer(repo, free_port(), free_port(), free_port(), log_path=root / f"{name}.log", ready_timeout_s=300)
+    return LocalTritonServer(
+        repo, free_port(), free_port(), free_port(), log_path=root / f"{name}.log", ready_timeout_s=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,19 +73,40 @@ def _wait_for_memory_figure(url, timeout_s=60):
 
 def _plain(url, prompt):
     """Non-streamed greedy text and perf outputs of one request."""
+
     async def go():
         async with LLMClient(url) as client:
             return await client.generate(GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+
     return run_sync(go())
 
 
 def test_bench_table_json_csv_and_plot_are_consistent(servers, prompts_file, tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, [
-        "bench", "--url", f"baseline={servers['baseline'].grpc_url}", "--url", f"ngram={servers['ngram'].grpc_url}",
-        "--metrics", f"baseline={servers['baseline'].metrics_url}", "--metrics", f"ngram={servers['ngram'].metrics_url}",
-        "--prompts", str(prompts_file), "--concurrency", "1,2", "--num-requests", "3", "--max-tokens", str(MAX_TOKENS),
-        "--out", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--url",
+            f"baseline={servers['baseline'].grpc_url}",
+            "--url",
+            f"ngram={servers['ngram'].grpc_url}",
+            "--metrics",
+            f"baseline={servers['baseline'].metrics_url}",
+            "--metrics",
+            f"ngram={servers['ngram'].metrics_url}",
+            "--prompts",
+            str(prompts_file),
+            "--concurrency",
+            "1,2",
+            "--num-requests",
+            "3",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     table = [line for line in result.output.splitlines() if line.startswith("│ baseline") or line.startswith("│ ngram")]
     assert len(table) == 4 and "speed-up" in result.output and table[0].count("1.00x") == 1
@@ -101,7 +124,11 @@ def test_bench_table_json_csv_and_plot_are_consistent(servers, prompts_file, tmp
         assert record["text"] == plain.text  # greedy: the streamed text is the whole answer
         assert record["output_tokens"] == plain.perf["num_output_tokens"]  # and its token count is the server's
         if record["deployment"] == "baseline":
-            assert record["draft_tokens"] == 0 and record["acceptance_rate"] is None and record["mean_accepted_length"] in (None, 1.0)
+            assert (
+                record["draft_tokens"] == 0
+                and record["acceptance_rate"] is None
+                and record["mean_accepted_length"] in (None, 1.0)
+            )
         else:
             assert 0 <= record["accepted_draft_tokens"] <= record["draft_tokens"]
             assert record["acceptance_rate"] is None or 0.0 <= record["acceptance_rate"] <= 1.0
@@ -136,15 +163,35 @@ def test_bench_table_json_csv_and_plot_are_consistent(servers, prompts_file, tmp
 
 def test_bench_refuses_bad_deployments_clearly(servers, prompts_file, tmp_path):
     runner = CliRunner()
-    base = ["bench", "--prompts", str(prompts_file), "--num-requests", "1", "--max-tokens", "2", "--out", str(tmp_path / "none")]
+    base = [
+        "bench",
+        "--prompts",
+        str(prompts_file),
+        "--num-requests",
+        "1",
+        "--max-tokens",
+        "2",
+        "--out",
+        str(tmp_path / "none"),
+    ]
     cases = [
         (["--url", f"gone=localhost:{free_port()}"], "cannot reach deployment 'gone' at localhost:"),
-        (["--url", f"pre={servers['ngram'].grpc_url}", "--model", "preprocessing"],
-         "model 'preprocessing' of deployment 'pre' is not a TensorRT-LLM-style ensemble (no text_input, max_tokens, stream, text_output)"),
-        (["--url", f"x={servers['ngram'].grpc_url}", "--model", "nope"], "has no ready model 'nope' (models: ensemble, postprocessing"),
-        (["--url", f"grpc=openai://{servers['ngram'].grpc_url}/v1"],
-         f"deployment 'grpc' (--url grpc=openai://...): {servers['ngram'].grpc_url} answers HTTP/2 as gRPC servers do"),
-        (["--url", f"metrics={servers['ngram'].metrics_url.split('/')[2]}"], "answers plain HTTP, not gRPC (it is Triton's HTTP or metrics port"),
+        (
+            ["--url", f"pre={servers['ngram'].grpc_url}", "--model", "preprocessing"],
+            "model 'preprocessing' of deployment 'pre' is not a TensorRT-LLM-style ensemble (no text_input, max_tokens, stream, text_output)",
+        ),
+        (
+            ["--url", f"x={servers['ngram'].grpc_url}", "--model", "nope"],
+            "has no ready model 'nope' (models: ensemble, postprocessing",
+        ),
+        (
+            ["--url", f"grpc=openai://{servers['ngram'].grpc_url}/v1"],
+            f"deployment 'grpc' (--url grpc=openai://...): {servers['ngram'].grpc_url} answers HTTP/2 as gRPC servers do",
+        ),
+        (
+            ["--url", f"metrics={servers['ngram'].metrics_url.split('/')[2]}"],
+            "answers plain HTTP, not gRPC (it is Triton's HTTP or metrics port",
+        ),
     ]
     for args, message in cases:
         result = runner.invoke(main, base + args)
@@ -160,10 +207,26 @@ def test_openai_deployment_in_the_same_table(servers, prompts_file, tmp_path):
 
     with GatewayServer(Gateway(servers["ngram"].grpc_url, "tiny-ngram"), free_port()) as gateway:
         endpoint = gateway.url.replace("http://", "openai://")
-        result = CliRunner().invoke(main, [
-            "bench", "--url", f"baseline={servers['baseline'].grpc_url}", "--url", f"gw={endpoint}",
-            "--prompts", str(prompts_file), "--concurrency", "1", "--num-requests", "3", "--max-tokens", str(MAX_TOKENS),
-            "--out", str(tmp_path)])
+        result = CliRunner().invoke(
+            main,
+            [
+                "bench",
+                "--url",
+                f"baseline={servers['baseline'].grpc_url}",
+                "--url",
+                f"gw={endpoint}",
+                "--prompts",
+                str(prompts_file),
+                "--concurrency",
+                "1",
+                "--num-requests",
+                "3",
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--out",
+                str(tmp_path),
+            ],
+        )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "bench.json").read_text())
     gw = [r for r in data["records"] if r["deployment"] == "gw"]
@@ -176,15 +239,20 @@ def test_openai_deployment_in_the_same_table(servers, prompts_file, tmp_path):
     assert entry["counters"]["source"] == "specpipe" and entry["counters"]["requests"] == 3
     assert entry["aggregate"]["acceptance_source"] == "server counters"
     assert entry["counters"]["output_tokens"] == sum(r["output_tokens"] for r in gw)
-    assert [d["kind"] for d in data["deployments"]] == ["triton", "openai"] and data["deployments"][1]["model"] == "tiny-ngram"
+    assert [d["kind"] for d in data["deployments"]] == ["triton", "openai"] and data["deployments"][1][
+        "model"
+    ] == "tiny-ngram"
 
 
 def test_server_dying_mid_run_keeps_partial_results(prompts_file, tmp_path):
     server = _serve(tmp_path, "doomed", "ngram")
     prompts, label = load_prompts(str(prompts_file))
-    settings = BenchSettings(prompts=label, concurrencies=(1, 2), max_tokens=MAX_TOKENS, num_requests=400, warmup=0, timeout_s=60)
+    settings = BenchSettings(
+        prompts=label, concurrencies=(1, 2), max_tokens=MAX_TOKENS, num_requests=400, warmup=0, timeout_s=60
+    )
     run = BenchRun(settings=settings)
     with server:
+
         def crash() -> None:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not (run.levels and len(run.levels[0].records) >= 2):

@@ -4,16 +4,15 @@ import asyncio
 import json
 
 import pytest
-
-from specpipe.bench.openai_backend import _sse_events
 from click.testing import CliRunner
 
-from specpipe.cli import main
 from specpipe.bench.endpoints import parse_endpoint, parse_endpoints
 from specpipe.bench.load import counter_delta
 from specpipe.bench.metrics import memory_used, parse_samples, spec_counters
+from specpipe.bench.openai_backend import _sse_events
 from specpipe.bench.prompts import BUILTIN_SETS, builtin_path, load_prompts, parse_prompts
 from specpipe.bench.runner import BenchSettings
+from specpipe.cli import main
 from specpipe.errors import SpecpipeError
 
 
@@ -55,15 +54,29 @@ def test_prompts_file(tmp_path):
 
 def test_triton_and_openai_urls():
     triton = parse_endpoint("baseline=localhost:8001")
-    assert (triton.kind, triton.address, triton.model, triton.metrics_url) == ("triton", "localhost:8001", "ensemble", "http://localhost:8002/metrics")
+    assert (triton.kind, triton.address, triton.model, triton.metrics_url) == (
+        "triton",
+        "localhost:8001",
+        "ensemble",
+        "http://localhost:8002/metrics",
+    )
     vllm = parse_endpoint("vllm=openai://gpu-box:8000/v1?model=meta/llama&chat=1")
     assert (vllm.kind, vllm.address, vllm.model, vllm.chat, vllm.metrics_url) == (
-        "openai", "http://gpu-box:8000/v1", "meta/llama", True, "http://gpu-box:8000/metrics")
+        "openai",
+        "http://gpu-box:8000/v1",
+        "meta/llama",
+        True,
+        "http://gpu-box:8000/metrics",
+    )
     tls = parse_endpoint("t=openai+https://api.example:443")
     assert tls.address == "https://api.example:443/v1" and tls.model is None and not tls.chat
-    for bad, message in (("localhost:8001", "must be NAME=HOST:PORT"), ("a=localhost", "is not HOST:PORT"),
-                         ("a=http://h:1", "use HOST:PORT for Triton"), ("a b=h:1", "must be letters"),
-                         ("a=openai://h/v1", "give the host and port")):
+    for bad, message in (
+        ("localhost:8001", "must be NAME=HOST:PORT"),
+        ("a=localhost", "is not HOST:PORT"),
+        ("a=http://h:1", "use HOST:PORT for Triton"),
+        ("a b=h:1", "must be letters"),
+        ("a=openai://h/v1", "give the host and port"),
+    ):
         with pytest.raises(SpecpipeError, match=message):
             parse_endpoint(bad)
 
@@ -88,13 +101,22 @@ def test_concurrency_list_keeps_order_and_drops_duplicates():
     assert BenchSettings(prompts="chat", concurrencies=(1,), duration_s=5.0).requests_for(1) is None
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--concurrency", "0"], "must list positive integers"), (["--concurrency", "1,0"], "must list positive integers"),
-    (["--concurrency", "x"], "must list positive integers"), (["--concurrency", "2,-1"], "must list positive integers"),
-    (["--concurrency", ""], "must list positive integers"), (["--max-tokens", "0"], "must be a positive integer, got 0"),
-    (["--num-requests", "2", "--duration", "1"], "not both"), (["--num-requests", "0"], "'--num-requests': must be a positive integer"),
-    (["--duration", "-1"], "--duration"), (["--warmup", "-1"], "--warmup"), (["--timeout", "0"], "--timeout"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--concurrency", "0"], "must list positive integers"),
+        (["--concurrency", "1,0"], "must list positive integers"),
+        (["--concurrency", "x"], "must list positive integers"),
+        (["--concurrency", "2,-1"], "must list positive integers"),
+        (["--concurrency", ""], "must list positive integers"),
+        (["--max-tokens", "0"], "must be a positive integer, got 0"),
+        (["--num-requests", "2", "--duration", "1"], "not both"),
+        (["--num-requests", "0"], "'--num-requests': must be a positive integer"),
+        (["--duration", "-1"], "--duration"),
+        (["--warmup", "-1"], "--warmup"),
+        (["--timeout", "0"], "--timeout"),
+    ],
+)
 def test_bad_bench_settings_are_usage_errors_before_any_request(args, message):
     result = CliRunner().invoke(main, ["bench", "--url", "baseline=localhost:1", *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
@@ -118,17 +140,36 @@ def test_memory_prefers_gpu_then_cpu():
 
 
 def test_speculative_counters_from_gateway_and_vllm():
-    gateway = ('specpipe_draft_tokens_total{model="a"} 10\nspecpipe_draft_tokens_total{model="b"} 99\n'
-               'specpipe_accepted_draft_tokens_total{model="a"} 4\nspecpipe_output_tokens_total{model="a"} 30\n'
-               'specpipe_requests_total{model="a"} 3\n')
+    gateway = (
+        'specpipe_draft_tokens_total{model="a"} 10\nspecpipe_draft_tokens_total{model="b"} 99\n'
+        'specpipe_accepted_draft_tokens_total{model="a"} 4\nspecpipe_output_tokens_total{model="a"} 30\n'
+        'specpipe_requests_total{model="a"} 3\n'
+    )
     assert spec_counters(parse_samples(gateway), "a") == {
-        "source": "specpipe", "draft_tokens": 10.0, "accepted_draft_tokens": 4.0, "output_tokens": 30.0, "requests": 3.0,
-        "drafts": None, "accepted_per_position": {}}
-    vllm = ('vllm:spec_decode_num_draft_tokens_total{engine="0"} 30\nvllm:spec_decode_num_accepted_tokens_total{engine="0"} 12\n')
+        "source": "specpipe",
+        "draft_tokens": 10.0,
+        "accepted_draft_tokens": 4.0,
+        "output_tokens": 30.0,
+        "requests": 3.0,
+        "drafts": None,
+        "accepted_per_position": {},
+    }
+    vllm = 'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30\nvllm:spec_decode_num_accepted_tokens_total{engine="0"} 12\n'
     found = spec_counters(parse_samples(vllm), "any-model")
-    assert (found["source"], found["draft_tokens"], found["accepted_draft_tokens"], found["output_tokens"]) == ("vllm", 30.0, 12.0, None)
+    assert (found["source"], found["draft_tokens"], found["accepted_draft_tokens"], found["output_tokens"]) == (
+        "vllm",
+        30.0,
+        12.0,
+        None,
+    )
     assert spec_counters(parse_samples(TRITON_METRICS)) is None
-    before = {"source": "vllm", "draft_tokens": 30.0, "accepted_draft_tokens": 12.0, "output_tokens": None, "requests": None}
+    before = {
+        "source": "vllm",
+        "draft_tokens": 30.0,
+        "accepted_draft_tokens": 12.0,
+        "output_tokens": None,
+        "requests": None,
+    }
     after = {**before, "draft_tokens": 50.0, "accepted_draft_tokens": 20.0}
     delta = counter_delta(before, after)
     assert (delta.draft_tokens, delta.accepted_draft_tokens, delta.output_tokens) == (20.0, 8.0, None)
@@ -137,7 +178,7 @@ def test_speculative_counters_from_gateway_and_vllm():
 
 def test_server_sent_events_are_split_per_event():
     async def lines():
-        for line in (b": comment\n", b"data: {\"a\": 1}\n", b"\n", b"data:[DONE]\n", b"\n", b"data: x\n", b"data: y\n"):
+        for line in (b": comment\n", b'data: {"a": 1}\n', b"\n", b"data:[DONE]\n", b"\n", b"data: x\n", b"data: y\n"):
             yield line
 
     async def collect():
@@ -150,26 +191,34 @@ def test_server_sent_events_are_split_per_event():
 
 def test_a_zero_memory_gauge_counts_as_not_yet_measured():
     assert memory_used(parse_samples("nv_cpu_memory_used_bytes 0\n")) is None
-    assert memory_used(parse_samples('nv_gpu_memory_used_bytes{gpu_uuid="a"} 0\nnv_cpu_memory_used_bytes 5\n')) == (5.0, "cpu")
+    assert memory_used(parse_samples('nv_gpu_memory_used_bytes{gpu_uuid="a"} 0\nnv_cpu_memory_used_bytes 5\n')) == (
+        5.0,
+        "cpu",
+    )
 
 
 def test_optional_flags_are_sent_only_when_asked():
     from specpipe.client.request import GenerationRequest, build_inputs
 
     names = lambda request: [t.name() for t in build_inputs(request, batched=True)]  # noqa: E731
-    assert "return_perf_metrics" in names(GenerationRequest("x")) and "return_num_output_tokens" not in names(GenerationRequest("x"))
+    assert "return_perf_metrics" in names(GenerationRequest("x")) and "return_num_output_tokens" not in names(
+        GenerationRequest("x")
+    )
     assert "return_perf_metrics" not in names(GenerationRequest("x", return_perf_metrics=None))
     both = names(GenerationRequest("x", return_num_tokens=True))
     assert "return_num_input_tokens" in both and "return_num_output_tokens" in both
 
 
-@pytest.mark.parametrize("asked, sent", [
-    ((None, None, None, None), (None, None, None, None)),            # nothing set: greedy
-    ((0.0, 5, 0.9, 1), (None, None, None, None)),                    # temperature 0: greedy, the rest dropped
-    ((0.9, None, None, 42), (0.9, None, 1.0, 42)),                   # a temperature alone samples (top_p 1.0 sent)
-    ((None, 0, None, 3), (None, 0, 1.0, 3)),                         # top_k 0 (all) samples at the server's temperature
-    ((0.7, 4, 0.5, None), (0.7, 4, 0.5, None)),
-])
+@pytest.mark.parametrize(
+    "asked, sent",
+    [
+        ((None, None, None, None), (None, None, None, None)),  # nothing set: greedy
+        ((0.0, 5, 0.9, 1), (None, None, None, None)),  # temperature 0: greedy, the rest dropped
+        ((0.9, None, None, 42), (0.9, None, 1.0, 42)),  # a temperature alone samples (top_p 1.0 sent)
+        ((None, 0, None, 3), (None, 0, 1.0, 3)),  # top_k 0 (all) samples at the server's temperature
+        ((0.7, 4, 0.5, None), (0.7, 4, 0.5, None)),
+    ],
+)
 def test_sampling_fields_follow_tensorrt_llms_rule(asked, sent):
     from specpipe.client.request import sampling_fields
 
@@ -177,14 +226,17 @@ def test_sampling_fields_follow_tensorrt_llms_rule(asked, sent):
     assert (fields["temperature"], fields["top_k"], fields["top_p"], fields["seed"]) == sent
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("max_tokens", 2**31, "max_tokens must be 1-2147483647"),
-    ("max_tokens", 0, "max_tokens must be 1-2147483647"),
-    ("seed", -1, "seed must be 0-18446744073709551615"),
-    ("seed", 2**64, "seed must be 0-18446744073709551615"),
-    ("top_k", 2**31, "top_k must be 0-2147483647"),
-    ("end_id", -3, "end_id must be 0-2147483647"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("max_tokens", 2**31, "max_tokens must be 1-2147483647"),
+        ("max_tokens", 0, "max_tokens must be 1-2147483647"),
+        ("seed", -1, "seed must be 0-18446744073709551615"),
+        ("seed", 2**64, "seed must be 0-18446744073709551615"),
+        ("top_k", 2**31, "top_k must be 0-2147483647"),
+        ("end_id", -3, "end_id must be 0-2147483647"),
+    ],
+)
 def test_values_a_tensor_cannot_hold_are_refused_not_wrapped(field, value, message):
     from specpipe.client.request import GenerationRequest, build_inputs
 

@@ -5,12 +5,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import free_port
+from tiny_engine import make_tiny_engine
+
 from specpipe.cli import main
 from specpipe.serve.local import LocalTritonServer
 from specpipe.triton.repository import package_engine
-from tiny_engine import make_tiny_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -22,8 +22,14 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lengths")
     # seed 2: greedy answers of this random model meet its EOS early for some synthetic prompts
     engine = make_tiny_engine(root / "engines", "tiny", method="ngram", seed=2, max_position_embeddings=128)
-    running = LocalTritonServer(package_engine(engine, root / "repo"), free_port(), free_port(), free_port(),
-                                log_path=root / "server.log", ready_timeout_s=300)
+    running = LocalTritonServer(
+        package_engine(engine, root / "repo"),
+        free_port(),
+        free_port(),
+        free_port(),
+        log_path=root / "server.log",
+        ready_timeout_s=300,
+    )
     running.start()
     try:
         running.wait_ready(300)
@@ -33,9 +39,27 @@ def server(tmp_path_factory):
 
 
 def _bench(server, out, *extra, metrics="none"):
-    result = CliRunner().invoke(main, [
-        "bench", "--url", f"baseline={server.grpc_url}", "--metrics", f"baseline={metrics}", "--input-len", str(INPUT_LEN),
-        "--output-len", str(OUTPUT_LEN), "--num-requests", "8", "--warmup", "0", "--out", str(out), *extra])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--url",
+            f"baseline={server.grpc_url}",
+            "--metrics",
+            f"baseline={metrics}",
+            "--input-len",
+            str(INPUT_LEN),
+            "--output-len",
+            str(OUTPUT_LEN),
+            "--num-requests",
+            "8",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            *extra,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads((out / "bench.json").read_text())
 
@@ -47,13 +71,27 @@ def test_ignore_eos_gives_exactly_output_len_tokens_for_prompts_of_input_len(ser
 
     exact = _bench(server, tmp_path / "exact", "--concurrency", "2", "--ignore-eos")
     assert exact["settings"]["ignore_eos"] is True and exact["settings"]["prompts"] == f"synthetic {INPUT_LEN} tokens"
-    assert [(r["input_tokens"], r["output_tokens"], r["output_tokens_source"]) for r in exact["records"]] == \
-        [(INPUT_LEN, OUTPUT_LEN, "server")] * 8
+    assert [(r["input_tokens"], r["output_tokens"], r["output_tokens_source"]) for r in exact["records"]] == [
+        (INPUT_LEN, OUTPUT_LEN, "server")
+    ] * 8
 
 
 def test_open_loop_sampled_run_on_a_real_server(server, tmp_path):
-    data = _bench(server, tmp_path / "rate", "--request-rate", "4", "--max-concurrency", "2", "--ignore-eos",
-                  "--temperature", "0.9", "--top-p", "0.95", "--seed", "7")
+    data = _bench(
+        server,
+        tmp_path / "rate",
+        "--request-rate",
+        "4",
+        "--max-concurrency",
+        "2",
+        "--ignore-eos",
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "7",
+    )
     (result,) = data["results"]
     assert (result["request_rate"], result["concurrency"]) == (4.0, 2)
     records = data["records"]

@@ -13,8 +13,8 @@ import pytest
 from specpipe.bench.noise import BUSY, CONTROL, NOISE, OK, QUIET, UNCHECKED, assess, round_ratios, round_throughputs
 from specpipe.bench.records import LevelResult, RequestRecord
 from specpipe.bench.report import rows, write_results
-from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
+from specpipe.bench.table import comparison_table
 
 TOKENS = 100
 
@@ -25,16 +25,30 @@ def level(name: str, seconds_per_round: list[float], concurrency: int = 1, per_r
     records, clock, index = [], 0.0, 0
     for number, seconds in enumerate(seconds_per_round):
         for _ in range(per_round):
-            records.append(RequestRecord(deployment=name, concurrency=concurrency, index=index, prompt_id=f"p{index}",
-                                         start_s=clock, latency_s=seconds, ttft_s=seconds / 10, output_tokens=TOKENS,
-                                         round=number))
+            records.append(
+                RequestRecord(
+                    deployment=name,
+                    concurrency=concurrency,
+                    index=index,
+                    prompt_id=f"p{index}",
+                    start_s=clock,
+                    latency_s=seconds,
+                    ttft_s=seconds / 10,
+                    output_tokens=TOKENS,
+                    round=number,
+                )
+            )
             clock, index = clock + seconds, index + 1
     return LevelResult(name, concurrency, records=records)
 
 
 def quiet_levels(concurrency: int = 1) -> list[LevelResult]:
-    return [level("baseline", [2.0] * 4, concurrency), level("ngram", [1.6] * 4, concurrency),
-            level("control", [2.04] * 4, concurrency), level("medusa", [1.98] * 4, concurrency)]
+    return [
+        level("baseline", [2.0] * 4, concurrency),
+        level("ngram", [1.6] * 4, concurrency),
+        level("control", [2.04] * 4, concurrency),
+        level("medusa", [1.98] * 4, concurrency),
+    ]
 
 
 def test_per_round_throughput_is_paired_with_the_baseline_round():
@@ -120,14 +134,21 @@ def test_a_failed_level_is_unchecked_at_its_concurrency_only():
 
 
 def test_a_run_in_one_round_is_judged_by_the_control_ratio_alone():
-    levels = [level("baseline", [2.0], per_round=8), level("control", [2.6], per_round=8), level("ngram", [1.0], per_round=8)]
+    levels = [
+        level("baseline", [2.0], per_round=8),
+        level("control", [2.6], per_round=8),
+        level("ngram", [1.0], per_round=8),
+    ]
     found = assess(levels, "baseline", "control").levels[1]
     assert found.spreads == {} and found.verdict == BUSY and found.control_ratio == pytest.approx(2.0 / 2.6)
 
 
 def busy_run() -> BenchRun:
-    run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=TOKENS, num_requests=8, rounds=4,
-                                          control="control"))
+    run = BenchRun(
+        settings=BenchSettings(
+            prompts="chat", concurrencies=(1,), max_tokens=TOKENS, num_requests=8, rounds=4, control="control"
+        )
+    )
     run.levels = quiet_levels()
     run.levels[2] = level("control", [2.0, 2.0, 6.0, 2.0])
     run.deployments = [{"name": lv.deployment, "kind": "triton"} for lv in run.levels]
@@ -190,8 +211,11 @@ class Deployment:
 
     async def open(self): ...
     async def close(self): ...
-    async def preflight(self): return {}
-    async def alive(self): return True
+    async def preflight(self):
+        return {}
+
+    async def alive(self):
+        return True
 
     async def send(self, text, max_tokens):
         from specpipe.client.llm import GenerationResult
@@ -200,14 +224,19 @@ class Deployment:
         self.sent += 1
         seconds = await self.machine.serve(round(max_tokens / self.speed))
         self.machine.hog = False
-        return GenerationResult(text="x", chunks=["x"], chunk_times_s=[seconds], ttft_s=seconds / 10, latency_s=seconds), max_tokens, "server"
+        return (
+            GenerationResult(text="x", chunks=["x"], chunk_times_s=[seconds], ttft_s=seconds / 10, latency_s=seconds),
+            max_tokens,
+            "server",
+        )
 
 
 def _measure(backends, rounds=4):
     from specpipe.bench.prompts import Prompt
 
-    settings = BenchSettings(prompts="fake", concurrencies=(1,), max_tokens=16, num_requests=8, warmup=0, rounds=rounds,
-                             control="control")
+    settings = BenchSettings(
+        prompts="fake", concurrencies=(1,), max_tokens=16, num_requests=8, warmup=0, rounds=rounds, control="control"
+    )
     run = BenchRun(settings=settings)
     asyncio.run(run_bench([b.endpoint for b in backends], [Prompt("p", "x")], settings, run, backends=backends))
     return run
@@ -215,18 +244,32 @@ def _measure(backends, rounds=4):
 
 def test_rounds_stamp_each_record_and_a_hog_in_one_turn_shows_as_busy():
     machine = HogMachine()
-    quiet = _measure([Deployment("baseline", machine), Deployment("fast", machine, 1.3), Deployment("control", machine)])
+    quiet = _measure(
+        [Deployment("baseline", machine), Deployment("fast", machine, 1.3), Deployment("control", machine)]
+    )
     assert [r.round for r in quiet.levels[0].records] == [0, 0, 1, 1, 2, 2, 3, 3]
     speedups = {r["level"].deployment: (r["speedup"], r["verdict"]) for r in rows(quiet)}
     assert speedups["fast"][0] == pytest.approx(1.3, rel=0.08) and speedups["fast"][1] == OK
-    hogged = _measure([Deployment("baseline", machine), Deployment("fast", machine, 1.3, hog_rounds=(2,)),
-                       Deployment("control", machine)])
+    hogged = _measure(
+        [
+            Deployment("baseline", machine),
+            Deployment("fast", machine, 1.3, hog_rounds=(2,)),
+            Deployment("control", machine),
+        ]
+    )
     fast = next(r for r in rows(hogged) if r["level"].deployment == "fast")
     assert fast["speedup"] < 0.75 and fast["verdict"] == BUSY  # one-after-another printed this as a result
-    hogged_control = _measure([Deployment("baseline", machine), Deployment("fast", machine, 1.3),
-                               Deployment("control", machine, hog_rounds=(1,))])
+    hogged_control = _measure(
+        [
+            Deployment("baseline", machine),
+            Deployment("fast", machine, 1.3),
+            Deployment("control", machine, hog_rounds=(1,)),
+        ]
+    )
     assert all(r["verdict"] in (BUSY, CONTROL) for r in rows(hogged_control))
-    assert math.isclose(next(r for r in rows(hogged_control) if r["level"].deployment == "fast")["speedup"], 1.3, rel_tol=0.08)
+    assert math.isclose(
+        next(r for r in rows(hogged_control) if r["level"].deployment == "fast")["speedup"], 1.3, rel_tol=0.08
+    )
 
 
 def test_the_readme_table_marks_busy_gains(tmp_path):

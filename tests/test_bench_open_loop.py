@@ -15,9 +15,9 @@ from specpipe.bench.load import LoadPlan, arrival_times, run_level
 from specpipe.bench.prompts import Prompt
 from specpipe.bench.records import LevelResult
 from specpipe.bench.report import plot_figure, to_json
-from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
 from specpipe.bench.stats import level_aggregate
+from specpipe.bench.table import comparison_table
 from specpipe.cli import main
 from specpipe.client.llm import GenerationResult
 
@@ -50,8 +50,13 @@ class SlowBackend:
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         await asyncio.sleep(self.service_s)
         self.in_flight -= 1
-        result = GenerationResult(text="ab", chunks=["a", "b"], chunk_times_s=[self.service_s / 2, self.service_s],
-                                  ttft_s=self.service_s / 2, latency_s=self.service_s)
+        result = GenerationResult(
+            text="ab",
+            chunks=["a", "b"],
+            chunk_times_s=[self.service_s / 2, self.service_s],
+            ttft_s=self.service_s / 2,
+            latency_s=self.service_s,
+        )
         return result, 2, "server"
 
 
@@ -109,8 +114,16 @@ def _run(settings: BenchSettings, backend: SlowBackend) -> BenchRun:
 
 
 def test_rates_are_levels_with_offered_and_achieved_rates_in_the_report():
-    settings = BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=2, num_requests=6, warmup=0,
-                             request_rates=(5.0, 50.0), max_concurrency=4, seed=11)
+    settings = BenchSettings(
+        prompts="chat",
+        concurrencies=(1,),
+        max_tokens=2,
+        num_requests=6,
+        warmup=0,
+        request_rates=(5.0, 50.0),
+        max_concurrency=4,
+        seed=11,
+    )
     run = _run(settings, SlowBackend(service_s=0.05))
     assert [(level.concurrency, level.request_rate) for level in run.levels] == [(4, 5.0), (4, 50.0)]
     data = to_json(run)
@@ -132,8 +145,9 @@ def test_rates_are_levels_with_offered_and_achieved_rates_in_the_report():
 
 
 def test_a_request_seed_is_the_base_seed_plus_its_index_when_sampling():
-    sampled = BenchSettings(prompts="chat", concurrencies=(2,), max_tokens=2, num_requests=5, warmup=0,
-                            temperature=0.8, seed=100)
+    sampled = BenchSettings(
+        prompts="chat", concurrencies=(2,), max_tokens=2, num_requests=5, warmup=0, temperature=0.8, seed=100
+    )
     backend = SlowBackend(service_s=0.01)
     run = _run(sampled, backend)
     assert sorted(backend.seeds) == [100, 101, 102, 103, 104]
@@ -144,15 +158,18 @@ def test_a_request_seed_is_the_base_seed_plus_its_index_when_sampling():
     assert backend.seeds == [None] * 3 and all(r.seed is None for r in run.levels[0].records)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--request-rate", "1", "--concurrency", "2"], "not both"),
-    (["--max-concurrency", "2"], "--max-concurrency caps open-loop load"),
-    (["--request-rate", "0"], "request rates above 0"),
-    (["--request-rate", "nan"], "request rates above 0"),
-    (["--input-len", "8", "--chat"], "drop --chat"),
-    (["--output-len", "8", "--max-tokens", "4"], "--max-tokens or --output-len"),
-    (["--top-p", "0"], "--top-p"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--request-rate", "1", "--concurrency", "2"], "not both"),
+        (["--max-concurrency", "2"], "--max-concurrency caps open-loop load"),
+        (["--request-rate", "0"], "request rates above 0"),
+        (["--request-rate", "nan"], "request rates above 0"),
+        (["--input-len", "8", "--chat"], "drop --chat"),
+        (["--output-len", "8", "--max-tokens", "4"], "--max-tokens or --output-len"),
+        (["--top-p", "0"], "--top-p"),
+    ],
+)
 def test_contradictory_load_options_are_refused(args, message, tmp_path):
     result = CliRunner().invoke(main, ["bench", "--url", "baseline=127.0.0.1:1", "--out", str(tmp_path / "o"), *args])
     assert result.exit_code != 0 and message in result.output, result.output

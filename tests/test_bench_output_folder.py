@@ -5,8 +5,8 @@ import os
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import free_port
+
 from specpipe.bench.job import check_output_folder
 from specpipe.cli import main
 from specpipe.errors import SpecpipeError

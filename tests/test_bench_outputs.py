@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tiny_engine import tiny_tokenizer
 
 import specpipe
 from specpipe.bench.backend_base import Sampling
@@ -21,25 +22,39 @@ from specpipe.bench.export import profile_export
 from specpipe.bench.machine import machine_facts
 from specpipe.bench.records import LevelResult, RequestRecord
 from specpipe.bench.report import to_json, write_results
-from specpipe.bench.table import comparison_table
 from specpipe.bench.runner import BenchRun, BenchSettings
 from specpipe.bench.stats import MIN_REQUESTS, Distribution
 from specpipe.bench.synthetic import synthetic_prompts
+from specpipe.bench.table import comparison_table
 from specpipe.client.llm import GenerationResult
 from specpipe.client.request import build_inputs
 from specpipe.errors import SpecpipeError
-from tiny_engine import tiny_tokenizer
 
 
 def _records(name: str, count: int, rate: float | None = None) -> list[RequestRecord]:
-    return [RequestRecord(deployment=name, concurrency=1, index=i, prompt_id=f"p{i % 2}", start_s=0.5 * i, latency_s=0.4,
-                          ttft_s=0.1, output_tokens=4, text="abcd", chunk_times_s=[0.1, 0.2, 0.3], chunk_texts=["a", "bc", "d"])
-            for i in range(count)]
+    return [
+        RequestRecord(
+            deployment=name,
+            concurrency=1,
+            index=i,
+            prompt_id=f"p{i % 2}",
+            start_s=0.5 * i,
+            latency_s=0.4,
+            ttft_s=0.1,
+            output_tokens=4,
+            text="abcd",
+            chunk_times_s=[0.1, 0.2, 0.3],
+            chunk_texts=["a", "bc", "d"],
+        )
+        for i in range(count)
+    ]
 
 
 def _run(count: int) -> BenchRun:
     run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=4, num_requests=count))
-    run.levels = [LevelResult("baseline", 1, records=_records("baseline", count), origin_unix_ns=1_700_000_000_000_000_000)]
+    run.levels = [
+        LevelResult("baseline", 1, records=_records("baseline", count), origin_unix_ns=1_700_000_000_000_000_000)
+    ]
     run.deployments = [{"name": "baseline", "kind": "triton", "address": "127.0.0.1:8001"}]
     run.prompts = {"p0": "first prompt", "p1": "second prompt"}
     return run
@@ -99,9 +114,18 @@ def test_profile_export_has_genai_perf_request_records(tmp_path):
     for i, request in enumerate(experiment["requests"]):
         sent = origin + round(0.5 * i * 1e9)
         assert request["timestamp"] == sent
-        assert request["request_inputs"] == {"text_input": ["first prompt", "second prompt"][i % 2], "max_tokens": 4, "stream": True}
+        assert request["request_inputs"] == {
+            "text_input": ["first prompt", "second prompt"][i % 2],
+            "max_tokens": 4,
+            "stream": True,
+        }
         # TTFT 0.1 s, then the pieces at 0.2 and 0.3 s, and the final (empty) response at the latency, 0.4 s
-        assert request["response_timestamps"] == [sent + 100_000_000, sent + 200_000_000, sent + 300_000_000, sent + 400_000_000]
+        assert request["response_timestamps"] == [
+            sent + 100_000_000,
+            sent + 200_000_000,
+            sent + 300_000_000,
+            sent + 400_000_000,
+        ]
         assert [o["text_output"] for o in request["response_outputs"]] == ["a", "bc", "d", ""]
     rate = _run(2)
     rate.levels[0].request_rate = 2.5
@@ -136,8 +160,9 @@ class _CapturingClient:
 
     async def generate(self, request):
         self.requests.append(request)
-        return GenerationResult(text="x", chunks=["x"], chunk_times_s=[0.01], ttft_s=0.01, latency_s=0.02,
-                                perf={"num_output_tokens": 1})
+        return GenerationResult(
+            text="x", chunks=["x"], chunk_times_s=[0.01], ttft_s=0.01, latency_s=0.02, perf={"num_output_tokens": 1}
+        )
 
 
 def _triton_send(sampling: Sampling, seed=None):
@@ -149,7 +174,13 @@ def _triton_send(sampling: Sampling, seed=None):
 
 def test_triton_ignore_eos_sends_min_tokens_of_max_tokens_and_sampling_fields():
     request = _triton_send(Sampling(temperature=0.5, top_p=0.8, ignore_eos=True), seed=17)
-    assert (request.min_tokens, request.end_id, request.temperature, request.top_p, request.seed) == (8, None, 0.5, 0.8, 17)
+    assert (request.min_tokens, request.end_id, request.temperature, request.top_p, request.seed) == (
+        8,
+        None,
+        0.5,
+        0.8,
+        17,
+    )
     tensors = {t.name(): t for t in build_inputs(request, batched=True)}
     assert tensors["min_tokens"].datatype() == "INT32" and tensors["seed"].datatype() == "UINT64"
     greedy = _triton_send(Sampling())

@@ -7,25 +7,41 @@ import pytest
 
 from specpipe.bench.records import LevelResult, RequestRecord
 from specpipe.bench.report import plot_figure, write_results
-from specpipe.bench.table import comparison_table, format_bytes
 from specpipe.bench.runner import BenchRun, BenchSettings
+from specpipe.bench.table import comparison_table, format_bytes
 
 
 def level(name, concurrency, tokens_per_request, latency, memory=None):
     records = [
-        RequestRecord(deployment=name, concurrency=concurrency, index=i, prompt_id=f"p{i}", start_s=float(i), latency_s=latency,
-                      ttft_s=latency / 4, output_tokens=tokens_per_request, draft_tokens=0 if name == "baseline" else 8,
-                      accepted_draft_tokens=0 if name == "baseline" else 6, text="x" * tokens_per_request)
+        RequestRecord(
+            deployment=name,
+            concurrency=concurrency,
+            index=i,
+            prompt_id=f"p{i}",
+            start_s=float(i),
+            latency_s=latency,
+            ttft_s=latency / 4,
+            output_tokens=tokens_per_request,
+            draft_tokens=0 if name == "baseline" else 8,
+            accepted_draft_tokens=0 if name == "baseline" else 6,
+            text="x" * tokens_per_request,
+        )
         for i in range(2)
     ]
-    return LevelResult(name, concurrency, records=records, memory_peak_bytes=memory, memory_kind="cpu" if memory else None)
+    return LevelResult(
+        name, concurrency, records=records, memory_peak_bytes=memory, memory_kind="cpu" if memory else None
+    )
 
 
 def make_run():
     run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1, 2), max_tokens=16, num_requests=2))
     # windows: 1 + latency seconds for both levels (starts 0 and 1)
-    run.levels = [level("baseline", 1, 10, 1.0, 3 * 2**30), level("baseline", 2, 10, 3.0),
-                  level("ngram", 1, 10, 0.5), level("ngram", 2, 10, 1.5)]
+    run.levels = [
+        level("baseline", 1, 10, 1.0, 3 * 2**30),
+        level("baseline", 2, 10, 3.0),
+        level("ngram", 1, 10, 0.5),
+        level("ngram", 2, 10, 1.5),
+    ]
     run.deployments = [{"name": "baseline", "kind": "triton"}, {"name": "ngram", "kind": "triton"}]
     return run
 
@@ -33,7 +49,13 @@ def make_run():
 def test_files_hold_aggregates_records_and_speedups(tmp_path):
     paths = write_results(make_run(), tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "bench.csv", "bench.json", "bench.png", "profile_export-baseline.json", "profile_export-ngram.json", "requests.csv"]
+        "bench.csv",
+        "bench.json",
+        "bench.png",
+        "profile_export-baseline.json",
+        "profile_export-ngram.json",
+        "requests.csv",
+    ]
     data = json.loads(paths["bench.json"].read_text())
     assert data["incomplete"] is False and data["settings"]["concurrencies"] == [1, 2]
     assert "inter_token_latency_ms" in data["metric_definitions"] and len(data["records"]) == 8
@@ -47,7 +69,12 @@ def test_files_hold_aggregates_records_and_speedups(tmp_path):
     assert results["ngram", 1]["aggregate"]["acceptance_rate"] == 0.75
     assert results["baseline", 1]["memory_peak_bytes"] == 3 * 2**30
     rows = list(csv.DictReader(paths["bench.csv"].open()))
-    assert [(r["deployment"], r["concurrency"]) for r in rows] == [("baseline", "1"), ("baseline", "2"), ("ngram", "1"), ("ngram", "2")]
+    assert [(r["deployment"], r["concurrency"]) for r in rows] == [
+        ("baseline", "1"),
+        ("baseline", "2"),
+        ("ngram", "1"),
+        ("ngram", "2"),
+    ]
     assert float(rows[2]["output_token_throughput"]) == pytest.approx(20 / 1.5)
     assert float(rows[2]["ttft_ms_p50"]) == pytest.approx(125.0) and rows[2]["incomplete"] == "False"
     requests = list(csv.DictReader(paths["requests.csv"].open()))
@@ -135,9 +162,16 @@ def test_the_run_records_its_command_line(monkeypatch):
 def test_interleaved_table_gives_gain_and_drafting_share(tmp_path):
     from specpipe.bench.markdown import interleaved_table
 
-    rows = [{"deployment": "none", "concurrency": 1, "output_tok_s": 30.0, "speedup": 1.0, "draft_lengths": {"0": 10}},
-            {"deployment": "ngram", "concurrency": 1, "output_tok_s": 33.0, "speedup": 1.1,
-             "draft_lengths": {"0": 6, "1": 3, "2": 1}}]
+    rows = [
+        {"deployment": "none", "concurrency": 1, "output_tok_s": 30.0, "speedup": 1.0, "draft_lengths": {"0": 10}},
+        {
+            "deployment": "ngram",
+            "concurrency": 1,
+            "output_tok_s": 33.0,
+            "speedup": 1.1,
+            "draft_lengths": {"0": 6, "1": 3, "2": 1},
+        },
+    ]
     path = tmp_path / "interleaved.json"
     path.write_text(json.dumps({"command": "python b.py", "date": "2026-12-01", "torch": "2.13.0", "levels": rows}))
     table = interleaved_table(path)
@@ -148,9 +182,13 @@ def test_interleaved_table_gives_gain_and_drafting_share(tmp_path):
 def test_interleaved_table_marks_levels_a_lane_sat_out(tmp_path):
     from specpipe.bench.markdown import interleaved_table
 
-    rows = [{"deployment": "none", "concurrency": c, "output_tok_s": 30.0 * c, "speedup": 1.0, "draft_lengths": {"0": 10}}
-            for c in (1, 2)]
-    rows.append({"deployment": "llama.cpp", "concurrency": 1, "output_tok_s": 40.0, "speedup": 1.333, "draft_lengths": {"0": 9}})
+    rows = [
+        {"deployment": "none", "concurrency": c, "output_tok_s": 30.0 * c, "speedup": 1.0, "draft_lengths": {"0": 10}}
+        for c in (1, 2)
+    ]
+    rows.append(
+        {"deployment": "llama.cpp", "concurrency": 1, "output_tok_s": 40.0, "speedup": 1.333, "draft_lengths": {"0": 9}}
+    )
     path = tmp_path / "interleaved.json"
     path.write_text(json.dumps({"command": "python b.py", "date": "2026-12-02", "torch": "2.13.0", "levels": rows}))
     table = interleaved_table(path)
@@ -161,12 +199,27 @@ def test_interleaved_table_marks_levels_a_lane_sat_out(tmp_path):
 def test_ngram_ceiling_table_puts_drafters_in_rows_and_prompt_sets_in_columns(tmp_path):
     from specpipe.bench.markdown import ngram_ceiling_table
 
-    results = [{"prompts": p, "drafter": d, "tokens_per_forward": t, "predicted_speedup": s, "steps_drafted": 0.5}
-               for p, d, t, s in [("chat", "ngram k=2", 1.221, 1.115), ("code", "ngram k=2", 1.239, 1.126),
-                                  ("chat", "oracle", 1.954, 1.827), ("code", "oracle", 2.013, 1.869)]]
+    results = [
+        {"prompts": p, "drafter": d, "tokens_per_forward": t, "predicted_speedup": s, "steps_drafted": 0.5}
+        for p, d, t, s in [
+            ("chat", "ngram k=2", 1.221, 1.115),
+            ("code", "ngram k=2", 1.239, 1.126),
+            ("chat", "oracle", 1.954, 1.827),
+            ("code", "oracle", 2.013, 1.869),
+        ]
+    ]
     path = tmp_path / "ceiling.json"
-    path.write_text(json.dumps({"command": "python c.py", "date": "2026-12-01", "answer_tokens": 128,
-                                "prompts_per_set": {"chat": 24, "code": 22}, "results": results}))
+    path.write_text(
+        json.dumps(
+            {
+                "command": "python c.py",
+                "date": "2026-12-01",
+                "answer_tokens": 128,
+                "prompts_per_set": {"chat": 24, "code": 22},
+                "results": results,
+            }
+        )
+    )
     table = ngram_ceiling_table(path).splitlines()
     assert table[0].startswith("`python c.py` (measured 2026-12-01; 128 greedy tokens per answer;")
     assert table[2] == "| drafter | chat (24 prompts) | code (22 prompts) |"

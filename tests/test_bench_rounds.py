@@ -52,23 +52,32 @@ class FakeBackend:
     async def send(self, text: str, max_tokens: int):
         self.prompts_seen.append(text)
         seconds = await self.machine.serve(round(max_tokens / self.tokens_per_step))
-        result = GenerationResult(text="x" * max_tokens, chunks=["x" * max_tokens], chunk_times_s=[seconds],
-                                  ttft_s=seconds, latency_s=seconds)
+        result = GenerationResult(
+            text="x" * max_tokens, chunks=["x" * max_tokens], chunk_times_s=[seconds], ttft_s=seconds, latency_s=seconds
+        )
         return result, max_tokens, "server"
 
 
 def _bench(rounds: int, num_requests: int = 8, concurrencies=(1, 2)):
     machine = DriftingMachine()
     backends = [FakeBackend("baseline", machine), FakeBackend("same", machine)]
-    settings = BenchSettings(prompts="fake", concurrencies=tuple(concurrencies), max_tokens=8, num_requests=num_requests,
-                             warmup=0, rounds=rounds)
+    settings = BenchSettings(
+        prompts="fake",
+        concurrencies=tuple(concurrencies),
+        max_tokens=8,
+        num_requests=num_requests,
+        warmup=0,
+        rounds=rounds,
+    )
     run = BenchRun(settings=settings)
     asyncio.run(run_bench([b.endpoint for b in backends], PROMPTS, settings, run, backends=backends))
     return run, backends
 
 
 def _speedup(run: BenchRun, concurrency: int) -> float:
-    rate = {lv.deployment: level_aggregate(lv).output_token_throughput for lv in run.levels if lv.concurrency == concurrency}
+    rate = {
+        lv.deployment: level_aggregate(lv).output_token_throughput for lv in run.levels if lv.concurrency == concurrency
+    }
     return rate["same"] / rate["baseline"]
 
 
@@ -80,7 +89,12 @@ def test_one_after_another_a_drifting_machine_favours_the_first_deployment():
 @pytest.mark.parametrize("rounds", [4, 8])
 def test_in_rounds_identical_deployments_measure_alike(rounds):
     run, backends = _bench(rounds=rounds)
-    assert [(lv.deployment, lv.concurrency) for lv in run.levels] == [("baseline", 1), ("same", 1), ("baseline", 2), ("same", 2)]
+    assert [(lv.deployment, lv.concurrency) for lv in run.levels] == [
+        ("baseline", 1),
+        ("same", 1),
+        ("baseline", 2),
+        ("same", 2),
+    ]
     assert 0.9 < _speedup(run, 1) < 1.1 and 0.9 < _speedup(run, 2) < 1.1
     for level in run.levels:  # every level complete, its requests numbered on across rounds, prompts in order
         assert [r.index for r in level.records] == list(range(8)) and not level.incomplete
@@ -98,7 +112,9 @@ def test_round_plans_split_requests_and_durations():
     # every round keeps the level's concurrency busy: at most requests // concurrency rounds
     assert [p.num_requests for p in settings.round_plans(4)] == [5, 5]
     assert [p.num_requests for p in settings.round_plans(8)] == [10]
-    assert [p.num_requests for p in BenchSettings(prompts="fake", concurrencies=(4,), rounds=4).round_plans(4)] == [4] * 4
+    assert [p.num_requests for p in BenchSettings(prompts="fake", concurrencies=(4,), rounds=4).round_plans(4)] == [
+        4
+    ] * 4
     timed = BenchSettings(prompts="fake", concurrencies=(4,), duration_s=60.0, rounds=3)
     assert [(p.duration_s, p.num_requests, p.concurrency) for p in timed.round_plans(4)] == [(20.0, None, 4)] * 3
 
@@ -106,8 +122,11 @@ def test_round_plans_split_requests_and_durations():
 def test_a_multi_line_error_becomes_one_readable_line():
     from specpipe.bench.load import one_line
 
-    error = "<AioRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\tdetails = \"failed to connect\"\n>"
-    assert one_line(error) == '<AioRpcError of RPC that terminated with: status = StatusCode.UNAVAILABLE details = "failed to connect" >'
+    error = '<AioRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\tdetails = "failed to connect"\n>'
+    assert (
+        one_line(error)
+        == '<AioRpcError of RPC that terminated with: status = StatusCode.UNAVAILABLE details = "failed to connect" >'
+    )
     assert len(one_line("x " * 500)) == 300 and one_line("x " * 500).endswith("...")
 
 
@@ -125,7 +144,13 @@ class DyingBackend(FakeBackend):
         self.lives -= 1
         if self.lives < 0:
             await asyncio.sleep(0.05)
-            return GenerationResult(latency_s=0.05, error="<AioRpcError of RPC that terminated with:\n\tstatus = UNAVAILABLE\n>"), None, "server"
+            return (
+                GenerationResult(
+                    latency_s=0.05, error="<AioRpcError of RPC that terminated with:\n\tstatus = UNAVAILABLE\n>"
+                ),
+                None,
+                "server",
+            )
         return await super().send(text, max_tokens)
 
 
@@ -154,8 +179,16 @@ def _level(name, records):
 def _record(tokens=None, error=None):
     from specpipe.bench.records import RequestRecord
 
-    return RequestRecord(deployment="d", concurrency=1, index=0, prompt_id="p", start_s=0.0, latency_s=0.1,
-                         output_tokens=tokens, error=error)
+    return RequestRecord(
+        deployment="d",
+        concurrency=1,
+        index=0,
+        prompt_id="p",
+        start_s=0.0,
+        latency_s=0.1,
+        output_tokens=tokens,
+        error=error,
+    )
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -166,13 +199,19 @@ def test_levels_that_measured_nothing_make_the_run_incomplete(chat):
     from specpipe.bench.runner import BenchRun, BenchSettings
 
     run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1,), chat=chat))
-    run.levels = [_level("good", [_record(12), _record(0)]), _level("none", []),
-                  _level("failed", [_record(error="DEADLINE_EXCEEDED: timed out\nmore"), _record(error="x")]),
-                  _level("empty", [_record(0), _record(0)])]
+    run.levels = [
+        _level("good", [_record(12), _record(0)]),
+        _level("none", []),
+        _level("failed", [_record(error="DEADLINE_EXCEEDED: timed out\nmore"), _record(error="x")]),
+        _level("empty", [_record(0), _record(0)]),
+    ]
     mark_unmeasured(run)
     assert [level.incomplete for level in run.levels] == [False, True, True, True]
     assert run.incomplete and len(run.reasons) == 3
     assert "none @ concurrency 1: no request was sent" in run.reasons[0]
-    assert "failed @ concurrency 1: all 2 requests failed; first error: DEADLINE_EXCEEDED: timed out more" == run.reasons[1]
+    assert (
+        "failed @ concurrency 1: all 2 requests failed; first error: DEADLINE_EXCEEDED: timed out more"
+        == run.reasons[1]
+    )
     assert run.reasons[2].startswith("empty @ concurrency 1: every answer was empty (0 output tokens)")
     assert ("needs --chat" in run.reasons[2]) is (not chat)

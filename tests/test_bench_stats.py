@@ -7,9 +7,21 @@ from specpipe.bench.stats import Distribution, aggregate, benchmark_duration, le
 
 
 def rec(index, start, latency, ttft, out, drafts=None, accepted=None, error=None, source="server"):
-    return RequestRecord(deployment="d", concurrency=2, index=index, prompt_id=str(index), start_s=start, latency_s=latency,
-                         ttft_s=ttft, output_tokens=out, output_tokens_source=source, draft_tokens=drafts,
-                         accepted_draft_tokens=accepted, acceptance_rate=(accepted / drafts) if drafts else None, error=error)
+    return RequestRecord(
+        deployment="d",
+        concurrency=2,
+        index=index,
+        prompt_id=str(index),
+        start_s=start,
+        latency_s=latency,
+        ttft_s=ttft,
+        output_tokens=out,
+        output_tokens_source=source,
+        draft_tokens=drafts,
+        accepted_draft_tokens=accepted,
+        acceptance_rate=(accepted / drafts) if drafts else None,
+        error=error,
+    )
 
 
 # Three completed requests and one failure that ends last (it still bounds the benchmark window).
@@ -35,9 +47,9 @@ def test_percentiles_interpolate_linearly():
 def test_per_request_derived_values():
     first, second = RECORDS[0], RECORDS[1]
     assert first.end_s == 1.0 and RECORDS[3].end_s == 5.0
-    assert first.itl_s == pytest.approx(0.1, abs=1e-12)        # (1.0 - 0.2) / (9 - 1)
-    assert second.itl_s == pytest.approx(0.4, abs=1e-12)       # (2.0 - 0.4) / (5 - 1)
-    assert first.mean_accepted_length == 2.0                   # 8 tokens in 8 - 4 = 4 steps
+    assert first.itl_s == pytest.approx(0.1, abs=1e-12)  # (1.0 - 0.2) / (9 - 1)
+    assert second.itl_s == pytest.approx(0.4, abs=1e-12)  # (2.0 - 0.4) / (5 - 1)
+    assert first.mean_accepted_length == 2.0  # 8 tokens in 8 - 4 = 4 steps
     assert second.mean_accepted_length == pytest.approx(4 / 3)
     assert RECORDS[3].itl_s is None and RECORDS[3].mean_accepted_length is None and not RECORDS[3].ok
     assert rec(9, 0, 1, 0.5, out=1, drafts=0, accepted=0).itl_s is None  # one token: no inter-token gap
@@ -46,7 +58,7 @@ def test_per_request_derived_values():
 def test_throughput_window_and_latency_distributions():
     agg = aggregate(RECORDS)
     assert (agg.requests, agg.completed, agg.errors) == (4, 3, 1)
-    assert benchmark_duration(RECORDS) == 5.0                  # first send 0.0 -> last response 5.0 (the failure)
+    assert benchmark_duration(RECORDS) == 5.0  # first send 0.0 -> last response 5.0 (the failure)
     assert agg.duration_s == 5.0 and agg.output_tokens == 31
     assert agg.output_token_throughput == pytest.approx(31 / 5.0, abs=1e-12)
     assert agg.request_throughput == pytest.approx(3 / 5.0, abs=1e-12)
@@ -60,9 +72,9 @@ def test_throughput_window_and_latency_distributions():
 
 def test_acceptance_is_token_weighted_and_per_request():
     agg = aggregate(RECORDS)
-    assert agg.acceptance_rate == pytest.approx(17 / 28, abs=1e-12)        # (4 + 1 + 12) / (8 + 4 + 16)
-    assert agg.acceptance_rate_mean == pytest.approx(0.5, abs=1e-12)       # mean of 0.5, 0.25, 0.75
-    assert agg.mean_accepted_length == pytest.approx(28 / 11, abs=1e-12)   # (8 + 4 + 16) / (4 + 3 + 4)
+    assert agg.acceptance_rate == pytest.approx(17 / 28, abs=1e-12)  # (4 + 1 + 12) / (8 + 4 + 16)
+    assert agg.acceptance_rate_mean == pytest.approx(0.5, abs=1e-12)  # mean of 0.5, 0.25, 0.75
+    assert agg.mean_accepted_length == pytest.approx(28 / 11, abs=1e-12)  # (8 + 4 + 16) / (4 + 3 + 4)
     assert agg.mean_accepted_length_mean == pytest.approx((2 + 4 / 3 + 4) / 3, abs=1e-12)
     assert agg.acceptance_source == "perf outputs"
 
@@ -77,8 +89,14 @@ def test_baseline_has_no_acceptance_and_length_one():
 
 def test_server_counters_stand_in_for_missing_perf_outputs():
     records = [rec(0, 0.0, 1.0, 0.1, out=10, source="usage"), rec(1, 1.0, 1.0, 0.1, out=20, source="usage")]
-    level = LevelResult("openai", 1, records=records,
-                        counters=CounterAcceptance(draft_tokens=10, accepted_draft_tokens=4, output_tokens=30, requests=2, source="specpipe"))
+    level = LevelResult(
+        "openai",
+        1,
+        records=records,
+        counters=CounterAcceptance(
+            draft_tokens=10, accepted_draft_tokens=4, output_tokens=30, requests=2, source="specpipe"
+        ),
+    )
     agg = level_aggregate(level)
     assert agg.acceptance_source == "server counters"
     assert agg.acceptance_rate == pytest.approx(0.4)

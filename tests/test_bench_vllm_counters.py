@@ -32,14 +32,19 @@ class StandInVLLM:
         n = self.completed
         s = "_total" if self.total_suffix else ""
         lines = []
-        for name, value in (("spec_decode_num_drafts", n * PER_REQUEST["drafts"]),
-                            ("spec_decode_num_draft_tokens", n * PER_REQUEST["draft_tokens"]),
-                            ("spec_decode_num_accepted_tokens", n * PER_REQUEST["accepted"]),
-                            ("generation_tokens", self.tokens), ("request_success", n)):
+        for name, value in (
+            ("spec_decode_num_drafts", n * PER_REQUEST["drafts"]),
+            ("spec_decode_num_draft_tokens", n * PER_REQUEST["draft_tokens"]),
+            ("spec_decode_num_accepted_tokens", n * PER_REQUEST["accepted"]),
+            ("generation_tokens", self.tokens),
+            ("request_success", n),
+        ):
             lines += [f"# TYPE vllm:{name} counter", f'vllm:{name}{s}{{engine="0",model_name="m"}} {value}.0']
         lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
-        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos{s}{{engine="0",model_name="m",position="{k}"}} {n * v}.0'
-                  for k, v in enumerate(PER_REQUEST["positions"])]
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos{s}{{engine="0",model_name="m",position="{k}"}} {n * v}.0'
+            for k, v in enumerate(PER_REQUEST["positions"])
+        ]
         return "\n".join(lines) + "\n"
 
     def app(self) -> web.Application:
@@ -107,27 +112,45 @@ def test_acceptance_and_per_position_acceptance_from_vllm_counters(total_suffix)
 
 
 def test_specpipe_prefix_counts_like_vllm_and_vllm_wins_when_both():
-    text = ('specpipe:spec_decode_num_draft_tokens_total{model="tensorrt_llm"} 9\n'
-            'specpipe:spec_decode_num_accepted_tokens_total{model="tensorrt_llm"} 3\n'
-            'specpipe:spec_decode_num_drafts_total{model="tensorrt_llm"} 3\n'
-            'specpipe:spec_decode_num_accepted_tokens_per_pos_total{model="tensorrt_llm",position="0"} 2\n'
-            'specpipe:spec_decode_num_accepted_tokens_per_pos_total{model="tensorrt_llm",position="1"} 1\n')
+    text = (
+        'specpipe:spec_decode_num_draft_tokens_total{model="tensorrt_llm"} 9\n'
+        'specpipe:spec_decode_num_accepted_tokens_total{model="tensorrt_llm"} 3\n'
+        'specpipe:spec_decode_num_drafts_total{model="tensorrt_llm"} 3\n'
+        'specpipe:spec_decode_num_accepted_tokens_per_pos_total{model="tensorrt_llm",position="0"} 2\n'
+        'specpipe:spec_decode_num_accepted_tokens_per_pos_total{model="tensorrt_llm",position="1"} 1\n'
+    )
     found = spec_counters(parse_samples(text))
-    assert (found["source"], found["draft_tokens"], found["accepted_draft_tokens"], found["drafts"]) == ("specpipe-triton", 9, 3, 3)
+    assert (found["source"], found["draft_tokens"], found["accepted_draft_tokens"], found["drafts"]) == (
+        "specpipe-triton",
+        9,
+        3,
+        3,
+    )
     assert found["accepted_per_position"] == {0: 2.0, 1: 1.0}
-    both = text + 'vllm:spec_decode_num_draft_tokens_total 5\nvllm:spec_decode_num_accepted_tokens_total 1\n'
+    both = text + "vllm:spec_decode_num_draft_tokens_total 5\nvllm:spec_decode_num_accepted_tokens_total 1\n"
     assert spec_counters(parse_samples(both))["source"] == "vllm"
     # the gateway exports both its older series and the specpipe: ones; only the older count requests
-    gateway = text + ('specpipe_draft_tokens_total{model="tensorrt_llm"} 9\nspecpipe_accepted_draft_tokens_total{model="tensorrt_llm"} 3\n'
-                      'specpipe_output_tokens_total{model="tensorrt_llm"} 20\nspecpipe_requests_total{model="tensorrt_llm"} 2\n')
+    gateway = text + (
+        'specpipe_draft_tokens_total{model="tensorrt_llm"} 9\nspecpipe_accepted_draft_tokens_total{model="tensorrt_llm"} 3\n'
+        'specpipe_output_tokens_total{model="tensorrt_llm"} 20\nspecpipe_requests_total{model="tensorrt_llm"} 2\n'
+    )
     found = spec_counters(parse_samples(gateway))
     assert (found["source"], found["requests"], found["output_tokens"]) == ("specpipe", 2, 20)
 
 
 def test_sampled_ignore_eos_requests_carry_vllm_fields_and_seeds():
     server = StandInVLLM()
-    settings = BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=5, num_requests=3, warmup=0,
-                             ignore_eos=True, temperature=0.7, top_p=0.9, seed=40)
+    settings = BenchSettings(
+        prompts="chat",
+        concurrencies=(1,),
+        max_tokens=5,
+        num_requests=3,
+        warmup=0,
+        ignore_eos=True,
+        temperature=0.7,
+        top_p=0.9,
+        seed=40,
+    )
     run = asyncio.run(_bench_against(server, settings))
     assert [(b["ignore_eos"], b["min_tokens"], b["max_tokens"]) for b in server.bodies] == [(True, 5, 5)] * 3
     assert [(b["temperature"], b["top_p"]) for b in server.bodies] == [(0.7, 0.9)] * 3
@@ -139,5 +162,7 @@ def test_greedy_requests_send_temperature_zero_and_no_eos_fields():
     server = StandInVLLM()
     settings = BenchSettings(prompts="chat", concurrencies=(1,), max_tokens=3, num_requests=2, warmup=0, seed=5)
     asyncio.run(_bench_against(server, settings))
-    assert all(b["temperature"] == 0.0 and "seed" not in b and "ignore_eos" not in b and "min_tokens" not in b
-               for b in server.bodies)
+    assert all(
+        b["temperature"] == 0.0 and "seed" not in b and "ignore_eos" not in b and "min_tokens" not in b
+        for b in server.bodies
+    )

@@ -4,22 +4,22 @@ models it calls (greedy output equals the target's own, streamed text equals non
 
 import functools
 import random
-from types import SimpleNamespace
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tiny_engine import make_tiny_engine
 
-from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.external_drafts import DraftVerifier
+from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
 from specpipe.triton.models.bls import BlsModel, BlsRequest, RequestError
 from specpipe.triton.models.draft_loop import DraftTargetLoop, accepted_prefix
 from specpipe.triton.models.engine_request import parse_request
 from specpipe.triton.models.generation import run_request
 from specpipe.triton.models.postprocessing import Detokenizer, _rows
 from specpipe.triton.models.preprocessing import Preprocessor
-from tiny_engine import make_tiny_engine
 
 # --- the loop against a synthetic target ------------------------------------------------------------
 
@@ -32,7 +32,7 @@ def target_greedy(prompt, n):
     seq = list(prompt)
     for _ in range(n):
         seq.append(target_next(seq))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def verifier(seq, drafts):
@@ -113,7 +113,11 @@ def test_verifier_accepts_the_target_own_tokens_and_adds_one(engines):
     greedy, _ = generate_all(solo_scheduler(target), prompt, free)
     assert len(greedy) == 6
     step = next(DraftVerifier(target, greedy[:4]).generate(prompt, replace(free, max_tokens=10)))
-    assert step.token_ids == greedy[:5] and step.stats.total_accepted_draft_tokens == 4 and step.stats.total_draft_tokens == 4
+    assert (
+        step.token_ids == greedy[:5]
+        and step.stats.total_accepted_draft_tokens == 4
+        and step.stats.total_draft_tokens == 4
+    )
     wrong = [(greedy[0] + 1) % 100] + greedy[1:3]
     step = next(DraftVerifier(target, wrong).generate(prompt, replace(free, max_tokens=10)))
     assert step.token_ids == greedy[:1] and step.stats.total_accepted_draft_tokens == 0
@@ -136,8 +140,14 @@ class InProcess:
         if model == "preprocessing":
             words = lambda k: [w.decode() for w in np.asarray(inputs.get(k, np.array([[]], dtype=object))).reshape(-1)]
             scalar = lambda k: int(np.asarray(inputs[k]).reshape(-1)[0]) if k in inputs else None
-            return self.pre.outputs(inputs["QUERY"].reshape(-1)[0].decode(), scalar("REQUEST_OUTPUT_LEN"),
-                                    words("STOP_WORDS_DICT"), words("BAD_WORDS_DICT"), scalar("END_ID"), scalar("PAD_ID"))
+            return self.pre.outputs(
+                inputs["QUERY"].reshape(-1)[0].decode(),
+                scalar("REQUEST_OUTPUT_LEN"),
+                words("STOP_WORDS_DICT"),
+                words("BAD_WORDS_DICT"),
+                scalar("END_ID"),
+                scalar("PAD_ID"),
+            )
         if model == "postprocessing":
             new = _rows(inputs["TOKENS_BATCH"], inputs["SEQUENCE_LENGTH"])[0]
             prior = _rows(inputs["PRIOR_TOKENS_BATCH"], None)[0] if "PRIOR_TOKENS_BATCH" in inputs else []
@@ -154,9 +164,19 @@ class InProcess:
 
 
 def bls_request(text, max_tokens, stream, k=4, **kw):
-    base = dict(text=np.array([[text.encode()]], dtype=object), max_tokens=max_tokens, stream=stream, exclude_input=True,
-                perf=True, num_input=False, num_output=False, num_draft_tokens=k, use_draft_logits=False, sampling={},
-                words={})
+    base = dict(
+        text=np.array([[text.encode()]], dtype=object),
+        max_tokens=max_tokens,
+        stream=stream,
+        exclude_input=True,
+        perf=True,
+        num_input=False,
+        num_output=False,
+        num_draft_tokens=k,
+        use_draft_logits=False,
+        sampling={},
+        words={},
+    )
     base.update(kw)
     return BlsRequest(**base)
 

@@ -3,14 +3,13 @@
 import json
 
 import pytest
+from tiny_engine import make_tiny_engine
+from tiny_presets import ARCH, write_tiny_presets
 
 from specpipe.build_cpu import build_cpu
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, PresetError, SpecpipeError
 from specpipe.manifest import sha256_file
-from tiny_engine import make_tiny_engine
-from tiny_presets import ARCH, write_tiny_presets
-
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,16 @@ def run(args, tmp_path):
         (["--target", "smollm2-135m", "--draft", "ngram", "--max-draft-len", "0"], 2, "must be a positive integer"),
         (["--target", "smollm2-135m", "--draft", "ngram", "--max-draft-len", "-3"], 2, "must be a positive integer"),
         (["--target", "smollm2-135m", "--draft", "none", "--max-draft-len", "3"], 1, "no meaning with --draft none"),
-        (["--target", "smollm2-135m", "--draft", "ngram", "--max-draft-len", "100000"], 2,
-         "--max-draft-len 100000 is more than the CPU runtime verifies in a step (64 draft tokens): give at most 64"),
-        (["--target", "smollm2-135m", "--draft", "eagle", "--max-draft-len", "65"], 2, "--max-draft-len 65 is more than"),
+        (
+            ["--target", "smollm2-135m", "--draft", "ngram", "--max-draft-len", "100000"],
+            2,
+            "--max-draft-len 100000 is more than the CPU runtime verifies in a step (64 draft tokens): give at most 64",
+        ),
+        (
+            ["--target", "smollm2-135m", "--draft", "eagle", "--max-draft-len", "65"],
+            2,
+            "--max-draft-len 65 is more than",
+        ),
         (["--target", "smollm2-135m", "--draft", "smollm2-draft", "--max-draft-len", "4096"], 2, "give at most 64"),
         (["--target", "smollm2-135m", "--draft", "ngram", "--json"], 2, "--json goes with --dry-run"),
         (["--target", "smollm2-135m", "--draft", "ngram", "--name", "../escape"], 1, "no paths"),
@@ -57,7 +64,9 @@ def test_read_only_engines_root(tmp_path):
     root = tmp_path / "ro"
     root.mkdir()
     root.chmod(0o555)
-    result = CliRunner().invoke(main, ["build", "--target", "smollm2-135m", "--draft", "ngram", "--engines-dir", str(root / "sub")])
+    result = CliRunner().invoke(
+        main, ["build", "--target", "smollm2-135m", "--draft", "ngram", "--engines-dir", str(root / "sub")]
+    )
     assert result.exit_code == 1
     assert "choose another with --engines-dir" in result.output
 
@@ -65,6 +74,8 @@ def test_read_only_engines_root(tmp_path):
 def test_engines_root_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    result = CliRunner().invoke(main, ["build", "--target", "smollm2-135m", "--draft", "ngram", "--engines-dir", str(blocker / "engines")])
+    result = CliRunner().invoke(
+        main, ["build", "--target", "smollm2-135m", "--draft", "ngram", "--engines-dir", str(blocker / "engines")]
+    )
     assert result.exit_code == 1
     assert "cannot write to engines directory" in result.output and "--engines-dir" in result.output

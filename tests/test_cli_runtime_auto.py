@@ -6,11 +6,11 @@ from unittest.mock import patch
 
 import pytest
 from click.testing import CliRunner
+from fake_programs import printing_program
 
 from specpipe.build_request import BuildRequest, GpuCount
 from specpipe.cli import main
 from specpipe.trtllm import environment, executor
-from fake_programs import printing_program
 
 
 @pytest.fixture
@@ -50,20 +50,25 @@ def test_the_missions_command_as_typed_prints_the_engine_plan_and_what_is_missin
         "error: --runtime auto chose trtllm for target llama3-70b, but this machine lacks a GPU (no nvidia-smi) and docker "
         "and an importable tensorrt_llm: build on a machine with an NVIDIA GPU and docker (the steps run in "
         "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3) or inside that container; the plan above lists every step, "
-        "nothing was downloaded"]
+        "nothing was downloaded"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]  # no engines/, no HF cache, nothing downloaded
 
 
 def test_with_docker_but_no_gpu_it_still_stops_before_downloading(tmp_path, machine):
     machine("docker")
-    result = CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "lookahead",
-                                       "--engines-dir", str(tmp_path / "e")])
+    result = CliRunner().invoke(
+        main, ["build", "--target", "llama3-8b", "--draft", "lookahead", "--engines-dir", str(tmp_path / "e")]
+    )
     assert result.exit_code == 1 and "lacks a GPU (no nvidia-smi) and an importable tensorrt_llm:" in result.stderr
     assert "executor docker" in result.stdout and not (tmp_path / "e").exists() and not (tmp_path / "hf").exists()
 
 
 def test_cpu_targets_resolve_to_the_cpu_runtime(machine):
-    with patch("specpipe.build_cpu.build_cpu") as build_cpu, patch("specpipe.trtllm.build.build_trtllm") as build_trtllm:
+    with (
+        patch("specpipe.build_cpu.build_cpu") as build_cpu,
+        patch("specpipe.trtllm.build.build_trtllm") as build_trtllm,
+    ):
         result = CliRunner().invoke(main, ["build", "--target", "smollm2-135m", "--draft", "ngram"])
     assert result.exit_code == 0, result.output
     assert build_trtllm.call_count == 0
@@ -76,9 +81,17 @@ def test_the_gpu_comes_from_nvidia_smi_and_the_build_proceeds(machine):
     with patch("specpipe.trtllm.build.build_trtllm") as build_trtllm:
         result = CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "eagle"])
     assert result.exit_code == 0, result.output
-    build_trtllm.assert_called_once_with(BuildRequest(
-        target="llama3-8b", draft="eagle", runtime="trtllm", gpu="h100-80gb", tp="auto", pp="auto",
-        gpus=GpuCount(1, "nvidia-smi: 1 x NVIDIA H100 80GB HBM3")))
+    build_trtllm.assert_called_once_with(
+        BuildRequest(
+            target="llama3-8b",
+            draft="eagle",
+            runtime="trtllm",
+            gpu="h100-80gb",
+            tp="auto",
+            pp="auto",
+            gpus=GpuCount(1, "nvidia-smi: 1 x NVIDIA H100 80GB HBM3"),
+        )
+    )
     with patch("specpipe.trtllm.build.build_trtllm") as build_trtllm:  # an explicit --gpu wins
         CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "eagle", "--gpu", "h200-141gb"])
     assert build_trtllm.call_args.args[0].gpu == "h200-141gb"
@@ -86,7 +99,10 @@ def test_the_gpu_comes_from_nvidia_smi_and_the_build_proceeds(machine):
 
 @pytest.mark.parametrize("runtime", ["cpu", "trtllm", "trtllm-llmapi"])
 def test_an_explicit_runtime_is_kept(machine, runtime):
-    with patch("specpipe.build_cpu.build_cpu") as build_cpu, patch("specpipe.trtllm.build.build_trtllm") as build_trtllm:
+    with (
+        patch("specpipe.build_cpu.build_cpu") as build_cpu,
+        patch("specpipe.trtllm.build.build_trtllm") as build_trtllm,
+    ):
         result = CliRunner().invoke(main, ["build", "--target", "llama3-8b", "--draft", "ngram", "--runtime", runtime])
     assert result.exit_code == 0, result.output
     called = build_cpu if runtime == "cpu" else build_trtllm
@@ -94,8 +110,9 @@ def test_an_explicit_runtime_is_kept(machine, runtime):
 
 
 def test_auto_dry_runs_need_nothing_here(tmp_path, machine):
-    result = CliRunner().invoke(main, ["build", "--target", "llama3-70b", "--draft", "eagle", "--dry-run",
-                                       "--engines-dir", str(tmp_path / "e")])
+    result = CliRunner().invoke(
+        main, ["build", "--target", "llama3-70b", "--draft", "eagle", "--dry-run", "--engines-dir", str(tmp_path / "e")]
+    )
     assert result.exit_code == 0 and "specpipe build plan: llama3-70b-eagle (trtllm" in result.stdout
     assert not (tmp_path / "e").exists()
 
@@ -103,4 +120,7 @@ def test_auto_dry_runs_need_nothing_here(tmp_path, machine):
 def test_a_checkpoint_directory_resolves_to_the_engine_flow(tmp_path):
     (tmp_path / "ckpt").mkdir()
     assert environment.resolve_runtime(str(tmp_path / "ckpt")).value == "trtllm"
-    assert environment.cannot_run_here(["docker"]) is None and environment.cannot_run_here(["importable tensorrt_llm"]) is None
+    assert (
+        environment.cannot_run_here(["docker"]) is None
+        and environment.cannot_run_here(["importable tensorrt_llm"]) is None
+    )

@@ -2,13 +2,15 @@
 template applied to each prompt, with the tokenizer loaded once per process, not once per request."""
 
 import pytest
+from tiny_engine import tiny_tokenizer
 from transformers import AutoTokenizer
 
 from specpipe.client import chat
 from specpipe.errors import SpecpipeError
-from tiny_engine import tiny_tokenizer
 
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+)
 
 
 @pytest.fixture

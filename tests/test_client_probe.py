@@ -6,9 +6,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
+from conftest import free_port
 
 from specpipe.client.probe import not_grpc_hint, not_http_hint, port_protocol, split_host_port
-from conftest import free_port
 
 
 class _Quiet(BaseHTTPRequestHandler):
@@ -68,12 +68,15 @@ def test_hints_name_the_wrong_port_only_where_it_is_one(http1_port, grpc_port):
     assert not_http_hint(f"http://127.0.0.1:{http1_port}/v1") == ""
 
 
-@pytest.mark.parametrize("address, expected", [
-    ("localhost:8001", ("localhost", 8001)),
-    ("http://10.0.0.2:8000/v1", ("10.0.0.2", 8000)),
-    ("[::1]:8001", ("::1", 8001)),
-    ("localhost", None),
-    ("http://host/v1", None),
-])
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("localhost:8001", ("localhost", 8001)),
+        ("http://10.0.0.2:8000/v1", ("10.0.0.2", 8000)),
+        ("[::1]:8001", ("::1", 8001)),
+        ("localhost", None),
+        ("http://host/v1", None),
+    ],
+)
 def test_split_host_port(address, expected):
     assert split_host_port(address) == expected

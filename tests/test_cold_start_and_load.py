@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.bench.process_memory import is_local_host, local_server_pid, tree_memory
 from specpipe.bench.records import LevelResult, RequestRecord
 from specpipe.bench.report import plot_figure
-from specpipe.bench.table import first_ttft_line
 from specpipe.bench.runner import BenchRun, BenchSettings
+from specpipe.bench.table import first_ttft_line
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.serve.cold_start import ColdStart, model_load_times
 from specpipe.triton.config import read_config
 from specpipe.triton.warmup_config import WARMUP_DIR, add_engine_warmup
@@ -59,10 +59,11 @@ def test_tensorrtllm_models_get_a_model_warmup_with_its_data_files(tmp_path):
 
 
 def test_cpu_warm_up_runs_the_engine_and_leaves_it_serving(tmp_path, single_thread):
+    from tiny_engine import make_tiny_engine
+
     from specpipe.generation.api import SamplingParams
     from specpipe.runtime.cpu.loader import load_engine
     from specpipe.triton.models.warmup import warm_up_deployment
-    from tiny_engine import make_tiny_engine
 
     engine, _ = load_engine(make_tiny_engine(tmp_path, method="ngram", max_draft_len=3, max_position_embeddings=64))
     prompt, params = [5, 6, 7, 8], SamplingParams(max_tokens=6)
@@ -87,12 +88,16 @@ def test_local_server_memory_is_its_process_tree():
 
 def _run(concurrencies: list[int]) -> BenchRun:
     run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=tuple(concurrencies)))
-    run.deployments = [{"name": "baseline", "first_request": {"ttft_ms": 812.4, "latency_ms": 4000.0, "error": None}},
-                       {"name": "eagle", "first_request": {"ttft_ms": 990.0, "latency_ms": 3000.0, "error": None}}]
+    run.deployments = [
+        {"name": "baseline", "first_request": {"ttft_ms": 812.4, "latency_ms": 4000.0, "error": None}},
+        {"name": "eagle", "first_request": {"ttft_ms": 990.0, "latency_ms": 3000.0, "error": None}},
+    ]
     for name in ("baseline", "eagle"):
         for c in concurrencies:
-            records = [RequestRecord(name, c, i, "p", start_s=0.0, latency_s=2.0, ttft_s=0.1 * c, output_tokens=64)
-                       for i in range(c)]
+            records = [
+                RequestRecord(name, c, i, "p", start_s=0.0, latency_s=2.0, ttft_s=0.1 * c, output_tokens=64)
+                for i in range(c)
+            ]
             run.levels.append(LevelResult(name, c, records=records, memory_peak_bytes=2**30, memory_kind="process"))
     return run
 

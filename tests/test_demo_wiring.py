@@ -7,23 +7,44 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rich.console import Console
+from test_bench_noise import level
 
 from specpipe.bench.runner import BenchRun
 from specpipe.client.validate import Check, RequestFigures, ValidationReport
-from specpipe.demo import CONTROL_NAME, DemoRequest, bench_endpoints, bench_settings, busy_lines, server_plan, summary_table
-from test_bench_noise import level
+from specpipe.demo import (
+    CONTROL_NAME,
+    DemoRequest,
+    bench_endpoints,
+    bench_settings,
+    busy_lines,
+    server_plan,
+    summary_table,
+)
 
 
 def test_the_control_serves_the_baseline_repository_on_its_own_ports():
     plan = server_plan(DemoRequest())
-    assert plan == [("none", "none", 8101), ("ngram", "ngram", 8104), ("smollm2-draft", "smollm2-draft", 8107),
-                    ("medusa", "medusa", 8110), ("eagle", "eagle", 8113), (CONTROL_NAME, "none", 8116)]
-    assert server_plan(DemoRequest(drafts=("none", "eagle", "eagle"), bench_requests=0)) == [("none", "none", 8101), ("eagle", "eagle", 8104)]
+    assert plan == [
+        ("none", "none", 8101),
+        ("ngram", "ngram", 8104),
+        ("smollm2-draft", "smollm2-draft", 8107),
+        ("medusa", "medusa", 8110),
+        ("eagle", "eagle", 8113),
+        (CONTROL_NAME, "none", 8116),
+    ]
+    assert server_plan(DemoRequest(drafts=("none", "eagle", "eagle"), bench_requests=0)) == [
+        ("none", "none", 8101),
+        ("eagle", "eagle", 8104),
+    ]
 
 
 def _servers(names):
-    return {name: SimpleNamespace(grpc_url=f"localhost:{9001 + 3 * i}", metrics_url=f"http://localhost:{9002 + 3 * i}/metrics")
-            for i, name in enumerate(names)}
+    return {
+        name: SimpleNamespace(
+            grpc_url=f"localhost:{9001 + 3 * i}", metrics_url=f"http://localhost:{9002 + 3 * i}/metrics"
+        )
+        for i, name in enumerate(names)
+    }
 
 
 def test_the_control_takes_its_turn_between_the_speculative_deployments():
@@ -31,14 +52,27 @@ def test_the_control_takes_its_turn_between_the_speculative_deployments():
     endpoints = bench_endpoints(servers)
     assert [e.name for e in endpoints] == ["baseline", "ngram", "smollm2-draft", CONTROL_NAME, "medusa", "eagle"]
     control = endpoints[3]
-    assert (control.address, control.metrics_url, control.kind) == ("localhost:9016", "http://localhost:9017/metrics", "triton")
-    assert [e.name for e in bench_endpoints(_servers(["none", "eagle", CONTROL_NAME]))] == ["baseline", "eagle", CONTROL_NAME]
+    assert (control.address, control.metrics_url, control.kind) == (
+        "localhost:9016",
+        "http://localhost:9017/metrics",
+        "triton",
+    )
+    assert [e.name for e in bench_endpoints(_servers(["none", "eagle", CONTROL_NAME]))] == [
+        "baseline",
+        "eagle",
+        CONTROL_NAME,
+    ]
     assert [e.name for e in bench_endpoints(_servers(["none", CONTROL_NAME]))] == ["baseline", CONTROL_NAME]
 
 
 def test_the_benchmark_takes_turns_with_more_requests():
     settings = bench_settings(DemoRequest())
-    assert (settings.rounds, settings.control, settings.baseline, settings.num_requests) == (4, CONTROL_NAME, "baseline", 8)
+    assert (settings.rounds, settings.control, settings.baseline, settings.num_requests) == (
+        4,
+        CONTROL_NAME,
+        "baseline",
+        8,
+    )
     assert [p.num_requests for p in settings.round_plans(1)] == [2, 2, 2, 2]
     assert [p.num_requests for p in settings.round_plans(4)] == [4, 4]  # two full batches: the level still takes turns
     assert (settings.max_tokens, settings.chat, settings.prompts) == (128, True, "chat")
@@ -54,12 +88,18 @@ def _report(passed: int, total: int, acceptance: float) -> ValidationReport:
 def _run(control_seconds: list[float]) -> BenchRun:
     from specpipe.bench.runner import BenchSettings
 
-    run = BenchRun(settings=BenchSettings(prompts="chat", concurrencies=(1, 4), max_tokens=128, num_requests=8, rounds=4,
-                                          control=CONTROL_NAME))
+    run = BenchRun(
+        settings=BenchSettings(
+            prompts="chat", concurrencies=(1, 4), max_tokens=128, num_requests=8, rounds=4, control=CONTROL_NAME
+        )
+    )
     for concurrency in (1, 4):
-        run.levels += [level("baseline", [2.0] * 4, concurrency), level("ngram", [1.6] * 4, concurrency),
-                       level("smollm2-draft", [1.98] * 4, concurrency),
-                       level(CONTROL_NAME, control_seconds if concurrency == 4 else [2.04] * 4, concurrency)]
+        run.levels += [
+            level("baseline", [2.0] * 4, concurrency),
+            level("ngram", [1.6] * 4, concurrency),
+            level("smollm2-draft", [1.98] * 4, concurrency),
+            level(CONTROL_NAME, control_seconds if concurrency == 4 else [2.04] * 4, concurrency),
+        ]
     return run
 
 
@@ -97,7 +137,9 @@ def test_a_busy_run_prints_busy_and_says_why(tmp_path):
     assert "concurrency 4: the machine was too busy" in messages[0] and "measured 0.67x the baseline" in messages[0]
     assert str(Path(tmp_path / "demo" / "bench.json")) in messages[-1] and 'verdict "busy"' in messages[-1]
     quiet = busy_lines(_run([2.04] * 4), tmp_path)
-    assert quiet == ["control (the baseline served twice): 0.98x at concurrency 1, 0.98x at concurrency 4 the baseline's tok/s"]
+    assert quiet == [
+        "control (the baseline served twice): 0.98x at concurrency 1, 0.98x at concurrency 4 the baseline's tok/s"
+    ]
     assert busy_lines(None, tmp_path) == []
 
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, parse_dense_rows, rows_from_timings
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.deployment import Deployment
-from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.model.prepack import (ALL_ROWS, PrepackedLinear, drop_dense_copies, drop_packed_weights, prepack_available,
-                                                prepack_linear_layers, set_dense_rows)
 from tiny_engine import make_tiny_engine
 from tiny_models import tiny_llama
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.dense_rows import apply_dense_rows, choose_dense_rows, parse_dense_rows, rows_from_timings
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.loader import load_engine
+from specpipe.runtime.cpu.model.prepack import (
+    ALL_ROWS,
+    PrepackedLinear,
+    drop_dense_copies,
+    drop_packed_weights,
+    prepack_available,
+    prepack_linear_layers,
+    set_dense_rows,
+)
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
 pytestmark = [
     pytest.mark.usefixtures("single_thread"),
@@ -60,7 +67,9 @@ def test_dropping_the_packed_weights_runs_every_input_on_the_dense_copy(bias):
     layer = PrepackedLinear(linear, dense_copy=True)
     assert drop_packed_weights(layer) == 64 * 48 * 4
     assert layer.weight is None and layer.dense_rows == ALL_ROWS
-    assert set_dense_rows(layer, 2) == 0 and layer.dense_rows == ALL_ROWS  # a threshold cannot bring the packed kernel back
+    assert (
+        set_dense_rows(layer, 2) == 0 and layer.dense_rows == ALL_ROWS
+    )  # a threshold cannot bring the packed kernel back
     assert drop_dense_copies(layer) == 0 and layer.dense is not None  # nor can dropping the copies leave no weight
     with torch.inference_mode():
         for shape in [(1, 64), (3, 64), (1, 130, 64)]:
@@ -68,20 +77,27 @@ def test_dropping_the_packed_weights_runs_every_input_on_the_dense_copy(bias):
             torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
         layer.dense.mul_(2.0)  # and it is the copy that runs
         x = torch.randn(40, 64)
-        torch.testing.assert_close(layer(x), 2.0 * (x @ linear.weight.detach().t()) + (linear.bias.detach() if bias else 0.0),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            layer(x),
+            2.0 * (x @ linear.weight.detach().t()) + (linear.bias.detach() if bias else 0.0),
+            rtol=1e-5,
+            atol=1e-5,
+        )
     assert drop_packed_weights(layer) == 0  # nothing left to drop
 
 
-@pytest.mark.parametrize("dense, packed, rows", [
-    ((10, 20, 30, 40, 50), (20, 25, 35, 45, 30), 8),  # faster up to 8 rows, 1.67x slower at 12: both copies
-    ((10, 20, 30, 40, 80), (20, 20, 60, 60, 20), 1),  # a tie at 2 rows ends the range, though 4 wins
-    ((30, 30, 30, 30, 30), (30, 30, 30, 30, 30), ALL_ROWS),  # a tie: one copy, the dense one
-    ((10, 20, 30, 40, 55), (20, 25, 35, 45, 45), ALL_ROWS),  # 22 % slower at 12 rows, faster on average
-    ((40, 40, 40, 40, 40), (36, 36, 36, 36, 36), 0),  # 11 % slower everywhere: packed only
-    ((1, 1, 1, 1, 1), (5, 5, 5, 5, 5), ALL_ROWS),
-    ((30, 30, 30, 30, 30), (25, 25, 25, 25, 25), 0),  # packed always faster: packed only
-])
+@pytest.mark.parametrize(
+    "dense, packed, rows",
+    [
+        ((10, 20, 30, 40, 50), (20, 25, 35, 45, 30), 8),  # faster up to 8 rows, 1.67x slower at 12: both copies
+        ((10, 20, 30, 40, 80), (20, 20, 60, 60, 20), 1),  # a tie at 2 rows ends the range, though 4 wins
+        ((30, 30, 30, 30, 30), (30, 30, 30, 30, 30), ALL_ROWS),  # a tie: one copy, the dense one
+        ((10, 20, 30, 40, 55), (20, 25, 35, 45, 45), ALL_ROWS),  # 22 % slower at 12 rows, faster on average
+        ((40, 40, 40, 40, 40), (36, 36, 36, 36, 36), 0),  # 11 % slower everywhere: packed only
+        ((1, 1, 1, 1, 1), (5, 5, 5, 5, 5), ALL_ROWS),
+        ((30, 30, 30, 30, 30), (25, 25, 25, 25, 25), 0),  # packed always faster: packed only
+    ],
+)
 def test_rows_from_timings(dense, packed, rows):
     assert rows_from_timings((1, 2, 4, 8, 12), dense, packed) == rows
 
@@ -90,8 +106,19 @@ def _dense_layers(engine):
     return [m for m in engine.target.model.modules() if isinstance(m, PrepackedLinear) and m.dense is not None]
 
 
-@pytest.mark.parametrize("text, rows", [("auto", None), ("", None), (None, None), (" AUTO ", None), ("0", 0), ("12", 12),
-                                        ("all", ALL_ROWS), (" All ", ALL_ROWS)])
+@pytest.mark.parametrize(
+    "text, rows",
+    [
+        ("auto", None),
+        ("", None),
+        (None, None),
+        (" AUTO ", None),
+        ("0", 0),
+        ("12", 12),
+        ("all", ALL_ROWS),
+        (" All ", ALL_ROWS),
+    ],
+)
 def test_parse_dense_rows(text, rows):
     assert parse_dense_rows(text) == rows
 
@@ -115,7 +142,9 @@ def test_loading_with_dense_copies_covers_the_decoder_but_not_lm_head(tmp_path):
     engine, _ = load_engine(engine_dir, dense_copy=True)
     layers = engine.target.model.config.num_hidden_layers
     assert not _dense_layers(plain)
-    assert len(_dense_layers(engine)) == 4 * layers and engine.target.model.lm_head.dense is None  # qkv, o, gate_up, down
+    assert (
+        len(_dense_layers(engine)) == 4 * layers and engine.target.model.lm_head.dense is None
+    )  # qkv, o, gate_up, down
     assert all(m.dense_rows == 0 for m in _dense_layers(engine))  # off until chosen
 
 
@@ -128,7 +157,9 @@ def test_apply_dense_rows_settings(tmp_path):
     expected, _ = generate_all(solo_scheduler(engine), prompt, params)
     assert len(expected) == 12
     assert "dense weights only" in apply_dense_rows(engine, parse_dense_rows("all"))
-    assert {m.dense_rows for m in _dense_layers(engine)} == {ALL_ROWS} and all(m.weight is None for m in _dense_layers(engine))
+    assert {m.dense_rows for m in _dense_layers(engine)} == {ALL_ROWS} and all(
+        m.weight is None for m in _dense_layers(engine)
+    )
     assert generate_all(solo_scheduler(engine), prompt, params)[0] == expected
     engine, _ = load_engine(engine_dir, dense_copy=True)
     assert "off" in apply_dense_rows(engine, parse_dense_rows("0")) and not _dense_layers(engine)
@@ -146,7 +177,9 @@ def test_the_measured_choice_is_consistent(tmp_path):
     engine, _ = load_engine(engine_dir, dense_copy=True)
     choice = choose_dense_rows(engine, measured_rows=(1, 2, 4), repeats=1)
     assert choice.rows in (0, 1, 2, 4, ALL_ROWS) and choice.measured_rows == (1, 2, 4, 32, 128)
-    assert len(choice.dense_ms) == len(choice.packed_ms) == 5 and all(ms > 0 for ms in choice.dense_ms + choice.packed_ms)
+    assert len(choice.dense_ms) == len(choice.packed_ms) == 5 and all(
+        ms > 0 for ms in choice.dense_ms + choice.packed_ms
+    )
     assert choice.rows == rows_from_timings(choice.measured_rows, choice.dense_ms, choice.packed_ms)
     layers = _dense_layers(engine)
     if choice.rows == ALL_ROWS:

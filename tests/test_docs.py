@@ -36,8 +36,13 @@ def bash_blocks(text: str) -> list[list[str]]:
 
 
 def specpipe_lines() -> list:
-    return [pytest.param(line, id=f"{doc_id(doc)}: {line[:70]}")
-            for doc in DOCS for block in bash_blocks(doc.read_text()) for line in block if line.startswith("specpipe ")]
+    return [
+        pytest.param(line, id=f"{doc_id(doc)}: {line[:70]}")
+        for doc in DOCS
+        for block in bash_blocks(doc.read_text())
+        for line in block
+        if line.startswith("specpipe ")
+    ]
 
 
 @pytest.mark.parametrize("doc", [d for d in DOCS if "[[[cog" in d.read_text()], ids=doc_id)
@@ -75,12 +80,21 @@ def test_every_specpipe_line_in_the_docs_parses(line):
 def test_the_step_by_step_block_starts_every_server_it_talks_to():
     text = README.read_text()
     block = bash_blocks(text.split(CPU_SECTION)[1])[0]
-    served = {int(m) for line in block if line.startswith("specpipe serve") for m in re.findall(r"--grpc-port (\d+)", line)}
-    used = {int(m) for line in block if line.startswith(("specpipe generate", "specpipe validate", "specpipe bench"))
-            for m in re.findall(r"localhost:(\d+)", line)}
+    served = {
+        int(m) for line in block if line.startswith("specpipe serve") for m in re.findall(r"--grpc-port (\d+)", line)
+    }
+    used = {
+        int(m)
+        for line in block
+        if line.startswith(("specpipe generate", "specpipe validate", "specpipe bench"))
+        for m in re.findall(r"localhost:(\d+)", line)
+    }
     assert used and used <= served, f"talks to {sorted(used)}, starts {sorted(served)}"
-    built = {f"{line.split('--target ')[1].split()[0]}-{line.split('--draft ')[1].split()[0]}"
-             for line in block if line.startswith("specpipe build")}
+    built = {
+        f"{line.split('--target ')[1].split()[0]}-{line.split('--draft ')[1].split()[0]}"
+        for line in block
+        if line.startswith("specpipe build")
+    }
     packaged = {line.split()[2] for line in block if line.startswith("specpipe package")}
     assert packaged <= built, f"packages {sorted(packaged)}, builds {sorted(built)}"
     assert {line.split()[2] for line in block if line.startswith("specpipe serve")} <= packaged

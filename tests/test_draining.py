@@ -10,18 +10,25 @@ import time
 
 import numpy as np
 import pytest
+from batch_helpers import make_engine, prompts, run_alone, scheduler_for
+from recording_sender import RecordingSender
+from triton_fakes import FAKE_PB, FINAL, FakeSender, wait_for
 
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
 from specpipe.openai.protocol import api_error_for
 from specpipe.serve import _report_unclean_exit
-from specpipe.triton.models.draining import (ENDED_BY_STOP, REFUSED_WHILE_STOPPING, DrainSignal, clear_drain, idle_path,
-                                             request_drain, wait_idle)
+from specpipe.triton.models.draining import (
+    ENDED_BY_STOP,
+    REFUSED_WHILE_STOPPING,
+    DrainSignal,
+    clear_drain,
+    idle_path,
+    request_drain,
+    wait_idle,
+)
 from specpipe.triton.models.engine_request import EngineRequest
 from specpipe.triton.models.request_worker import ERROR_AFTER_DATA_S, RequestWorker, TritonSender
-from batch_helpers import make_engine, prompts, run_alone, scheduler_for
-from recording_sender import RecordingSender
-from triton_fakes import FAKE_PB, FINAL, FakeSender, wait_for
 
 
 def test_the_drain_file_carries_a_deadline_and_the_idle_answer(tmp_path):
@@ -79,13 +86,16 @@ def test_past_the_deadline_running_requests_end_with_an_error_and_new_ones_are_r
     worker.close()
 
 
-@pytest.mark.parametrize("message, status", [
-    ("in ensemble 'ensemble', " + REFUSED_WHILE_STOPPING, 503),
-    ("in ensemble 'ensemble', " + ENDED_BY_STOP, 503),
-    ("in ensemble 'ensemble', the CPU engine failed on this request: RuntimeError: boom", 500),
-    ("in ensemble 'ensemble', server busy: 8 requests running and 32 waiting", 503),
-    ("in ensemble 'ensemble', top_p must be in (0, 1]", 400),
-])
+@pytest.mark.parametrize(
+    "message, status",
+    [
+        ("in ensemble 'ensemble', " + REFUSED_WHILE_STOPPING, 503),
+        ("in ensemble 'ensemble', " + ENDED_BY_STOP, 503),
+        ("in ensemble 'ensemble', the CPU engine failed on this request: RuntimeError: boom", 500),
+        ("in ensemble 'ensemble', server busy: 8 requests running and 32 waiting", 503),
+        ("in ensemble 'ensemble', top_p must be in (0, 1]", 400),
+    ],
+)
 def test_the_gateway_status_of_engine_errors(message, status):
     error = api_error_for(message)
     assert error.status == status and error.message.endswith(message.split(", ", 1)[1])
@@ -102,7 +112,9 @@ class _StoppedServer:
 
 def test_serve_reports_a_crash_at_exit_and_only_warns_of_triton_exit_timeout(tmp_path, capsys):
     log = tmp_path / "triton.log"
-    log.write_text('E1202 main.cc:535] "failed to stop server: Internal - Exit timeout expired. Exiting immediately."\n')
+    log.write_text(
+        'E1202 main.cc:535] "failed to stop server: Internal - Exit timeout expired. Exiting immediately."\n'
+    )
     _report_unclean_exit(_StoppedServer(log), 1)
     assert "waited its exit timeout" in capsys.readouterr().err
     with pytest.raises(SpecpipeError, match="killed by SIGSEGV while stopping"):

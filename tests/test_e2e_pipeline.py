@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import free_port
 
 pytestmark = pytest.mark.e2e

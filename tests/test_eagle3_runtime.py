@@ -5,21 +5,21 @@ directory, and greedy output stays identical to plain decoding."""
 
 import pytest
 import torch
+from batch_helpers import prompts, run_batch
+from tiny_models import tiny_llama
 
 from specpipe import heads_format
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
-from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 from specpipe.runtime.cpu.drafters.eagle3 import Eagle3TreeDrafter
 from specpipe.runtime.cpu.drafters.eagle3_head import Eagle3Head, capture_layers
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig
-from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.tree import Tree
-from batch_helpers import prompts, run_batch
-from tiny_models import tiny_llama
 
 TREE = Tree.parse([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
 
@@ -93,8 +93,9 @@ def test_drafter_reads_the_fused_features_and_refuses_narrow_ones():
 def test_greedy_output_identical_to_plain_decoding(dynamic):
     model = tiny_llama(3, vocab_size=64, num_layers=6)
     head = random_head(model, seed=4, vocab_step=1)
-    drafter = Eagle3TreeDrafter(head, model.model.embed_tokens.weight, None if dynamic else TREE, dynamic=dynamic,
-                                top_k=3, depth=3)
+    drafter = Eagle3TreeDrafter(
+        head, model.model.embed_tokens.weight, None if dynamic else TREE, dynamic=dynamic, top_k=3, depth=3
+    )
     engine = Deployment(model, drafter, 8 if dynamic else 7)
     assert engine.target.capture_layers == (1, 2, 2)
     for prompt in prompts(4, seed=2):
@@ -119,9 +120,14 @@ def test_engine_directory_serves_an_eagle3_head(tmp_path):
     heads_format.save_compact(tmp_path / "engine" / "draft", "eagle", tensors, meta)
     assert heads_format.compact_style(tmp_path / "engine" / "draft" / "eagle_heads.safetensors") == "eagle3"
     speculative = SpeculativeSettings(Method.EAGLE, max_draft_len=7, tree=TREE)
-    manifest = Manifest(name="tiny", runtime=Runtime.CPU, inputs_hash="", speculative=speculative,
-                        target=Part(preset="tiny", source={}, path="target"),
-                        draft=Part(preset="eagle", method="eagle", source={}, path="draft"))
+    manifest = Manifest(
+        name="tiny",
+        runtime=Runtime.CPU,
+        inputs_hash="",
+        speculative=speculative,
+        target=Part(preset="tiny", source={}, path="target"),
+        draft=Part(preset="eagle", method="eagle", source={}, path="draft"),
+    )
     write_manifest(tmp_path / "engine", manifest)
     engine, _ = load_engine(tmp_path / "engine", draft_dtype="float32")
     assert isinstance(engine.drafter, Eagle3TreeDrafter)

@@ -5,6 +5,7 @@ matches an uninterrupted run, and the written head serves through the run-time d
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
 from specpipe import heads_format
 from specpipe.errors import SpecpipeError
@@ -13,7 +14,6 @@ from specpipe.training.acceptance import ACCEPTANCE_TREE, heldout_prompts, mean_
 from specpipe.training.config import TrainConfig
 from specpipe.training.features import Features, extract_features
 from specpipe.training.train import train
-from tiny_models import tiny_llama
 
 LAYERS = (1, 2, 2)
 
@@ -31,14 +31,29 @@ def features(target):
     g = torch.Generator().manual_seed(2)
     prompts = torch.randint(3, 64, (60, 6), generator=g)
     with torch.no_grad():
-        out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=34,
-                              do_sample=False, pad_token_id=0)
+        out = target.generate(
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=34,
+            do_sample=False,
+            pad_token_id=0,
+        )
     return extract_features(target, [(row.tolist(), 6) for row in out], capture_layers=LAYERS)
 
 
 def run(target, features, out_dir, **kw):
-    cfg = TrainConfig.defaults_for("eagle", style="eagle3", seed=kw.pop("seed", 3), batch=8, window=16, draft_vocab_size=48,
-                                   lr=3e-3, eval_prompts=6, eval_tokens=24, **{"max_steps": 160, "eval_every": 40, **kw})
+    cfg = TrainConfig.defaults_for(
+        "eagle",
+        style="eagle3",
+        seed=kw.pop("seed", 3),
+        batch=8,
+        window=16,
+        draft_vocab_size=48,
+        lr=3e-3,
+        eval_prompts=6,
+        eval_tokens=24,
+        **{"max_steps": 160, "eval_every": 40, **kw},
+    )
     return train(target, features, cfg, out_dir, holdout_fraction=0.2)
 
 
@@ -75,19 +90,27 @@ def test_recorded_acceptance_reproduces_and_the_head_serves(target, features, tm
     b = run(target, features, tmp_path / "b")  # the recipe again: same steps, seed, data
     same = {k: v for k, v in b.metrics["heldout_acceptance"].items() if k != "seconds"}  # wall time varies
     assert same == {k: v for k, v in record.items() if k != "seconds"}
-    assert set(a.tensors) >= {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight",
-                              "norm.weight", "lm_head.weight", "draft_vocab"}
+    assert set(a.tensors) >= {
+        "fc.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.hidden_norm.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "draft_vocab",
+    }
     assert a.tensors["fc.weight"].shape == (32, 96) and a.tensors["midlayer.self_attn.q_proj.weight"].shape == (32, 64)
     assert a.tensors["lm_head.weight"].shape == (48, 32) and a.meta["style"] == "eagle3"
     # Written and read back as the runtime does (float16 file): the same acceptance within rounding noise.
     heads_format.save_compact(tmp_path / "draft", "eagle", a.tensors, a.meta)
-    drafter = load_eagle3_drafter(tmp_path / "draft", target, ACCEPTANCE_TREE, dynamic=False, top_k=1, depth=1,
-                                  prepack=False)
+    drafter = load_eagle3_drafter(
+        tmp_path / "draft", target, ACCEPTANCE_TREE, dynamic=False, top_k=1, depth=1, prepack=False
+    )
     _, held = features.split(0.2, 3)
     again = mean_accepted_length(target, drafter, heldout_prompts(held, 6), 24)
     assert abs(again["mean_accepted_length"] - record["mean_accepted_length"]) <= 0.1
     layout = heads_format.write_eagle3_layout(tmp_path / "trtllm", a.tensors, a.meta, target)
     from safetensors.torch import load_file
+
     state = load_file(str(layout / "model.safetensors"))
     assert torch.equal(state["d2t"] + torch.arange(48), a.tensors["draft_vocab"])
     assert int(state["t2d"].sum()) == 48 and "embed_tokens.weight" not in state
@@ -99,9 +122,21 @@ def test_resume_continues_from_the_checkpoint(target, features, tmp_path):
     class Interrupted(Exception):
         pass
 
-    cfg = TrainConfig.defaults_for("eagle", style="eagle3", seed=3, batch=8, window=16, draft_vocab_size=48, lr=3e-3,
-                                   eval_prompts=6, eval_tokens=24, max_steps=60, eval_every=20, checkpoint_every=10,
-                                   checkpoint_seconds=1e9)
+    cfg = TrainConfig.defaults_for(
+        "eagle",
+        style="eagle3",
+        seed=3,
+        batch=8,
+        window=16,
+        draft_vocab_size=48,
+        lr=3e-3,
+        eval_prompts=6,
+        eval_tokens=24,
+        max_steps=60,
+        eval_every=20,
+        checkpoint_every=10,
+        checkpoint_seconds=1e9,
+    )
 
     def stop(step, total, info):
         if step == 35:
@@ -113,7 +148,10 @@ def test_resume_continues_from_the_checkpoint(target, features, tmp_path):
     assert state["step"] == 30 and [e["step"] for e in state["evals"]] == [20]
     resumed = train(target, features, cfg, tmp_path / "cut", holdout_fraction=0.2, resume=True)
     assert resumed.steps == 60
-    assert resumed.metrics["heldout_acceptance"]["mean_accepted_length"] == whole.metrics["heldout_acceptance"]["mean_accepted_length"]
+    assert (
+        resumed.metrics["heldout_acceptance"]["mean_accepted_length"]
+        == whole.metrics["heldout_acceptance"]["mean_accepted_length"]
+    )
     assert resumed.metrics["heldout_acceptance"]["best_step"] == whole.metrics["heldout_acceptance"]["best_step"]
     for k in whole.tensors:
         torch.testing.assert_close(resumed.tensors[k], whole.tensors[k], rtol=1e-5, atol=1e-6)

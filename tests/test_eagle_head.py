@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from trtllm_fakes import causal_lm, eagle1_head, llama_config
 
 from specpipe.build_request import BuildRequest
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.checkpoint_flavour import CheckpointFlavourError, read_safetensors_header
 from specpipe.trtllm.eagle_head import EagleHeadError
 from specpipe.trtllm.prepare_eagle import prepare
-from trtllm_fakes import causal_lm, eagle1_head, llama_config
 
 HIDDEN, HEADS, KV, INTER, VOCAB = 64, 4, 2, 128, 256
 
@@ -24,11 +24,18 @@ HIDDEN, HEADS, KV, INTER, VOCAB = 64, 4, 2, 128, 256
 def head_tensors(dtype=torch.float16, bias=False, drop=()):
     """The EAGLE authors' layout (cnets1.py): fc over [embedding; feature], one decoder layer without input_layernorm."""
     hd = HIDDEN // HEADS
-    shapes = {"embed_tokens.weight": (VOCAB, HIDDEN), "fc.weight": (HIDDEN, 2 * HIDDEN),
-              "layers.0.self_attn.q_proj.weight": (HEADS * hd, HIDDEN), "layers.0.self_attn.k_proj.weight": (KV * hd, HIDDEN),
-              "layers.0.self_attn.v_proj.weight": (KV * hd, HIDDEN), "layers.0.self_attn.o_proj.weight": (HIDDEN, HEADS * hd),
-              "layers.0.mlp.gate_proj.weight": (INTER, HIDDEN), "layers.0.mlp.up_proj.weight": (INTER, HIDDEN),
-              "layers.0.mlp.down_proj.weight": (HIDDEN, INTER), "layers.0.post_attention_layernorm.weight": (HIDDEN,)}
+    shapes = {
+        "embed_tokens.weight": (VOCAB, HIDDEN),
+        "fc.weight": (HIDDEN, 2 * HIDDEN),
+        "layers.0.self_attn.q_proj.weight": (HEADS * hd, HIDDEN),
+        "layers.0.self_attn.k_proj.weight": (KV * hd, HIDDEN),
+        "layers.0.self_attn.v_proj.weight": (KV * hd, HIDDEN),
+        "layers.0.self_attn.o_proj.weight": (HIDDEN, HEADS * hd),
+        "layers.0.mlp.gate_proj.weight": (INTER, HIDDEN),
+        "layers.0.mlp.up_proj.weight": (INTER, HIDDEN),
+        "layers.0.mlp.down_proj.weight": (HIDDEN, INTER),
+        "layers.0.post_attention_layernorm.weight": (HIDDEN,),
+    }
     if bias:
         shapes["fc.bias"] = (HIDDEN,)
     gen = torch.Generator().manual_seed(0)
@@ -48,8 +55,13 @@ def write_head(directory: Path, tensors, *, fmt="bin", **config) -> Path:
 
 def prepare_as_the_step_does(src: Path, dst: Path) -> subprocess.CompletedProcess:
     """``python -m specpipe.trtllm.prepare_eagle SRC DST``, as the plan's host step runs it."""
-    return subprocess.run([sys.executable, "-m", "specpipe.trtllm.prepare_eagle", str(src), str(dst)],
-                          capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "specpipe.trtllm.prepare_eagle", str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
 
 
 def prepared(dst: Path) -> dict:
@@ -96,14 +108,25 @@ def test_the_zero_bias_leaves_the_head_output_unchanged():
     assert torch.equal(torch.nn.functional.linear(x, fc), torch.nn.functional.linear(x, fc, torch.zeros(HIDDEN)))
 
 
-@pytest.mark.parametrize("drop, config, message", [
-    (("fc.weight",), {}, "has no fc.weight, which TensorRT-LLM's EAGLE converter reads unconditionally"),
-    (("embed_tokens.weight",), {}, "has no embed_tokens.weight, which TensorRT-LLM's EAGLE converter reads from the head "
-                                   "(it does not take the target's): re-export the head with the target's embedding"),
-    ((), {"vocab_size": 512}, "has embed_tokens.weight [256, 64], TensorRT-LLM's EAGLE converter needs [512, 64]"),
-    (("layers.0.mlp.down_proj.weight",), {}, "lacks layers.0.mlp.down_proj.weight of its 1 decoder layer"),
-    ((), {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "has a qwen2 config, TensorRT-LLM's EAGLE converter loads"),
-])
+@pytest.mark.parametrize(
+    "drop, config, message",
+    [
+        (("fc.weight",), {}, "has no fc.weight, which TensorRT-LLM's EAGLE converter reads unconditionally"),
+        (
+            ("embed_tokens.weight",),
+            {},
+            "has no embed_tokens.weight, which TensorRT-LLM's EAGLE converter reads from the head "
+            "(it does not take the target's): re-export the head with the target's embedding",
+        ),
+        ((), {"vocab_size": 512}, "has embed_tokens.weight [256, 64], TensorRT-LLM's EAGLE converter needs [512, 64]"),
+        (("layers.0.mlp.down_proj.weight",), {}, "lacks layers.0.mlp.down_proj.weight of its 1 decoder layer"),
+        (
+            (),
+            {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
+            "has a qwen2 config, TensorRT-LLM's EAGLE converter loads",
+        ),
+    ],
+)
 def test_the_step_refuses_a_head_the_converter_would_reject_in_one_line(tmp_path, drop, config, message):
     src = write_head(tmp_path / "src", head_tensors(drop=drop), fmt="bin", **config)
     proc = prepare_as_the_step_does(src, tmp_path / "dst")
@@ -115,14 +138,25 @@ def test_the_step_refuses_a_head_the_converter_would_reject_in_one_line(tmp_path
 
 @pytest.fixture
 def target(tmp_path):
-    return causal_lm(tmp_path / "tiny-target", hidden=HIDDEN, layers=2, heads=HEADS, kv=KV, inter=INTER, vocab=VOCAB,
-                     positions=16384)
+    return causal_lm(
+        tmp_path / "tiny-target", hidden=HIDDEN, layers=2, heads=HEADS, kv=KV, inter=INTER, vocab=VOCAB, positions=16384
+    )
 
 
 def plan_for(tmp_path, target, head):
-    return plan_build(BuildRequest(target=str(target), draft="eagle", draft_model=str(head), runtime="trtllm", dry_run=True,
-                                   engines_dir=tmp_path / "engines", executor="docker", choices="[[0], [0, 0], [1]]"),
-                      importable=lambda: False)
+    return plan_build(
+        BuildRequest(
+            target=str(target),
+            draft="eagle",
+            draft_model=str(head),
+            runtime="trtllm",
+            dry_run=True,
+            engines_dir=tmp_path / "engines",
+            executor="docker",
+            choices="[[0], [0, 0], [1]]",
+        ),
+        importable=lambda: False,
+    )
 
 
 def without(path: Path, key: str) -> Path:
@@ -132,17 +166,32 @@ def without(path: Path, key: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: write_head(p, head_tensors(drop=("layers.0.self_attn.q_proj.weight",)), fmt="safetensors"),
-     r"lacks layers\.0\.self_attn\.q_proj\.weight of its 1 decoder layer\(s\) \(config num_hidden_layers\): TensorRT-LLM's "
-     r"converter would start from random weights; pass the complete head"),
-    (lambda p: write_head(p, head_tensors(), fmt="safetensors", model_type="mistral", architectures=["MistralForCausalLM"]),
-     r"has a mistral config, TensorRT-LLM's EAGLE converter loads heads as Llama .*: use an EAGLE-1/2 head with a Llama config"),
-    (lambda p: without(write_head(p, head_tensors(), fmt="safetensors"), "intermediate_size"),
-     r"config\.json lacks intermediate_size, which TensorRT-LLM's EAGLE converter reads .*: add them"),
-    (lambda p: without(eagle1_head(p, hidden=HIDDEN, heads=HEADS, kv=KV, inter=INTER, vocab=VOCAB), "hidden_size"),
-     r"config\.json lacks hidden_size"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda p: write_head(p, head_tensors(drop=("layers.0.self_attn.q_proj.weight",)), fmt="safetensors"),
+            r"lacks layers\.0\.self_attn\.q_proj\.weight of its 1 decoder layer\(s\) \(config num_hidden_layers\): TensorRT-LLM's "
+            r"converter would start from random weights; pass the complete head",
+        ),
+        (
+            lambda p: write_head(
+                p, head_tensors(), fmt="safetensors", model_type="mistral", architectures=["MistralForCausalLM"]
+            ),
+            r"has a mistral config, TensorRT-LLM's EAGLE converter loads heads as Llama .*: use an EAGLE-1/2 head with a Llama config",
+        ),
+        (
+            lambda p: without(write_head(p, head_tensors(), fmt="safetensors"), "intermediate_size"),
+            r"config\.json lacks intermediate_size, which TensorRT-LLM's EAGLE converter reads .*: add them",
+        ),
+        (
+            lambda p: without(
+                eagle1_head(p, hidden=HIDDEN, heads=HEADS, kv=KV, inter=INTER, vocab=VOCAB), "hidden_size"
+            ),
+            r"config\.json lacks hidden_size",
+        ),
+    ],
+)
 def test_preflight_refuses_what_the_converter_would_reject_before_anything_is_written(tmp_path, target, make, message):
     head = make(tmp_path / "head")
     with pytest.raises(EagleHeadError, match=message) as info:
@@ -155,8 +204,11 @@ def test_preflight_reports_what_preparation_adds(tmp_path, target):
     head = write_head(tmp_path / "head", head_tensors(), fmt="safetensors")
     plan, _, _ = plan_for(tmp_path, target, head)
     check = next(c for c in plan.preflight.checks if c.name == "EAGLE head vs TensorRT-LLM's converter")
-    assert check.status == "ok" and ("adds a zero fc.bias, max_position_embeddings 2048 -> 16384 (the target's; the "
-                                     "engine serves up to it)") in check.detail
+    assert (
+        check.status == "ok"
+        and ("adds a zero fc.bias, max_position_embeddings 2048 -> 16384 (the target's; the engine serves up to it)")
+        in check.detail
+    )
     assert "embed_tokens [256, 64]" in check.detail and "model.safetensors from" not in check.detail
     pickled = write_head(tmp_path / "pickled", head_tensors(), fmt="bin")
     plan, _, _ = plan_for(tmp_path, target, pickled)
@@ -167,13 +219,37 @@ def test_preflight_reports_what_preparation_adds(tmp_path, target):
 
 
 def test_the_default_llama3_heads_are_prepared_in_the_plan(tmp_path):
-    plan, _, _ = plan_build(BuildRequest(target="llama3-70b", draft="eagle", runtime="trtllm", tp=4, dry_run=True,
-                                         engines_dir=tmp_path / "e", executor="docker"), importable=lambda: False)
+    plan, _, _ = plan_build(
+        BuildRequest(
+            target="llama3-70b",
+            draft="eagle",
+            runtime="trtllm",
+            tp=4,
+            dry_run=True,
+            engines_dir=tmp_path / "e",
+            executor="docker",
+        ),
+        importable=lambda: False,
+    )
     names = [s.name for s in plan.steps]
-    assert names == ["first-contact", "download-draft", "prepare-eagle-head", "download-target", "convert-target", "build-target"]
+    assert names == [
+        "first-contact",
+        "download-draft",
+        "prepare-eagle-head",
+        "download-target",
+        "convert-target",
+        "build-target",
+    ]
     prepare_step, convert = plan.step("prepare-eagle-head"), plan.step("convert-target").argv
-    assert prepare_step.argv == ["python3", "-m", "specpipe.trtllm.prepare_eagle", plan.step("download-draft").output,
-                                 prepare_step.output, "--max-position-embeddings", "8192"]  # llama3-70b's positions
+    assert prepare_step.argv == [
+        "python3",
+        "-m",
+        "specpipe.trtllm.prepare_eagle",
+        plan.step("download-draft").output,
+        prepare_step.output,
+        "--max-position-embeddings",
+        "8192",
+    ]  # llama3-70b's positions
     assert convert[convert.index("--eagle_model_dir") + 1] == prepare_step.output
     assert plan.step("download-draft").argv[2] == "yuhuili/EAGLE-LLaMA3-Instruct-70B"
     assert not (tmp_path / "e").exists()
@@ -189,16 +265,31 @@ def test_a_head_with_both_formats_is_read_as_the_converter_reads_it_safetensors_
     assert not prepared(tmp_path / "dst")["fc.bias"].any()
 
 
-@pytest.mark.parametrize("head_positions, target_positions, written", [(2048, 8192, 8192), (8192, 8192, 8192),
-                                                                        (16384, 8192, 16384)])
+@pytest.mark.parametrize(
+    "head_positions, target_positions, written", [(2048, 8192, 8192), (8192, 8192, 8192), (16384, 8192, 16384)]
+)
 def test_the_head_is_given_the_targets_positions_when_it_has_fewer(tmp_path, head_positions, target_positions, written):
     src = write_head(tmp_path / "src", head_tensors(), fmt="safetensors", max_position_embeddings=head_positions)
-    proc = subprocess.run([sys.executable, "-m", "specpipe.trtllm.prepare_eagle", str(src), str(tmp_path / "dst"),
-                           "--max-position-embeddings", str(target_positions)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specpipe.trtllm.prepare_eagle",
+            str(src),
+            str(tmp_path / "dst"),
+            "--max-position-embeddings",
+            str(target_positions),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     config = json.loads((tmp_path / "dst" / "config.json").read_text())
     assert config["max_position_embeddings"] == written and config["bias"] is True
-    assert (f"max_position_embeddings {head_positions} -> {target_positions}" in proc.stderr) == (head_positions < target_positions)
+    assert (f"max_position_embeddings {head_positions} -> {target_positions}" in proc.stderr) == (
+        head_positions < target_positions
+    )
     assert json.loads((src / "config.json").read_text())["max_position_embeddings"] == head_positions
 
 
@@ -206,11 +297,14 @@ class _NotATensor:
     pass
 
 
-@pytest.mark.parametrize("name, content", [
-    ("pytorch_model.bin", b"<html>rate limited</html>"),  # what a failed download may leave
-    ("pytorch_model.bin", None),  # a pickle of an object, which weights_only=True refuses to run
-    ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}"),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("pytorch_model.bin", b"<html>rate limited</html>"),  # what a failed download may leave
+        ("pytorch_model.bin", None),  # a pickle of an object, which weights_only=True refuses to run
+        ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}"),
+    ],
+)
 def test_a_file_that_is_not_weights_is_refused_in_one_line_naming_it(tmp_path, name, content):
     src = write_head(tmp_path / "src", head_tensors(), fmt="bin")
     (src / "pytorch_model.bin").unlink()
@@ -226,8 +320,10 @@ def test_a_file_that_is_not_weights_is_refused_in_one_line_naming_it(tmp_path, n
     assert not (tmp_path / "dst").exists()
 
 
-@pytest.mark.parametrize("content", [b"<html>rate limited</html>", b"\x02\x00\x00\x00\x00\x00\x00\x00[]",
-                                     b"\x09\x00\x00\x00\x00\x00\x00\x00{\"a\": {}}"])
+@pytest.mark.parametrize(
+    "content",
+    [b"<html>rate limited</html>", b"\x02\x00\x00\x00\x00\x00\x00\x00[]", b'\x09\x00\x00\x00\x00\x00\x00\x00{"a": {}}'],
+)
 def test_draft_model_with_a_file_that_is_not_weights_is_refused_naming_it(tmp_path, content):
     """``--draft-model PATH`` reads its safetensors headers: a header that is no name -> tensor mapping too."""
     (tmp_path / "model.safetensors").write_bytes(content)

@@ -6,14 +6,14 @@ import math
 
 import pytest
 import torch
-
-from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.deployment import Deployment
 from reference_decoding import greedy_reference
-from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from tiny_models import tiny_llama
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

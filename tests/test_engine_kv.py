@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.model.batched_lm import BatchEntry
-from specpipe.runtime.cpu.model.cached_lm import CachedLM
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter
-from specpipe.runtime.cpu.deployment import Deployment
 from reference_decoding import greedy_reference, next_token_logits
 from tiny_models import tiny_llama
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter
+from specpipe.runtime.cpu.model.batched_lm import BatchEntry
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -71,8 +71,9 @@ def test_caches_hold_committed_tokens_after_rejection(greedy, target, draft):
         drafter = request.drafter
         assert drafter.lm.length <= len(context) - 1
         # Continuing from the caches gives what a fresh prefill of the committed tokens gives.
-        assert torch.allclose(continue_batched_logits(scheduler, request.slot, context), next_token_logits(target, context),
-                              atol=1e-4)
+        assert torch.allclose(
+            continue_batched_logits(scheduler, request.slot, context), next_token_logits(target, context), atol=1e-4
+        )
         assert torch.allclose(continue_logits(drafter.lm, context), next_token_logits(draft, context), atol=1e-4)
         checked += 1
         break

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
-from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
-from specpipe.manifest import Manifest, Part, write_manifest
-from specpipe.speculative import Runtime, SpeculativeSettings
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.loader import load_engine
 from reference_decoding import greedy_reference
 from tiny_models import tiny_llama
+
+from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
+from specpipe.generation.api import SamplingParams
+from specpipe.manifest import Manifest, Part, write_manifest
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.loader import load_engine
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
+from specpipe.speculative import Runtime, SpeculativeSettings
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -40,10 +40,17 @@ def write_engine(tmp_path: Path, checkpoints: Path, speculative: dict, draft: st
     if draft is not None:
         (engine_dir / "draft").symlink_to(checkpoints / draft)
         draft_part = Part(preset="tiny", method="draft-model", source={}, path="draft")
-    write_manifest(engine_dir, Manifest(
-        name="tiny", runtime=Runtime.CPU, inputs_hash="", target=Part(preset="tiny", source={}, path="target"),
-        draft=draft_part, speculative=SpeculativeSettings.from_json(speculative),
-    ))
+    write_manifest(
+        engine_dir,
+        Manifest(
+            name="tiny",
+            runtime=Runtime.CPU,
+            inputs_hash="",
+            target=Part(preset="tiny", source={}, path="target"),
+            draft=draft_part,
+            speculative=SpeculativeSettings.from_json(speculative),
+        ),
+    )
     return engine_dir
 
 

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
-from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_available
-from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
-from specpipe.runtime.cpu.model.weights_memory import own_memory, tensor_bytes
 from tiny_engine import make_tiny_engine
 from tiny_models import tiny_llama
+
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
+from specpipe.runtime.cpu.loader import load_engine
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_available
+from specpipe.runtime.cpu.model.weights_memory import own_memory, tensor_bytes
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -44,7 +44,9 @@ def reachable_roots(obj, seen: set[int] | None = None) -> list[torch.nn.Module |
 
 def engine_modules(engine) -> list[torch.nn.Module]:
     """Every module reachable from ``engine``, submodules included."""
-    return [module for root in reachable_roots(engine) if isinstance(root, torch.nn.Module) for module in root.modules()]
+    return [
+        module for root in reachable_roots(engine) if isinstance(root, torch.nn.Module) for module in root.modules()
+    ]
 
 
 def engine_tensors(engine) -> list[torch.Tensor]:
@@ -76,8 +78,9 @@ def check_one_copy(engine_dir: Path, engine) -> None:
     for tensor in tensors:
         if not tensor.is_mkldnn:
             address = tensor.untyped_storage().data_ptr()
-            assert not any(start <= address < end for start, end in mapped), \
+            assert not any(start <= address < end for start, end in mapped), (
                 f"a tensor {tuple(tensor.shape)} {tensor.dtype} still views a checkpoint file"
+            )
     target = engine.target.model
     assert not any(type(m) is torch.nn.Linear for m in target.modules()), "an nn.Linear was left unpacked"
     from safetensors import safe_open
@@ -98,8 +101,11 @@ def check_one_copy(engine_dir: Path, engine) -> None:
         allowed += lm.size * target.config.hidden_size * 4  # rows copied out of the lm_head
     if isinstance(drafter, ReducedVocabDraftModelDrafter):
         allowed += drafter._weight.numel() * 4  # the draft's lm_head rows over its draft vocabulary
-    packed_sizes = {id(m.weight): m.in_features * m.out_features * m.weight.element_size()
-                    for m in engine_modules(engine) if isinstance(m, PrepackedLinear) and m.weight is not None}
+    packed_sizes = {
+        id(m.weight): m.in_features * m.out_features * m.weight.element_size()
+        for m in engine_modules(engine)
+        if isinstance(m, PrepackedLinear) and m.weight is not None
+    }
     held = tensor_bytes(tensors, packed_sizes)
     assert held <= allowed * 1.02, f"the engine holds {held / 2**20:.0f} MiB for {allowed / 2**20:.0f} MiB of weights"
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters.drafters import NoDrafter
-from specpipe.runtime.cpu.deployment import Deployment
-from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_available, prepack_linear_layers
 from reference_decoding import greedy_reference
 from tiny_models import tiny_llama
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import NoDrafter
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
 pytestmark = [
     pytest.mark.usefixtures("single_thread"),
@@ -71,8 +71,9 @@ def test_rows_fast_path_gives_forwards_values_bitwise(kernel, dense_rows, monkey
         for rows in (1, 3, 4, 9):
             x = torch.randn(rows, 64)
             assert torch.equal(packed.rows(x), packed(x)), rows
-            torch.testing.assert_close(packed.rows(x), torch.nn.functional.linear(x, packed.dense, packed.dense_bias),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                packed.rows(x), torch.nn.functional.linear(x, packed.dense, packed.dense_bias), rtol=1e-5, atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("kernel", ["mkl", "onednn"])

@@ -7,16 +7,16 @@ import math
 
 import pytest
 import torch
+from reference_decoding import next_token_logits
+from tiny_models import tiny_llama
 
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.deployment import Deployment
-from reference_decoding import next_token_logits
 from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree
 from specpipe.runtime.cpu.verify.sampling import TokenSampler, top_k_filter, top_p_filter
-from tiny_models import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -72,7 +72,14 @@ def test_top_k_keeps_k_largest_and_ties():
 
 @pytest.mark.parametrize(
     "top_p, kept",
-    [(0.45, {0}), (0.55, {0, 3}), (0.75, {0, 3, 1}), (0.9, {0, 3, 1, 4}), (0.97, {0, 3, 1, 4, 2}), (1.0, {0, 1, 2, 3, 4})],
+    [
+        (0.45, {0}),
+        (0.55, {0, 3}),
+        (0.75, {0, 3, 1}),
+        (0.9, {0, 3, 1, 4}),
+        (0.97, {0, 3, 1, 4, 2}),
+        (1.0, {0, 1, 2, 3, 4}),
+    ],
 )
 def test_top_p_keeps_smallest_nucleus(top_p, kept):
     probs = torch.tensor([0.5, 0.15, 0.05, 0.2, 0.1])

@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from specpipe.runtime.cpu.deployment import Deployment
 from reference_decoding import greedy_reference
-from specpipe.generation.stopping import StopConditions
 from tiny_models import tiny_llama
+
+from specpipe.generation.api import SamplingParams
+from specpipe.generation.stopping import StopConditions
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.scheduler.one_request import generate, generate_all, solo_scheduler
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -71,7 +71,9 @@ def test_default_end_id_comes_from_constructor_then_config(reference):
     config_end, constructor_end, request_end = (first_new_index(reference, range(i, MAX_TOKENS)) for i in (9, 5, 2))
     assert request_end < constructor_end < config_end
     configured = tiny_llama(seed=0, eos_token_id=reference[config_end])
-    tokens, _ = generate_all(solo_scheduler(Deployment(configured, NgramDrafter(), 3)), PROMPT, SamplingParams(max_tokens=40))
+    tokens, _ = generate_all(
+        solo_scheduler(Deployment(configured, NgramDrafter(), 3)), PROMPT, SamplingParams(max_tokens=40)
+    )
     assert tokens == reference[:config_end]
     engine = Deployment(configured, NgramDrafter(), 3, eos_token_id=reference[constructor_end])
     assert generate_all(solo_scheduler(engine), PROMPT, SamplingParams(max_tokens=40))[0] == reference[:constructor_end]
@@ -152,7 +154,9 @@ def test_max_tokens_is_exact(max_tokens, target, reference):
 @pytest.mark.parametrize("max_tokens", [1, 4, 9])
 def test_max_tokens_with_rejecting_drafters(max_tokens, target, reference):
     for drafter in (NgramDrafter(), DraftModelDrafter(tiny_llama(seed=3, num_layers=1))):
-        tokens, stats = generate_all(solo_scheduler(Deployment(target, drafter, 6)), PROMPT, SamplingParams(max_tokens=max_tokens))
+        tokens, stats = generate_all(
+            solo_scheduler(Deployment(target, drafter, 6)), PROMPT, SamplingParams(max_tokens=max_tokens)
+        )
         assert tokens == reference[:max_tokens]
         assert stats.num_output_tokens == max_tokens
 

@@ -10,16 +10,16 @@ ones. These tests use SmolLM2's attention shapes (9 heads, 3 key/value heads of 
 
 import pytest
 import torch
+from batch_helpers import FLAT_COST, make_engine_of, run_alone, run_batch
+from tiny_models import tiny_llama
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
 from specpipe.runtime.cpu.model.attention_groups import EXACT_QUERY_ROWS, BatchEntry
 from specpipe.runtime.cpu.model.batched_lm import BatchedLM
 from specpipe.runtime.cpu.model.fused_projections import fuse_projections
 from specpipe.runtime.cpu.model.prepack import prepack_available, prepack_linear_layers
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree
-from batch_helpers import FLAT_COST, make_engine_of, run_alone, run_batch
-from tiny_models import tiny_llama
 
 VOCAB = 256
 pytestmark = pytest.mark.skipif(not prepack_available(), reason="row-invariant linear layers need prepacked kernels")
@@ -28,8 +28,9 @@ pytestmark = pytest.mark.skipif(not prepack_available(), reason="row-invariant l
 def smollm2_shaped(seed: int = 5, layers: int = 2):
     """A random model with SmolLM2's attention shapes, its decoder fused and prepacked as the loader does
     (the lm_head is left to the caller: drafters copy its rows first)."""
-    model = tiny_llama(seed, vocab_size=VOCAB, num_layers=layers, hidden_size=576, num_heads=9, num_kv_heads=3,
-                       init_std=0.05)
+    model = tiny_llama(
+        seed, vocab_size=VOCAB, num_layers=layers, hidden_size=576, num_heads=9, num_kv_heads=3, init_std=0.05
+    )
     fuse_projections(model.model)
     prepack_linear_layers(model.model)
     return model
@@ -139,8 +140,10 @@ def test_seeded_logits_are_bitwise_the_same_alone_in_a_batch_and_for_every_metho
     alone = run_alone(engines[method], prompt, seeded, **kw)
     assert alone == baseline
     assert all(torch.equal(a, b) for a, b in zip(committed_logits(seeded_logits, alone), reference, strict=True))
-    others = [(tokens(n, n), SamplingParams(max_tokens=20, greedy=n % 2 == 0, temperature=0.8, seed=n))
-              for n in (5, 29, 60, 12)]
+    others = [
+        (tokens(n, n), SamplingParams(max_tokens=20, greedy=n % 2 == 0, temperature=0.8, seed=n))
+        for n in (5, 29, 60, 12)
+    ]
     seeded_logits.clear()
     outs = run_batch(engines[method], [others[0], others[1], (prompt, seeded), *others[2:]], **kw)
     assert outs[2].tokens == baseline
@@ -159,8 +162,11 @@ def test_a_sampled_request_of_a_tree_deployment_verifies_chains(engines, monkeyp
 
     monkeypatch.setattr(BatchedLM, "hidden", recording)
     sampled = SamplingParams(max_tokens=12, greedy=False, temperature=1.0, seed=7)
-    run_batch(engines["eagle"], [(tokens(20, 3), sampled), (tokens(20, 4), SamplingParams(max_tokens=12))],
-              cost_model=FLAT_COST)
+    run_batch(
+        engines["eagle"],
+        [(tokens(20, 3), sampled), (tokens(20, 4), SamplingParams(max_tokens=12))],
+        cost_model=FLAT_COST,
+    )
     trees = [e for e in entries_seen if not e.exact]
     chains = [e for e in entries_seen if e.exact]
     assert trees and chains  # the greedy request verified trees, the sampled one drafted too

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from batch_helpers import FLAT_COST
+
 from specpipe.generation import spec_metrics as names
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
@@ -30,10 +30,12 @@ from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler, Cancelled
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("single_thread")]
 
 METHODS = ("none", "ngram", "smollm2-draft", "medusa", "eagle")
-TEXTS = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-         "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
-         "import numpy as np\n\narr = np.array([1, 2, 3])\nprint(arr",
-         "List three benefits of exercise:\n1.")
+TEXTS = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+    "import numpy as np\n\narr = np.array([1, 2, 3])\nprint(arr",
+    "List three benefits of exercise:\n1.",
+)
 N = 28
 
 
@@ -100,7 +102,7 @@ class Record:
 def serve(engine, jobs, *, max_batch_size: int = 8, observe=None):
     """Serve ``jobs`` (``(prompt, params)`` or ``(prompt, params, join at step, cancel at step)``) together."""
     scheduler = BatchScheduler(engine, max_batch_size=max_batch_size, cost_model=FLAT_COST, adaptive=False)
-    jobs = [(*job, *(0, None)[len(job) - 2:]) for job in jobs]
+    jobs = [(*job, *(0, None)[len(job) - 2 :]) for job in jobs]
     records = [Record(observe() if observe else None) for _ in jobs]
     handles, step = [None] * len(jobs), 0
     while scheduler.has_work or any(h is None for h in handles):
@@ -139,7 +141,11 @@ def aim(free: Record, method: str, inside: bool = False):
             ks = range(1, accepted + 1) if inside else range(accepted - 1)
         for k in ks:
             p = offset + k
-            if p >= 2 and tokens[p] not in tokens[:p] and tokens[p - 1 : p + 1] not in [tokens[j : j + 2] for j in range(p - 1)]:
+            if (
+                p >= 2
+                and tokens[p] not in tokens[:p]
+                and tokens[p - 1 : p + 1] not in [tokens[j : j + 2] for j in range(p - 1)]
+            ):
                 return p, step, accepted_before + k
         accepted_before += accepted
     return None
@@ -182,8 +188,15 @@ def test_an_end_id_stop_word_or_max_tokens_inside_accepted_drafts_ends_there_and
     stop = SamplingParams(max_tokens=N, stop_words=(tuple(free.tokens[p - 1 : p + 1]),))
     other = next(t for t in texts if t != prompt)
     alone = [serve(engine, [(prompt, params)])[0][0] for params in (end, stop)]
-    batch, scheduler = serve(engine, [(prompt, end, 0), (prompt, stop, 2), (prompt, SamplingParams(max_tokens=N), 0),
-                                      (other, SamplingParams(max_tokens=N), 3)])
+    batch, scheduler = serve(
+        engine,
+        [
+            (prompt, end, 0),
+            (prompt, stop, 2),
+            (prompt, SamplingParams(max_tokens=N), 0),
+            (other, SamplingParams(max_tokens=N), 3),
+        ],
+    )
     assert batch[2].tokens == free.tokens and scheduler.lm.free_slots == 8
     for run, emitted, stopping in ((alone[0], p, 1), (alone[1], p - 1, 2), (batch[0], p, 1), (batch[1], p - 1, 2)):
         assert run.error is None and run.reason == "stop"
@@ -212,10 +225,12 @@ def test_penalties_and_min_tokens_see_every_token_a_step_commits(method, texts, 
     name, engine = method
     prompt, free, (p, _, _) = aimed(name, engine, texts, inside=True)
     end = free.tokens[p]
-    options = [SamplingParams(max_tokens=N, repetition_penalty=1.3),
-               SamplingParams(max_tokens=N, presence_penalty=0.6, frequency_penalty=0.4),
-               SamplingParams(max_tokens=N, min_tokens=p, end_id=end),
-               SamplingParams(max_tokens=N, min_tokens=p + 1, end_id=end)]
+    options = [
+        SamplingParams(max_tokens=N, repetition_penalty=1.3),
+        SamplingParams(max_tokens=N, presence_penalty=0.6, frequency_penalty=0.4),
+        SamplingParams(max_tokens=N, min_tokens=p, end_id=end),
+        SamplingParams(max_tokens=N, min_tokens=p + 1, end_id=end),
+    ]
     expected = [baseline(prompt, params) for params in options]
     assert expected[2] == free.tokens[:p] and expected[3][:p] == free.tokens[:p] and expected[3][p] != end
     assert all(e != free.tokens[: len(e)] for e in expected[:2])  # the penalties changed the text
@@ -236,7 +251,9 @@ def test_multi_token_bad_words_are_matched_across_draft_positions(method, texts,
     params = SamplingParams(max_tokens=N, bad_words=words)
     expected = baseline(prompt, params)
     assert expected[:p] == free.tokens[:p] and expected[p] != free.tokens[p]
-    batch, _ = serve(engine, [(next(t for t in texts if t != prompt), SamplingParams(max_tokens=N)), (prompt, params, 1)])
+    batch, _ = serve(
+        engine, [(next(t for t in texts if t != prompt), SamplingParams(max_tokens=N)), (prompt, params, 1)]
+    )
     for run in (serve(engine, [(prompt, params)])[0][0], batch[1]):
         assert run.error is None and run.tokens == expected
         text = [*prompt, *run.tokens]
@@ -246,8 +263,10 @@ def test_multi_token_bad_words_are_matched_across_draft_positions(method, texts,
 
 def test_seeded_sampling_is_the_baselines_alone_and_in_a_batch_and_unseeded_differs(method, texts, baseline):
     name, engine = method
-    seeded = [SamplingParams(max_tokens=20, greedy=False, temperature=0.8, top_p=0.95, seed=7),
-              SamplingParams(max_tokens=20, greedy=False, temperature=1.0, top_k=40, seed=2**40 + 3)]
+    seeded = [
+        SamplingParams(max_tokens=20, greedy=False, temperature=0.8, top_p=0.95, seed=7),
+        SamplingParams(max_tokens=20, greedy=False, temperature=1.0, top_k=40, seed=2**40 + 3),
+    ]
     unseeded = SamplingParams(max_tokens=20, greedy=False, temperature=1.0)
     jobs = [(texts[0], seeded[0], 0), (texts[1], seeded[1], 2), (texts[0], unseeded, 1), (texts[0], unseeded, 1)]
     batch, _ = serve(engine, jobs)
@@ -257,19 +276,24 @@ def test_seeded_sampling_is_the_baselines_alone_and_in_a_batch_and_unseeded_diff
     assert batch[2].tokens != batch[3].tokens
 
 
-def test_each_requests_drafter_state_is_its_own_and_a_cancelled_request_leaves_consistent_counters(method, texts, monkeypatch):
+def test_each_requests_drafter_state_is_its_own_and_a_cancelled_request_leaves_consistent_counters(
+    method, texts, monkeypatch
+):
     """Requests joining at different steps (one cancelled at step 6) take, step for step, the tokens, draft
     tokens and accepted drafts they take alone (a drafter reading another request's n-gram table, features
     or cache would change them); the model's counters (Triton metrics, faked) agree with the requests'."""
-    from specpipe.triton.models.scheduler_metrics import SchedulerMetrics
     from triton_fakes import FAKE_PB, FakeMetricFamily
+
+    from specpipe.triton.models.scheduler_metrics import SchedulerMetrics
 
     name, engine = method
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", FAKE_PB)
     FakeMetricFamily.values = {}
     metrics = SchedulerMetrics("m")
-    jobs = [(texts[i % len(texts)], SamplingParams(max_tokens=N - 4 * (i % 2)), join, cancel)
-            for i, (join, cancel) in enumerate([(0, None), (1, None), (4, 6), (5, None), (9, None)])]
+    jobs = [
+        (texts[i % len(texts)], SamplingParams(max_tokens=N - 4 * (i % 2)), join, cancel)
+        for i, (join, cancel) in enumerate([(0, None), (1, None), (4, 6), (5, None), (9, None)])
+    ]
     records, scheduler = serve(engine, jobs, max_batch_size=4, observe=lambda: metrics.track(0.0))
     assert scheduler.lm.free_slots == 4 and not scheduler.active
     cancelled = records[2]

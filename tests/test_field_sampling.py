@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from batch_helpers import METHODS, make_engine, make_engine_of, prompts, run_alone, run_batch, scheduler_for, submit
 from reference_decoding import greedy_reference
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
-from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
-from specpipe.runtime.cpu.drafters.drafters import Draft, Drafter, DraftModelDrafter, NoDrafter
-from specpipe.runtime.cpu.deployment import Deployment
-from specpipe.runtime.cpu.verify.sampling import TokenSampler
-from specpipe.runtime.cpu.scheduler.scheduler import Cancelled
-from specpipe.runtime.cpu.verify.tree_accept import DraftTree
-from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from tiny_models import tiny_llama
+
+from specpipe.generation.api import SamplingParams
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import Draft, Drafter, DraftModelDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
+from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
+from specpipe.runtime.cpu.scheduler.scheduler import Cancelled
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -39,14 +39,17 @@ def engine_of(method: str):
 
 
 def test_a_multi_token_bad_word_bans_its_last_token_after_the_rest_in_each_rows_history():
-    sampler = TokenSampler(SamplingParams(max_tokens=4, bad_words=((8, 9), (7, 8, 10), (11,))), torch.Generator(),
-                           history=[1, 7, 8])
+    sampler = TokenSampler(
+        SamplingParams(max_tokens=4, bad_words=((8, 9), (7, 8, 10), (11,))), torch.Generator(), history=[1, 7, 8]
+    )
     logits = torch.zeros(4, 16)
     masked = sampler.greedy_logits(logits, [[], [9], [9, 8], [9, 7, 8]])
     banned = [set(torch.nonzero(torch.isinf(row)).flatten().tolist()) for row in masked]
     assert banned == [{9, 10, 11}, {11}, {9, 11}, {9, 10, 11}]
     assert not sampler.argmax_only  # the screened lm_head would not see the bans
-    sampled = TokenSampler(SamplingParams(max_tokens=4, greedy=False, bad_words=((8, 9),)), torch.Generator(), history=[8])
+    sampled = TokenSampler(
+        SamplingParams(max_tokens=4, greedy=False, bad_words=((8, 9),)), torch.Generator(), history=[8]
+    )
     assert sampled.distributions(logits[:2], [[], [9]])[:, 9].tolist() == [0.0, 1 / 16]
 
 
@@ -84,7 +87,10 @@ def test_a_bad_word_inside_a_block_of_accepted_drafts_is_rejected_there():
     word = tuple(free[2:4])  # inside the first decoding block (output 1 .. 5)
     params = SamplingParams(max_tokens=12, bad_words=(word,))
     [out] = run_batch(engine, [(prompt, params)])
-    assert out.tokens == greedy_reference(engine.target.model, prompt, 12, bad_words=(word,)) and out.tokens[:3] == free[:3]
+    assert (
+        out.tokens == greedy_reference(engine.target.model, prompt, 12, bad_words=(word,))
+        and out.tokens[:3] == free[:3]
+    )
     assert out.tokens[3] != free[3]
 
 
@@ -95,8 +101,10 @@ def test_seeded_sampling_is_the_plain_targets_sample_for_every_seed_alone_and_in
     engine = engine_of(method)
     plain = Deployment(engine.target.model, NoDrafter(), 0)
     ps = prompts(6, seed=6)
-    batch = [(p, SamplingParams(max_tokens=12, greedy=False, temperature=t, top_p=top_p, seed=seed))
-             for seed, (p, t, top_p) in enumerate(zip(ps, (1.0, 0.7, 1.3, 1.0, 0.9, 1.0), (1.0, 0.9, 1.0, 0.8, 1.0, 1.0)))]
+    batch = [
+        (p, SamplingParams(max_tokens=12, greedy=False, temperature=t, top_p=top_p, seed=seed))
+        for seed, (p, t, top_p) in enumerate(zip(ps, (1.0, 0.7, 1.3, 1.0, 0.9, 1.0), (1.0, 0.9, 1.0, 0.8, 1.0, 1.0)))
+    ]
     outs = run_batch(engine, batch, max_batch_size=3)  # joins as others finish
     for (prompt, params), out in zip(batch, outs):
         assert out.error is None and len(out.tokens) == 12
@@ -163,13 +171,19 @@ def test_penalties_and_min_tokens_see_every_token_a_step_commits(kind):
     ps = prompts(4, seed=8)
     free = generate_all(solo_scheduler(plain), ps[3], SamplingParams(max_tokens=20))[0]
     end = next(t for i, t in enumerate(free) if i >= 6 and t not in free[:i])
-    options = [SamplingParams(max_tokens=20, repetition_penalty=3.0), SamplingParams(max_tokens=20, frequency_penalty=1.5),
-               SamplingParams(max_tokens=20, presence_penalty=2.0, frequency_penalty=0.5),
-               SamplingParams(max_tokens=20, min_tokens=free.index(end), end_id=end)]
+    options = [
+        SamplingParams(max_tokens=20, repetition_penalty=3.0),
+        SamplingParams(max_tokens=20, frequency_penalty=1.5),
+        SamplingParams(max_tokens=20, presence_penalty=2.0, frequency_penalty=0.5),
+        SamplingParams(max_tokens=20, min_tokens=free.index(end), end_id=end),
+    ]
     batch = list(zip(ps, options))
     expected = [generate_all(solo_scheduler(plain), p, params)[0] for p, params in batch]
     assert expected[3] == free[: free.index(end)]  # min_tokens let the end id end it where it first came
-    assert all(e != generate_all(solo_scheduler(plain), p, SamplingParams(max_tokens=20))[0] for (p, _), e in zip(batch[:3], expected))
+    assert all(
+        e != generate_all(solo_scheduler(plain), p, SamplingParams(max_tokens=20))[0]
+        for (p, _), e in zip(batch[:3], expected)
+    )
     texts = [[*p, *e] for (p, _), e in zip(batch, expected)]
     engine = Deployment(model, ChainOracle(texts), 4) if kind == "chain" else Deployment(model, TreeOracle(texts), 6)
     outs = run_batch(engine, batch, adaptive=False)
@@ -216,8 +230,11 @@ def test_the_warm_up_before_ready_runs_the_drafter_too(method, monkeypatch):
     calls, forwards = [], []
     propose, hidden = type(engine.drafter).propose, BatchedLM.hidden
     monkeypatch.setattr(type(engine.drafter), "propose", lambda self, *args: calls.append(args) or propose(self, *args))
-    monkeypatch.setattr(BatchedLM, "hidden", lambda self, entries: forwards.append([len(e.token_ids) for e in entries])
-                        or hidden(self, entries))
+    monkeypatch.setattr(
+        BatchedLM,
+        "hidden",
+        lambda self, entries: forwards.append([len(e.token_ids) for e in entries]) or hidden(self, entries),
+    )
     warm_up_deployment(engine, lengths=(10, 20), max_tokens=6)
     # Decoding entries are the last token and its drafts: 1 + at most 8 tokens, shorter than either prompt.
     # (a random model does not continue the prompts' cycle, so n-gram lookup finds nothing after the prefill)

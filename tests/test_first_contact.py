@@ -8,23 +8,34 @@ import sys
 
 import pytest
 import yaml
+from fake_trtllm import BUILD_RETURNS, GENERATIONS, checks_document, write_fake
 
 from specpipe.trtllm import first_contact
 from specpipe.trtllm.doctor import invocation
-from fake_trtllm import BUILD_RETURNS, GENERATIONS, checks_document, write_fake
 
 
 def run_check(site, document):
     env = {**os.environ, "PYTHONPATH": str(site)}
-    proc = subprocess.run([sys.executable, first_contact.__file__, "--input", str(document)], capture_output=True,
-                          text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, first_contact.__file__, "--input", str(document)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     return proc.returncode, proc.stdout
 
 
 def model_yaml(decoding_type, key):
-    return yaml.safe_dump({"model": "/m", "backend": "pytorch", "tensor_parallel_size": 1,
-                           "speculative_config": {"decoding_type": decoding_type, "max_draft_len": 3, key: "/d"},
-                           "triton_config": {"max_batch_size": 0, "decoupled": True}})
+    return yaml.safe_dump(
+        {
+            "model": "/m",
+            "backend": "pytorch",
+            "tensor_parallel_size": 1,
+            "speculative_config": {"decoding_type": decoding_type, "max_draft_len": 3, key: "/d"},
+            "triton_config": {"max_batch_size": 0, "decoupled": True},
+        }
+    )
 
 
 @pytest.mark.parametrize("generation", sorted(GENERATIONS))
@@ -41,13 +52,26 @@ def test_a_matching_container_passes_every_check(tmp_path, generation):
 def test_a_wrong_flag_is_caught_by_the_real_parser(tmp_path, generation):
     version, _, _ = GENERATIONS[generation]
     site, examples = write_fake(tmp_path, generation)
-    argvs = [{"step": "build-target", "argv": ["trtllm-build", "--checkpoint_dir", "/c", "--max_draft_length", "4"]},
-             {"step": "quantize", "argv": ["python3", f"{examples}/quantization/quantize.py", "--qformatt", "fp8"]},
-             {"step": "convert-target", "argv": ["python3", f"{examples}/models/core/llama/convert_checkpoint.py",
-                                                 "--model_dir", "/m", "--use_fp9"]}]
+    argvs = [
+        {"step": "build-target", "argv": ["trtllm-build", "--checkpoint_dir", "/c", "--max_draft_length", "4"]},
+        {"step": "quantize", "argv": ["python3", f"{examples}/quantization/quantize.py", "--qformatt", "fp8"]},
+        {
+            "step": "convert-target",
+            "argv": [
+                "python3",
+                f"{examples}/models/core/llama/convert_checkpoint.py",
+                "--model_dir",
+                "/m",
+                "--use_fp9",
+            ],
+        },
+    ]
     code, out = run_check(site, checks_document(tmp_path, examples, version, argvs=argvs))
     assert code == 1
-    assert "[FAILED] build-target: trtllm-build --checkpoint_dir: " in out and "unrecognized arguments: --max_draft_length 4" in out
+    assert (
+        "[FAILED] build-target: trtllm-build --checkpoint_dir: " in out
+        and "unrecognized arguments: --max_draft_length 4" in out
+    )
     assert "unrecognized arguments: --qformatt fp8" in out and "unrecognized arguments: --use_fp9" in out
     assert "ran" not in out  # parsed only: neither script's work ran
 
@@ -56,7 +80,9 @@ def test_a_wrong_flag_is_caught_by_the_real_parser(tmp_path, generation):
 def test_a_wrong_decoding_type_is_caught(tmp_path, generation, wrong):
     version, types, key = GENERATIONS[generation]
     site, examples = write_fake(tmp_path, generation)
-    code, out = run_check(site, checks_document(tmp_path, examples, version, model_yaml=model_yaml(wrong, key), argvs=[]))
+    code, out = run_check(
+        site, checks_document(tmp_path, examples, version, model_yaml=model_yaml(wrong, key), argvs=[])
+    )
     assert code == 1 and f"[FAILED] model.yaml (LLM API arguments): ValueError: decoding_type {wrong!r}" in out
 
 
@@ -64,8 +90,10 @@ def test_a_version_mismatch_is_refused_naming_both_sides(tmp_path):
     site, examples = write_fake(tmp_path, "1.1")
     code, out = run_check(site, checks_document(tmp_path, examples, "1.2.1", argvs=[]))
     assert code == 1
-    assert ("[FAILED] tensorrt_llm 1.1.0: this TensorRT-LLM is 1.1.0, the plan is pinned to 1.2.1: use "
-            "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3") in out
+    assert (
+        "[FAILED] tensorrt_llm 1.1.0: this TensorRT-LLM is 1.1.0, the plan is pinned to 1.2.1: use "
+        "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    ) in out
 
 
 def test_a_missing_backend_and_no_tensorrt_llm(tmp_path):
@@ -74,9 +102,11 @@ def test_a_missing_backend_and_no_tensorrt_llm(tmp_path):
     code, out = run_check(site, checks_document(tmp_path, examples, "1.2.1", argvs=[]))
     assert code == 1 and f"[FAILED] Triton backend tensorrtllm: {tmp_path}/backends/tensorrtllm does not exist" in out
     code, out = run_check(tmp_path / "nothing", checks_document(tmp_path, examples, "1.2.1", argvs=[]))
-    assert code == 1 and out.startswith("[FAILED] tensorrt_llm import: tensorrt_llm is not installed here "
-                                        "(ModuleNotFoundError: No module named 'tensorrt_llm'): run the check in "
-                                        "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
+    assert code == 1 and out.startswith(
+        "[FAILED] tensorrt_llm import: tensorrt_llm is not installed here "
+        "(ModuleNotFoundError: No module named 'tensorrt_llm'): run the check in "
+        "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    )
 
 
 def test_invocations(tmp_path):
@@ -110,8 +140,10 @@ def test_a_parse_arguments_of_an_unknown_shape_is_a_failure_not_a_pass(tmp_path)
     site, examples = write_fake(tmp_path, "1.2", build_returns="none")
     code, out = run_check(site, checks_document(tmp_path, examples, "1.2.1", argvs=[GOOD_BUILD]))
     assert code == 1
-    assert ("[FAILED] build-target: trtllm-build --checkpoint_dir: parse_arguments() returned NoneType, neither a "
-            "parsed Namespace nor an ArgumentParser") in out
+    assert (
+        "[FAILED] build-target: trtllm-build --checkpoint_dir: parse_arguments() returned NoneType, neither a "
+        "parsed Namespace nor an ArgumentParser"
+    ) in out
     assert set(BUILD_RETURNS) == {"parser", "namespace", "none"}
 
 
@@ -124,14 +156,29 @@ def test_a_script_that_never_parses_its_arguments_fails(tmp_path):
     assert "[FAILED] quantize: python3 " in out and "the script ran to its end without parsing its arguments" in out
 
 
-@pytest.mark.parametrize("cause, gpus_passed, expected", [
-    ("no-driver", False, "a driver library is missing, the container is not broken (ImportError: libcuda.so.1: cannot "
-                         "open shared object file: No such file or directory): no GPU was passed to the container"),
-    ("no-driver", True, "the container got --gpus all but no driver libraries: install the NVIDIA Container Toolkit"),
-    ("broken", True, "the container's TensorRT-LLM is broken (ImportError: /usr/local/lib/python3.12/dist-packages/"
-                     "tensorrt_llm/libs/libth_common.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev): pull "
-                     "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 again"),
-])
+@pytest.mark.parametrize(
+    "cause, gpus_passed, expected",
+    [
+        (
+            "no-driver",
+            False,
+            "a driver library is missing, the container is not broken (ImportError: libcuda.so.1: cannot "
+            "open shared object file: No such file or directory): no GPU was passed to the container",
+        ),
+        (
+            "no-driver",
+            True,
+            "the container got --gpus all but no driver libraries: install the NVIDIA Container Toolkit",
+        ),
+        (
+            "broken",
+            True,
+            "the container's TensorRT-LLM is broken (ImportError: /usr/local/lib/python3.12/dist-packages/"
+            "tensorrt_llm/libs/libth_common.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev): pull "
+            "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 again",
+        ),
+    ],
+)
 def test_a_failed_import_says_which_kind_of_failure(tmp_path, cause, gpus_passed, expected):
     site, examples = write_fake(tmp_path, "1.2", import_failure=cause)
     document = checks_document(tmp_path, examples, "1.2.1", argvs=[])
@@ -146,7 +193,9 @@ def test_what_cannot_be_checked_yet_is_said_and_does_not_fail(tmp_path):
     site, examples = write_fake(tmp_path, "1.2")
     document = checks_document(tmp_path, examples, "1.2.1", argvs=[])
     doc = json.loads(document.read_text())
-    document.write_text(json.dumps({**doc, "not_checked": [{"what": "model.yaml (LLM API arguments)", "why": "no GPU"}]}))
+    document.write_text(
+        json.dumps({**doc, "not_checked": [{"what": "model.yaml (LLM API arguments)", "why": "no GPU"}]})
+    )
     code, out = run_check(site, document)
     assert code == 0, out
     assert "[not checked] model.yaml (LLM API arguments): no GPU" in out

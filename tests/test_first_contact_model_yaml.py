@@ -4,10 +4,10 @@ object (build's first step), a plan file (``doctor --plan``) and a packaged engi
 
 import pytest
 import yaml
-
-from specpipe.trtllm import doctor
-from specpipe.triton.repository import package_engine, package_plan
 from trtllm_deployments import LLMAPI_MODES, engine_dir, make_plan, plan_json
+
+from specpipe.triton.repository import package_engine, package_plan
+from specpipe.trtllm import doctor
 
 
 def packaged_yaml(repo):

@@ -86,15 +86,23 @@ def test_a_killed_writers_temporary_folder_is_removed_by_the_next_write(tmp_path
     dead.wait()
     host = socket.gethostname()
     out = tmp_path / "engine"
-    left = {name: tmp_path / f".engine.tmp-{name}" for name in
-            (f"{host}-{dead.pid}-0badc0de", f"{host}-{os.getpid()}-11111111", f"elsewhere-{dead.pid}-22222222", "old-format")}
+    left = {
+        name: tmp_path / f".engine.tmp-{name}"
+        for name in (
+            f"{host}-{dead.pid}-0badc0de",
+            f"{host}-{os.getpid()}-11111111",
+            f"elsewhere-{dead.pid}-22222222",
+            "old-format",
+        )
+    }
     for path in left.values():
         (path / "weights").mkdir(parents=True)
     (tmp_path / ".other.tmp-x").mkdir()
     assert remove_abandoned(out) == [left[f"{host}-{dead.pid}-0badc0de"]]
     write_dir_atomically(out, lambda d: (d / "f").write_text("x"))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [".other.tmp-x", "engine"] + [p.name for n, p in left.items() if n != f"{host}-{dead.pid}-0badc0de"])
+        [".other.tmp-x", "engine"] + [p.name for n, p in left.items() if n != f"{host}-{dead.pid}-0badc0de"]
+    )
 
 
 def test_sigterm_during_a_write_leaves_nothing_behind(tmp_path):

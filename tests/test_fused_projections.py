@@ -4,10 +4,10 @@ transformers' forward too, and nothing held between forwards."""
 from __future__ import annotations
 
 import torch
+from tiny_models import tiny_llama
 
 from specpipe.runtime.cpu.model.fused_projections import FusedSlice, fuse_projections
 from specpipe.runtime.cpu.model.prepack import PrepackedLinear, prepack_linear_layers
-from tiny_models import tiny_llama
 
 
 def _logits(model, ids):
@@ -52,7 +52,7 @@ def test_a_slice_called_twice_on_one_input_recomputes():
         first, again = attn.q_proj(x), attn.q_proj(x)
         k = attn.k_proj(x)
     torch.testing.assert_close(first, again)
-    torch.testing.assert_close(k, x @ attn.qkv_proj.weight[attn.k_proj.start:attn.k_proj.stop].T)
+    torch.testing.assert_close(k, x @ attn.qkv_proj.weight[attn.k_proj.start : attn.k_proj.stop].T)
 
 
 def test_layers_that_cannot_be_fused_stay_as_they_are():

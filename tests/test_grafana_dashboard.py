@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from specpipe.openai.metrics import EXPORTED_SERIES as GATEWAY_SERIES
 from specpipe.triton.models.scheduler_metrics import exported_series
 from specpipe.trtllm.backend_metrics import TRITON_CORE_SERIES, TRTLLM_BACKEND_SERIES
@@ -19,8 +20,31 @@ DASHBOARD = DOCKER / "grafana" / "dashboards" / "specpipe.json"
 EXPORTED = exported_series() | GATEWAY_SERIES | TRTLLM_BACKEND_SERIES | TRITON_CORE_SERIES
 
 #: PromQL words that are not series: aggregations, functions, operators, modifiers (Prometheus' lexer).
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or", "unless",
-            "sum", "avg", "min", "max", "count", "topk", "bottomk", "quantile", "stddev", "stdvar", "inf", "nan"}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "and",
+    "or",
+    "unless",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "topk",
+    "bottomk",
+    "quantile",
+    "stddev",
+    "stdvar",
+    "inf",
+    "nan",
+}
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
@@ -34,7 +58,7 @@ def series_names(expr: str) -> set[str]:
     expr = re.sub(r"\$\w+", "", expr)
     names = set()
     for match in _NAME.finditer(expr):
-        rest = expr[match.end():].lstrip()
+        rest = expr[match.end() :].lstrip()
         if match.group() not in KEYWORDS and not rest.startswith("("):
             names.add(match.group())
     return names
@@ -55,11 +79,14 @@ def dashboard_queries() -> list[str]:
 
 
 def test_series_names_are_parsed_out_of_promql():
-    expr = ('histogram_quantile(0.9, sum by (le) (rate(specpipe:time_to_first_token_seconds_bucket{job=~"$source"}'
-            '[$__rate_interval]))) / ignoring(position) group_left sum(nv_trt_llm_request_metrics{request_type="x y"})')
+    expr = (
+        'histogram_quantile(0.9, sum by (le) (rate(specpipe:time_to_first_token_seconds_bucket{job=~"$source"}'
+        '[$__rate_interval]))) / ignoring(position) group_left sum(nv_trt_llm_request_metrics{request_type="x y"})'
+    )
     assert series_names(expr) == {"specpipe:time_to_first_token_seconds_bucket", "nv_trt_llm_request_metrics"}
     assert label_values_metric("label_values(specpipe:spec_decode_num_draft_tokens_total, job)") == {
-        "specpipe:spec_decode_num_draft_tokens_total"}
+        "specpipe:spec_decode_num_draft_tokens_total"
+    }
 
 
 def test_every_dashboard_query_names_exported_series_only():
@@ -72,10 +99,16 @@ def test_every_dashboard_query_names_exported_series_only():
     dashboard = json.loads(DASHBOARD.read_text())
     for variable in dashboard["templating"]["list"]:
         assert label_values_metric(variable["query"]["query"]) <= EXPORTED
-    wanted = {"specpipe:spec_decode_num_accepted_tokens_per_pos_total", "specpipe:spec_decode_num_drafts_total",
-              "specpipe:time_to_first_token_seconds_bucket", "specpipe:inter_token_latency_seconds_bucket",
-              "specpipe:num_requests_waiting", "specpipe_request_errors_total", "specpipe_draft_length",
-              'nv_trt_llm_request_metrics'}
+    wanted = {
+        "specpipe:spec_decode_num_accepted_tokens_per_pos_total",
+        "specpipe:spec_decode_num_drafts_total",
+        "specpipe:time_to_first_token_seconds_bucket",
+        "specpipe:inter_token_latency_seconds_bucket",
+        "specpipe:num_requests_waiting",
+        "specpipe_request_errors_total",
+        "specpipe_draft_length",
+        "nv_trt_llm_request_metrics",
+    }
     assert wanted <= named
 
 
@@ -87,8 +120,16 @@ def test_a_typo_in_a_query_is_caught():
 def test_the_panels_operators_need_are_there():
     dashboard = json.loads(DASHBOARD.read_text())
     titles = {panel["title"] for panel in dashboard["panels"]}
-    assert {"Throughput", "Time to first token", "Inter-token latency", "Acceptance", "Acceptance per draft position",
-            "Chosen draft length against batch size", "Queue", "Errors"} <= titles
+    assert {
+        "Throughput",
+        "Time to first token",
+        "Inter-token latency",
+        "Acceptance",
+        "Acceptance per draft position",
+        "Chosen draft length against batch size",
+        "Queue",
+        "Errors",
+    } <= titles
     quantiles = [e for e in dashboard_queries() if e.startswith("histogram_quantile(")]
     assert len(quantiles) == 6 and all("sum by (le)" in e for e in quantiles)
     assert {p["datasource"]["uid"] for p in dashboard["panels"]} == {"prometheus"}
@@ -100,7 +141,9 @@ def services():
     from test_launch_trtllm import _interpolate
 
     text = (DOCKER / "compose.yaml").read_text()
-    return yaml.safe_load(_interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"}))["services"]
+    return yaml.safe_load(
+        _interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"})
+    )["services"]
 
 
 def test_prometheus_scrapes_triton_and_the_gateway(services):

@@ -10,10 +10,10 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
+from specpipe import heads_format
 from specpipe.cli import main
 from specpipe.models.heads import shipped_dir
-from specpipe import heads_format
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
 H, V, INTER, HEADS, KV, HEAD_DIM = 576, 49152, 1536, 9, 3, 64
 
@@ -30,7 +30,11 @@ def test_shipped_files_are_small_float16_deltas_with_a_recipe(method):
     path = folder / heads_format.COMPACT_FILES[method]
     assert path.stat().st_size < 30 * 2**20
     tensors, meta = _tensors(path)
-    assert meta["format"] == heads_format.FORMAT and json.loads(meta["hidden_size"]) == H and json.loads(meta["vocab_size"]) == V
+    assert (
+        meta["format"] == heads_format.FORMAT
+        and json.loads(meta["hidden_size"]) == H
+        and json.loads(meta["vocab_size"]) == V
+    )
     floats = {k: v for k, v in tensors.items() if v.is_floating_point()}
     assert floats and all(v.dtype == torch.float16 for v in floats.values())
     assert not any("embed_tokens" in k or "lm_head" in k for k in tensors)  # the target's, never stored
@@ -44,10 +48,24 @@ def test_shipped_files_are_small_float16_deltas_with_a_recipe(method):
         assert {k: tuple(v.shape) for k, v in floats.items()} == expected
     else:
         layers = json.loads(meta["num_layers"])
-        assert {k for k in floats} == {"model.norm.weight", *(f"model.layers.{i}.{name}" for i in range(layers) for name in (
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-            "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-            "input_layernorm.weight", "post_attention_layernorm.weight"))}
+        assert {k for k in floats} == {
+            "model.norm.weight",
+            *(
+                f"model.layers.{i}.{name}"
+                for i in range(layers)
+                for name in (
+                    "self_attn.q_proj.weight",
+                    "self_attn.k_proj.weight",
+                    "self_attn.v_proj.weight",
+                    "self_attn.o_proj.weight",
+                    "mlp.gate_proj.weight",
+                    "mlp.up_proj.weight",
+                    "mlp.down_proj.weight",
+                    "input_layernorm.weight",
+                    "post_attention_layernorm.weight",
+                )
+            ),
+        }
     if method != "draft-model":
         vocab = tensors["draft_vocab"]
         assert vocab.dtype == torch.int64 and 2 in vocab.tolist() and int(vocab.max()) < V
@@ -80,7 +98,9 @@ def test_build_heads_for_the_cpu_runtime(tmp_path, method):
     layout = engine_dir / "draft" / "trtllm"
     if method == "eagle":
         saved = torch.load(layout / "pytorch_model.bin", weights_only=True)
-        assert {k: tuple(v.shape) for k, v in saved.items()} == heads_format.expected_eagle_tensors(H, INTER, HEADS, KV, HEAD_DIM, V)
+        assert {k: tuple(v.shape) for k, v in saved.items()} == heads_format.expected_eagle_tensors(
+            H, INTER, HEADS, KV, HEAD_DIM, V
+        )
         assert json.loads((layout / "config.json").read_text())["num_hidden_layers"] == 1
     else:
         n = spec["num_medusa_heads"]
@@ -89,10 +109,48 @@ def test_build_heads_for_the_cpu_runtime(tmp_path, method):
         config = json.loads((layout / "config.json").read_text())
         assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (n, 1)
     engine, _ = load_engine(engine_dir)
-    prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    prompt = [
+        1,
+        9690,
+        198,
+        2683,
+        359,
+        253,
+        5356,
+        5646,
+        11173,
+        3365,
+        3511,
+        308,
+        34519,
+        28,
+        7018,
+        411,
+        407,
+        19712,
+        8182,
+        2,
+        198,
+        1,
+        4093,
+        198,
+        1780,
+        314,
+        260,
+        3575,
+        282,
+        4649,
+        47,
+        2,
+        198,
+        1,
+        520,
+        9531,
+        198,
+    ]
     tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=24))
-    from specpipe.runtime.cpu.drafters.drafters import NoDrafter
     from specpipe.runtime.cpu.deployment import Deployment
+    from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 
     plain = Deployment(engine.target.model, NoDrafter(), max_draft_len=0)
     assert tokens == generate_all(solo_scheduler(plain), prompt, SamplingParams(max_tokens=24))[0]
@@ -102,8 +160,12 @@ def test_build_heads_for_the_cpu_runtime(tmp_path, method):
 @pytest.mark.model
 def test_heads_for_another_target_or_corrupt_are_refused_before_writing(tmp_path):
     other = tmp_path / "other"
-    heads_format.save_compact(other, "medusa", {"0.0.linear.weight": torch.zeros(48, 48), "0.0.linear.bias": torch.zeros(48)},
-                        {"hidden_size": 48, "vocab_size": 1000, "num_heads": 1, "num_layers": 1})
+    heads_format.save_compact(
+        other,
+        "medusa",
+        {"0.0.linear.weight": torch.zeros(48, 48), "0.0.linear.bias": torch.zeros(48)},
+        {"hidden_size": 48, "vocab_size": 1000, "num_heads": 1, "num_layers": 1},
+    )
     result, engines = _build(tmp_path, "--draft", "medusa", "--draft-model", str(other))
     assert result.exit_code == 1 and "trained for a target with hidden size 48 and vocabulary 1000" in result.output
     assert not any(p.name.startswith("smollm2") for p in engines.iterdir())
@@ -118,8 +180,11 @@ def test_heads_for_another_target_or_corrupt_are_refused_before_writing(tmp_path
 @pytest.mark.parametrize(
     "args, message",
     [
-        pytest.param(["--draft", "medusa", "--choices", "[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0],[0,0,0,0,0,0]]"],
-                     "6 deep, the draft has 3 Medusa heads", marks=pytest.mark.model),
+        pytest.param(
+            ["--draft", "medusa", "--choices", "[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0],[0,0,0,0,0,0]]"],
+            "6 deep, the draft has 3 Medusa heads",
+            marks=pytest.mark.model,
+        ),
         (["--draft", "eagle", "--choices", "[[0],[1],[2]]", "--max-draft-len", "2"], "3 nodes, max_draft_len is 2"),
         (["--draft", "eagle", "--choices", "[[0],[1,0]]"], "path [1, 0] has no parent [1]"),
     ],

@@ -10,12 +10,12 @@ import subprocess
 import pytest
 import yaml
 from click.testing import CliRunner
+from trtllm_deployments import plan_json
 
 from specpipe.cli import main
 from specpipe.deploy.k8s import write_k8s
 from specpipe.errors import SpecpipeError
 from specpipe.triton.repository import package_plan
-from trtllm_deployments import plan_json
 
 ENGINE = "llama3-8b-none"
 GiB = 2**30
@@ -46,7 +46,9 @@ def fake_tools(tmp_path):
 
 
 def deploy(*args):
-    return CliRunner().invoke(main, ["deploy", "k8s", "small", "--repo-dir", "repos", *args])  # relative, as users type it
+    return CliRunner().invoke(
+        main, ["deploy", "k8s", "small", "--repo-dir", "repos", *args]
+    )  # relative, as users type it
 
 
 @pytest.mark.parametrize("script, extra", [("load-data.sh", []), ("build-image.sh", ["--image", "r.example.com/x:1"])])
@@ -77,13 +79,16 @@ def test_host_path_volumes_are_absolute(built):
     assert [v["hostPath"]["path"] for v in volumes if "hostPath" in v] == [str(repo), str(tmp / "engines")]
 
 
-@pytest.mark.parametrize("size, message", [
-    ("200", "--storage-size 200 has no unit, so Kubernetes reads it as 200 bytes: add one, e.g. 200Gi"),
-    ("", "--storage-size '' is not a storage quantity"),
-    ("1K", "--storage-size '1K' is not a storage quantity"),
-    ("1Mi", r"--storage-size 1Mi \(0.00 GiB\) is smaller than the data on disk \(2.00 GiB\): give at least 3Gi"),
-    ("1.5Gi", r"--storage-size 1.5Gi \(1.50 GiB\) is smaller than the data on disk"),
-])
+@pytest.mark.parametrize(
+    "size, message",
+    [
+        ("200", "--storage-size 200 has no unit, so Kubernetes reads it as 200 bytes: add one, e.g. 200Gi"),
+        ("", "--storage-size '' is not a storage quantity"),
+        ("1K", "--storage-size '1K' is not a storage quantity"),
+        ("1Mi", r"--storage-size 1Mi \(0.00 GiB\) is smaller than the data on disk \(2.00 GiB\): give at least 3Gi"),
+        ("1.5Gi", r"--storage-size 1.5Gi \(1.50 GiB\) is smaller than the data on disk"),
+    ],
+)
 def test_wrong_storage_sizes_are_refused(built, size, message):
     tmp, repo = built
     with pytest.raises(SpecpipeError, match=message):

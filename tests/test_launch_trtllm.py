@@ -11,16 +11,16 @@ import yaml
 from click.testing import CliRunner
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
+from trtllm_deployments import plan_json
 
 from specpipe.cli import main
+from specpipe.deploy.k8s import write_k8s
 from specpipe.errors import SpecpipeError
 from specpipe.serve.container_entry import command as entry_command
-from specpipe.deploy.k8s import write_k8s
 from specpipe.serve.trtllm import container_launch, parse_gpus, server_command, server_environment
 from specpipe.triton.repo_meta import read_meta
 from specpipe.triton.repository import package_plan
 from specpipe.trtllm import release
-from trtllm_deployments import plan_json
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 
@@ -41,13 +41,19 @@ def test_tp1_is_one_tritonserver(tmp_path):
     build, run = [shlex.split(line) for line in result.output.strip().splitlines()]
     assert build[:2] == ["docker", "build"] and f"BASE_IMAGE={release.CONTAINER_IMAGE}" in build
     image = run[run.index("specpipe-triton:0.1.0-26.04")]
-    inner = run[run.index(image) + 1:]
-    assert inner == ["tritonserver", "--model-repository=/models", "--grpc-port=8001", "--http-port=8000",
-                     "--metrics-port=8002", "--disable-auto-complete-config",
-                     "--backend-config=python,shm-region-prefix-name=prefix0_"]
+    inner = run[run.index(image) + 1 :]
+    assert inner == [
+        "tritonserver",
+        "--model-repository=/models",
+        "--grpc-port=8001",
+        "--http-port=8000",
+        "--metrics-port=8002",
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix0_",
+    ]
     assert run[run.index("--gpus") + 1] == '"device=0"'
     assert f"{repo}:/models:ro" in run and f"{tmp_path / 'engines'}:/engines:ro" in run
-    assert ["-p", "8000:8000"] == run[run.index("8000:8000") - 1: run.index("8000:8000") + 1]
+    assert ["-p", "8000:8000"] == run[run.index("8000:8000") - 1 : run.index("8000:8000") + 1]
 
 
 def test_tp4_is_mpirun_with_one_rank_per_gpu(tmp_path):
@@ -55,7 +61,7 @@ def test_tp4_is_mpirun_with_one_rank_per_gpu(tmp_path):
     result = printed(tmp_path, "tp4", "--gpus", "4,5,6,7")
     assert result.exit_code == 0, result.output
     run = shlex.split(result.output.strip().splitlines()[1])
-    inner = run[run.index("specpipe-triton:0.1.0-26.04") + 1:]
+    inner = run[run.index("specpipe-triton:0.1.0-26.04") + 1 :]
     assert inner[:2] == ["mpirun", "--allow-run-as-root"]
     ranks = " ".join(inner[2:]).split(" : ")
     assert len(ranks) == 4 == read_meta(tmp_path / "repos" / "tp4")["world_size"]
@@ -86,26 +92,33 @@ def test_draft_target_tp4_launches_in_orchestrator_mode(tmp_path):
     assert "--model-control-mode=explicit" not in command
     assert {"--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"} <= set(command)
     assert [a for a in command if a.startswith("--cuda-memory-pool-byte-size=")] == [
-        f"--cuda-memory-pool-byte-size={g}:0" for g in range(4)]
+        f"--cuda-memory-pool-byte-size={g}:0" for g in range(4)
+    ]
     assert server_environment(meta) == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
     for model in ("tensorrt_llm", "tensorrt_llm_draft"):
         assert _engine_params(repo, model)["gpu_device_ids"] == "0,1,2,3"
     # serve --print: docker run carries the environment
     run = container_launch(repo, meta, gpus="4,5,6,7").run_argv
-    assert ["-e", "TRTLLM_ORCHESTRATOR=1"] == run[run.index("TRTLLM_ORCHESTRATOR=1") - 1: run.index("TRTLLM_ORCHESTRATOR=1") + 1]
+    assert ["-e", "TRTLLM_ORCHESTRATOR=1"] == run[
+        run.index("TRTLLM_ORCHESTRATOR=1") - 1 : run.index("TRTLLM_ORCHESTRATOR=1") + 1
+    ]
     assert "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1" in run and run[run.index("--gpus") + 1] == '"device=4,5,6,7"'
-    assert run[run.index("specpipe-triton:0.1.0-26.04") + 1:] == command
+    assert run[run.index("specpipe-triton:0.1.0-26.04") + 1 :] == command
     # compose (the image's entry point) and Kubernetes get the same command and environment
     assert entry_command(repo) == command
     k8s = write_k8s(repo, tmp_path / "k8s", storage_size="100Gi")
     pod = yaml.safe_load((k8s / "deployment.yaml").read_text())["spec"]["template"]["spec"]["containers"][0]
-    assert pod["command"] == command and pod["env"] == [{"name": "TRTLLM_ORCHESTRATOR", "value": "1"},
-                                                        {"name": "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES", "value": "1"}]
+    assert pod["command"] == command and pod["env"] == [
+        {"name": "TRTLLM_ORCHESTRATOR", "value": "1"},
+        {"name": "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES", "value": "1"},
+    ]
 
 
 def test_single_engine_and_tp1_stay_without_orchestrator(tmp_path):
-    for name, kw in (("dt1", dict(target="llama3.1-8b", draft="llama3.2-1b", gpu="h100-80gb")),
-                     ("tp4", dict(target="llama3-70b", draft="none", tp=4))):
+    for name, kw in (
+        ("dt1", dict(target="llama3.1-8b", draft="llama3.2-1b", gpu="h100-80gb")),
+        ("tp4", dict(target="llama3-70b", draft="none", tp=4)),
+    ):
         repo = packaged(tmp_path, name, **kw)
         meta = read_meta(repo)
         assert server_environment(meta) == {} and meta["launch"] == ("single" if name == "dt1" else "leader")
@@ -116,9 +129,11 @@ def test_old_leader_mode_draft_target_repository_is_refused(tmp_path):
     repo = packaged(tmp_path, "dt", target="llama3.1-8b", draft="llama3.2-1b", tp=2, gpu="h100-80gb")
     meta = read_meta(repo)
     old = {k: v for k, v in meta.items() if k != "launch"} | {"world_size": 2}
-    message = ("repository for llama3.1-8b-llama3.2-1b runs two engines on 2 GPUs in leader mode, where every rank above 0 "
-               "exits; draft-target with TP x PP > 1 needs orchestrator mode (TRTLLM_ORCHESTRATOR=1, gpu_device_ids per "
-               "engine): repackage it with 'specpipe package'")
+    message = (
+        "repository for llama3.1-8b-llama3.2-1b runs two engines on 2 GPUs in leader mode, where every rank above 0 "
+        "exits; draft-target with TP x PP > 1 needs orchestrator mode (TRTLLM_ORCHESTRATOR=1, gpu_device_ids per "
+        "engine): repackage it with 'specpipe package'"
+    )
     with pytest.raises(SpecpipeError) as err:
         server_command(old)
     assert str(err.value) == message
@@ -130,8 +145,13 @@ def test_old_leader_mode_draft_target_repository_is_refused(tmp_path):
 def test_llmapi_is_one_server_with_auto_complete(tmp_path):
     packaged(tmp_path, "api", runtime="trtllm-llmapi", target="llama3.1-8b", draft="eagle", tp=2)
     meta = read_meta(tmp_path / "repos" / "api")
-    assert server_command(meta) == ["tritonserver", "--model-repository=/models", "--grpc-port=8001",
-                                    "--http-port=8000", "--metrics-port=8002"]
+    assert server_command(meta) == [
+        "tritonserver",
+        "--model-repository=/models",
+        "--grpc-port=8001",
+        "--http-port=8000",
+        "--metrics-port=8002",
+    ]
     assert meta["gpus"] == 2 and meta["world_size"] == 1
     run = shlex.split(printed(tmp_path, "api").output.strip().splitlines()[1])
     assert run[run.index("--gpus") + 1] == '"device=0,1"'
@@ -141,11 +161,15 @@ def test_container_release_must_match_the_engine(tmp_path):
     packaged(tmp_path, "e", target="llama3-8b", draft="lookahead")
     result = printed(tmp_path, "e", "--container", "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3")
     assert result.exit_code == 1
-    assert result.stderr.strip() == ("error: container nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3 ships TensorRT-LLM "
-                                     "1.2.0, engine llama3-8b-lookahead was built with 1.2.1: use "
-                                     "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3")
-    for tag, why in (("nvcr.io/nvidia/tritonserver:27.01-trtllm-python-py3", "whose TensorRT-LLM release specpipe does not know"),
-                     ("myregistry/triton:latest", "is not a Triton TensorRT-LLM image")):
+    assert result.stderr.strip() == (
+        "error: container nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3 ships TensorRT-LLM "
+        "1.2.0, engine llama3-8b-lookahead was built with 1.2.1: use "
+        "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    )
+    for tag, why in (
+        ("nvcr.io/nvidia/tritonserver:27.01-trtllm-python-py3", "whose TensorRT-LLM release specpipe does not know"),
+        ("myregistry/triton:latest", "is not a Triton TensorRT-LLM image"),
+    ):
         result = printed(tmp_path, "e", "--container", tag)
         assert result.exit_code == 1 and why in result.stderr
     assert printed(tmp_path, "e", "--container", "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3").exit_code == 0
@@ -176,7 +200,12 @@ def test_container_entry_runs_the_same_command(tmp_path):
 
 def test_release_table_and_pin():
     assert release.container_trtllm_release(release.CONTAINER_IMAGE) == release.TRTLLM_VERSION
-    assert [t for t, r in sorted(release.CONTAINER_RELEASES.items()) if r == "1.2.1"] == ["26.04", "26.05", "26.06", "26.07"]
+    assert [t for t, r in sorted(release.CONTAINER_RELEASES.items()) if r == "1.2.1"] == [
+        "26.04",
+        "26.05",
+        "26.06",
+        "26.07",
+    ]
     assert release.container_trtllm_release("nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3") == "0.18.0"
 
 
@@ -189,6 +218,7 @@ def test_dockerfile_is_pinned_and_starts_the_entry_point():
 
 def _interpolate(text: str, env: dict[str, str]) -> str:
     """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} substitution."""
+
     def replace(match):
         name, op, arg = match.group(1), match.group(2), match.group(3)
         if env.get(name):
@@ -196,6 +226,7 @@ def _interpolate(text: str, env: dict[str, str]) -> str:
         if op == ":?":
             raise KeyError(f"{name}: {arg}")
         return arg or ""
+
     return re.sub(r"\$\{([A-Z_]+)(?:(:-|:\?)([^}]*))?\}", replace, text)
 
 
@@ -205,8 +236,12 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
     text = (DOCKER / "compose.yaml").read_text()
     with pytest.raises(KeyError, match="SPECPIPE_REPO"):
         _interpolate(text, {})
-    env = {"SPECPIPE_REPO": str(tmp_path / "repo"), "SPECPIPE_ENGINES": str(tmp_path / "engines"), "SPECPIPE_GPUS": "4",
-           "SPECPIPE_NAME": "llama3-8b-eagle"}
+    env = {
+        "SPECPIPE_REPO": str(tmp_path / "repo"),
+        "SPECPIPE_ENGINES": str(tmp_path / "engines"),
+        "SPECPIPE_GPUS": "4",
+        "SPECPIPE_NAME": "llama3-8b-eagle",
+    }
     with pytest.raises(KeyError, match="SPECPIPE_NAME"):
         _interpolate(text, {k: v for k, v in env.items() if k != "SPECPIPE_NAME"})
     resolved = _interpolate(text, env)
@@ -220,8 +255,12 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
     wide = yaml.safe_load(_interpolate(text, {**env, "SPECPIPE_TRITON_HOST": "0.0.0.0", "SPECPIPE_HTTP_PORT": "18000"}))
     assert wide["services"]["triton"]["ports"][0] == "0.0.0.0:18000:8000"
     grafana = dict(item.split("=", 1) for item in yaml.safe_load(resolved)["services"]["grafana"]["environment"])
-    assert grafana == {"GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
-                       "GF_AUTH_DISABLE_LOGIN_FORM": "true", "GF_AUTH_BASIC_ENABLED": "false"}  # no admin login to guess
+    assert grafana == {
+        "GF_AUTH_ANONYMOUS_ENABLED": "true",
+        "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+        "GF_AUTH_DISABLE_LOGIN_FORM": "true",
+        "GF_AUTH_BASIC_ENABLED": "false",
+    }  # no admin login to guess
     assert {(v["target"], v["read_only"]) for v in service["volumes"]} == {("/models", True), ("/engines", True)}
     device = service["deploy"]["resources"]["reservations"]["devices"][0]
     assert device == {"driver": "nvidia", "count": 4, "capabilities": ["gpu"]}
@@ -235,7 +274,9 @@ def test_compose_runs_the_gateway_beside_triton(tmp_path):
     from specpipe.openai.auth import API_KEY_ENV
 
     text = (DOCKER / "compose.yaml").read_text()
-    services = yaml.safe_load(_interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"}))["services"]
+    services = yaml.safe_load(
+        _interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"})
+    )["services"]
     service = services["openai"]
     assert service["image"] == services["triton"]["image"]
     assert service["depends_on"] == {"triton": {"condition": "service_healthy"}}
@@ -244,11 +285,16 @@ def test_compose_runs_the_gateway_beside_triton(tmp_path):
     assert service["volumes"] == [{"type": "bind", "source": "/e", "target": "/engines", "read_only": True}]
     assert service["command"][:4] == ["python3", "-m", "specpipe.cli", "gateway"]
     params = gateway.make_context("gateway", service["command"][4:]).params
-    assert (params["triton_url"], params["name"], params["host"], params["port"]) == ("triton:8001", "tiny", CONTAINER_HOST, CONTAINER_PORT)
+    assert (params["triton_url"], params["name"], params["host"], params["port"]) == (
+        "triton:8001",
+        "tiny",
+        CONTAINER_HOST,
+        CONTAINER_PORT,
+    )
     assert f"http://localhost:{CONTAINER_PORT}/health" in service["healthcheck"]["test"][-1]
 
 
 def test_dockerfile_installs_what_the_gateway_imports():
     text = (DOCKER / "Dockerfile").read_text()
-    assert '-c /tmp/installed.txt' in text and '"tritonclient[grpc]>=2.50"' in text
+    assert "-c /tmp/installed.txt" in text and '"tritonclient[grpc]>=2.50"' in text
     assert 'python3 -c "import aiohttp, tritonclient.grpc.aio, specpipe.cli, specpipe.serve.gateway"' in text

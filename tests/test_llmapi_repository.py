@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import yaml
+from trtllm_deployments import LLMAPI_MODES, engine_dir, plan_json
 
 from specpipe.errors import SpecpipeError
 from specpipe.speculative import METHODS, Method, Runtime
@@ -16,7 +17,6 @@ from specpipe.triton.repository import package_engine, package_plan
 from specpipe.triton.writer import model_py
 from specpipe.trtllm import llmapi_schema as schema
 from specpipe.trtllm import release
-from trtllm_deployments import LLMAPI_MODES, engine_dir, plan_json
 
 EXPECTED_TYPE = {"none": None, "eagle": "Eagle3", "ngram": "NGram", "draft-model": "Draft_Target"}
 
@@ -31,8 +31,12 @@ def packaged(request, tmp_path_factory):
 def test_layout_and_config(packaged):
     _, _, repo = packaged
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == [
-        "specpipe.json", "tensorrt_llm/1/model.py", "tensorrt_llm/1/model.yaml", "tensorrt_llm/config.pbtxt",
-        "trtllm-serve.yaml"]
+        "specpipe.json",
+        "tensorrt_llm/1/model.py",
+        "tensorrt_llm/1/model.yaml",
+        "tensorrt_llm/config.pbtxt",
+        "trtllm-serve.yaml",
+    ]
     config = read_config(repo / "tensorrt_llm" / "config.pbtxt")
     assert config.backend == "python" and config.max_batch_size == 0
     assert config.parameters[llmapi_shim.MODEL_DIR_PARAMETER].string_value == release.CONTAINER_LLMAPI_MODEL_DIR
@@ -50,7 +54,10 @@ def test_model_yaml_uses_the_release_spelling_and_keys(packaged):
     assert doc["triton_config"] == {"max_batch_size": 0, "decoupled": True}
     assert doc["backend"] == "pytorch" and doc["tensor_parallel_size"] == 1 and doc["pipeline_parallel_size"] == 1
     assert doc["model"].startswith("/engines/.trtllm-work/download-target-meta-llama--llama-3.1-8b-instruct-")
-    assert set(doc["kv_cache_config"]) <= schema.KV_CACHE_KEYS and 0 < doc["kv_cache_config"]["free_gpu_memory_fraction"] < 1
+    assert (
+        set(doc["kv_cache_config"]) <= schema.KV_CACHE_KEYS
+        and 0 < doc["kv_cache_config"]["free_gpu_memory_fraction"] < 1
+    )
     spec = doc.get("speculative_config")
     assert (spec or {}).get("decoding_type") == EXPECTED_TYPE[mode]
     if spec is None:
@@ -71,7 +78,9 @@ def test_trtllm_serve_options_are_the_same_llm_arguments(packaged):
     options = yaml.safe_load(options_text)
     assert options == {k: v for k, v in model.items() if k not in ("model", "backend", "triton_config")}
     first = options_text.splitlines()[0]
-    assert first.startswith(f"# trtllm-serve {model['model']} --backend pytorch --tp_size 1 --pp_size 1 --extra_llm_api_options /models/trtllm-serve.yaml")
+    assert first.startswith(
+        f"# trtllm-serve {model['model']} --backend pytorch --tp_size 1 --pp_size 1 --extra_llm_api_options /models/trtllm-serve.yaml"
+    )
 
 
 def test_model_py_is_the_shipped_shim(packaged, tmp_path, monkeypatch):
@@ -84,7 +93,8 @@ def test_model_py_is_the_shipped_shim(packaged, tmp_path, monkeypatch):
     (fake / "model.py").write_text(
         "class TritonPythonModel:\n"
         "    def initialize(self, args): self.args = args\n"
-        "    def execute(self, requests): return [r * 2 for r in requests]\n")
+        "    def execute(self, requests): return [r * 2 for r in requests]\n"
+    )
     config = {"parameters": {llmapi_shim.MODEL_DIR_PARAMETER: {"string_value": str(fake)}}}
     monkeypatch.setattr("sys.path", list(__import__("sys").path))
     model = llmapi_shim.TritonPythonModel()
@@ -132,4 +142,6 @@ def test_llmapi_plan_packages(tmp_path):
     plan = plan_json(tmp_path, runtime="trtllm-llmapi", **LLMAPI_MODES["eagle"])
     repo = package_plan(plan, "preview", tmp_path / "repos")
     doc = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
-    assert doc["speculative_config"]["decoding_type"] == "Eagle3" and doc["speculative_config"]["eagle3_one_model"] is True
+    assert (
+        doc["speculative_config"]["decoding_type"] == "Eagle3" and doc["speculative_config"]["eagle3_one_model"] is True
+    )

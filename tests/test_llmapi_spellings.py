@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+from trtllm_deployments import LLMAPI_MODES, engine_dir, make_plan
 
 from specpipe.errors import SpecpipeError
 from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings
@@ -10,7 +11,6 @@ from specpipe.triton.deployment import from_manifest
 from specpipe.triton.llmapi import speculative_config
 from specpipe.trtllm import llmapi_schema as schema
 from specpipe.trtllm.release import TRTLLM_VERSION
-from trtllm_deployments import LLMAPI_MODES, engine_dir, make_plan
 
 
 def test_the_pinned_release_row_is_the_registry_spelling():
@@ -21,12 +21,15 @@ def test_the_pinned_release_row_is_the_registry_spelling():
     assert all(r.source for r in schema.SPELLINGS.values())
 
 
-@pytest.mark.parametrize("version, eagle, draft_target, key", [
-    ("1.0.0", "Eagle", "DraftTarget", "speculative_model_dir"),
-    ("1.1.0", "Eagle", "DraftTarget", "speculative_model_dir"),
-    ("1.2.1", "Eagle3", "Draft_Target", "speculative_model"),
-    ("1.3.0rc2", "Eagle3", "Draft_Target", "speculative_model"),  # newer container: newest row
-])
+@pytest.mark.parametrize(
+    "version, eagle, draft_target, key",
+    [
+        ("1.0.0", "Eagle", "DraftTarget", "speculative_model_dir"),
+        ("1.1.0", "Eagle", "DraftTarget", "speculative_model_dir"),
+        ("1.2.1", "Eagle3", "Draft_Target", "speculative_model"),
+        ("1.3.0rc2", "Eagle3", "Draft_Target", "speculative_model"),  # newer container: newest row
+    ],
+)
 def test_spellings_follow_the_release(version, eagle, draft_target, key):
     e = schema.build_speculative_config(SpeculativeSettings(Method.EAGLE, max_draft_len=3), "/d", version)
     d = schema.build_speculative_config(SpeculativeSettings(Method.DRAFT_MODEL, max_draft_len=4), "/d", version)
@@ -45,7 +48,8 @@ def test_plan_and_repository_build_the_same_config(tmp_path):
         deployment = from_manifest(engine_dir(tmp_path / (name + "-e"), runtime="trtllm-llmapi", **LLMAPI_MODES[name]))
         planned = plan.as_dict()["llmapi"]["speculative_config"]
         written = speculative_config(deployment)
-        assert {k: v for k, v in planned.items() if k != "speculative_model"} == \
-               {k: v for k, v in written.items() if k != "speculative_model"}
+        assert {k: v for k, v in planned.items() if k != "speculative_model"} == {
+            k: v for k, v in written.items() if k != "speculative_model"
+        }
         older = speculative_config(dataclasses.replace(deployment, trtllm_version="1.1.0"))
         assert older["decoding_type"] == schema.SPELLINGS["1.1"].decoding_types[Method(name)]

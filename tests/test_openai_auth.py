@@ -17,9 +17,9 @@ import openai
 import psutil
 import pytest
 from click.testing import CliRunner
-
 from conftest import free_port
 from openai_fake import FakeLLM, tokenizer_dir
+
 from specpipe.cli import main
 from specpipe.openai.auth import APIKeyError, bearer_token, resolve_api_key
 from specpipe.openai.http_server import GatewayServer
@@ -38,19 +38,28 @@ def tokenizer(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    with GatewayServer(Gateway("unused:0", NAME, tokenizer_dir=tokenizer, client=FakeLLM()), free_port(), api_key=KEY) as running:
+    with GatewayServer(
+        Gateway("unused:0", NAME, tokenizer_dir=tokenizer, client=FakeLLM()), free_port(), api_key=KEY
+    ) as running:
         yield running
 
 
 def call(server, path, headers=None, body=None):
     """(status, headers, parsed JSON or text) of a request to ``server``."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", data=data,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}{path}",
+        data=data,
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             text = reply.read().decode()
-            return reply.status, reply.headers, json.loads(text) if reply.headers.get_content_type() == "application/json" else text
+            return (
+                reply.status,
+                reply.headers,
+                json.loads(text) if reply.headers.get_content_type() == "application/json" else text,
+            )
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers, json.loads(exc.read())
 
@@ -61,7 +70,9 @@ COMPLETION = {"model": NAME, "prompt": "Fruits:", "max_tokens": 5, "temperature"
 def test_a_request_without_the_key_gets_openais_401(server):
     status, headers, body = call(server, "/v1/completions", body=COMPLETION)
     assert status == 401 and headers["WWW-Authenticate"] == 'Bearer realm="specpipe"'
-    assert body == {"error": {"message": body["error"]["message"], "type": "invalid_request_error", "param": None, "code": None}}
+    assert body == {
+        "error": {"message": body["error"]["message"], "type": "invalid_request_error", "param": None, "code": None}
+    }
     assert body["error"]["message"].startswith("You didn't provide an API key.")
     for headers in ({"Authorization": "Basic " + KEY}, {"Authorization": "Bearer"}, {"Authorization": ""}):
         assert call(server, "/v1/models", headers)[2]["error"]["code"] is None
@@ -69,8 +80,12 @@ def test_a_request_without_the_key_gets_openais_401(server):
 
 @pytest.mark.parametrize("wrong", ["sk-test", KEY + "x", KEY.upper(), "Bearer"])
 def test_a_wrong_key_gets_invalid_api_key(server, wrong):
-    status, _, body = call(server, "/v1/chat/completions", {"Authorization": f"Bearer {wrong}"},
-                           {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    status, _, body = call(
+        server,
+        "/v1/chat/completions",
+        {"Authorization": f"Bearer {wrong}"},
+        {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
     assert status == 401
     assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "invalid_api_key"
     assert KEY not in json.dumps(body)
@@ -79,13 +94,17 @@ def test_a_wrong_key_gets_invalid_api_key(server, wrong):
 def test_the_key_lets_requests_through(server):
     status, _, body = call(server, "/v1/completions", {"Authorization": f"Bearer {KEY}"}, COMPLETION)
     assert status == 200 and body["object"] == "text_completion" and body["choices"][0]["text"]
-    assert call(server, "/v1/models", {"Authorization": f"bearer  {KEY} "})[0] == 200  # scheme case-insensitive, spaces trimmed
+    assert (
+        call(server, "/v1/models", {"Authorization": f"bearer  {KEY} "})[0] == 200
+    )  # scheme case-insensitive, spaces trimmed
 
 
 def test_the_openai_client_with_and_without_the_key(server):
     good = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
     assert [m.id for m in good.models.list()] == [NAME]
-    reply = good.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "List fruits."}], max_tokens=4)
+    reply = good.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "List fruits."}], max_tokens=4
+    )
     assert reply.choices[0].message.content
     bad = openai.OpenAI(base_url=server.url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as caught:
@@ -109,7 +128,9 @@ def test_without_a_key_the_gateway_is_open(tokenizer):
 
 def _listening(port: int) -> set[str]:
     process = psutil.Process()
-    connections = process.net_connections(kind="tcp") if hasattr(process, "net_connections") else process.connections(kind="tcp")
+    connections = (
+        process.net_connections(kind="tcp") if hasattr(process, "net_connections") else process.connections(kind="tcp")
+    )
     return {c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
 
 
@@ -139,7 +160,9 @@ def test_resolve_api_key(tmp_path):
     with pytest.raises(APIKeyError, match=r"\$SPECPIPE_API_KEY and --api-key-file both give a key"):
         resolve_api_key(None, tmp_path / "key", environ={"SPECPIPE_API_KEY": KEY})
     (tmp_path / "empty").write_text("\n")
-    with pytest.raises(APIKeyError, match="the API key file .*empty gives an empty API key, which would leave the gateway open"):
+    with pytest.raises(
+        APIKeyError, match="the API key file .*empty gives an empty API key, which would leave the gateway open"
+    ):
         resolve_api_key(None, tmp_path / "empty", environ={})
     with pytest.raises(APIKeyError, match="cannot read the API key file"):
         resolve_api_key(None, tmp_path / "missing", environ={})
@@ -160,7 +183,9 @@ def test_every_key_source_strips_surrounding_whitespace_alike(tmp_path, raw):
 
 @pytest.mark.parametrize("empty", ["", "\n", "   "])
 def test_a_given_but_empty_key_is_refused_not_an_open_gateway(empty):
-    with pytest.raises(APIKeyError, match=r"\$SPECPIPE_API_KEY gives an empty API key, which would leave the gateway open"):
+    with pytest.raises(
+        APIKeyError, match=r"\$SPECPIPE_API_KEY gives an empty API key, which would leave the gateway open"
+    ):
         resolve_api_key(environ={"SPECPIPE_API_KEY": empty})
     with pytest.raises(APIKeyError, match="--api-key gives an empty API key"):
         resolve_api_key(empty, environ={})
@@ -169,8 +194,24 @@ def test_a_given_but_empty_key_is_refused_not_an_open_gateway(empty):
 def test_specpipe_gateway_refuses_an_empty_key_variable_before_binding():
     env = {**os.environ, "SPECPIPE_API_KEY": ""}
     try:  # an open gateway would serve until killed
-        done = subprocess.run([sys.executable, "-m", "specpipe.cli", "gateway", "--triton-url", "127.0.0.1:1", "--name", "x",
-                               "--port", str(free_port())], capture_output=True, text=True, env=env, timeout=30)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specpipe.cli",
+                "gateway",
+                "--triton-url",
+                "127.0.0.1:1",
+                "--name",
+                "x",
+                "--port",
+                str(free_port()),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the gateway started with an empty key: {exc.stdout}") from exc
     assert done.returncode == 1 and "$SPECPIPE_API_KEY gives an empty API key" in done.stderr + done.stdout
@@ -188,8 +229,9 @@ def test_the_banner_brackets_an_ipv6_host(capsys):
 
 def test_serve_refuses_two_keys(tmp_path):
     (tmp_path / "key").write_text(KEY)
-    result = CliRunner().invoke(main, ["serve", "x", "--repo-dir", str(tmp_path), "--api-key", KEY,
-                                       "--api-key-file", str(tmp_path / "key")])
+    result = CliRunner().invoke(
+        main, ["serve", "x", "--repo-dir", str(tmp_path), "--api-key", KEY, "--api-key-file", str(tmp_path / "key")]
+    )
     assert result.exit_code == 1 and "both give a key: pass one of them" in result.output
 
 
@@ -198,9 +240,25 @@ def test_specpipe_gateway_runs_alone_with_the_key_from_a_file(tmp_path):
     port, triton = free_port(), free_port()  # nothing listens on the Triton port
     env = {k: v for k, v in os.environ.items() if k != "SPECPIPE_API_KEY"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "specpipe.cli", "gateway", "--triton-url", f"127.0.0.1:{triton}", "--name", NAME,
-         "--port", str(port), "--api-key-file", str(tmp_path / "key")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        [
+            sys.executable,
+            "-m",
+            "specpipe.cli",
+            "gateway",
+            "--triton-url",
+            f"127.0.0.1:{triton}",
+            "--name",
+            NAME,
+            "--port",
+            str(port),
+            "--api-key-file",
+            str(tmp_path / "key"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     running = type("Running", (), {"port": port})()
     try:
         deadline = time.monotonic() + 60
@@ -227,5 +285,7 @@ def test_specpipe_gateway_runs_alone_with_the_key_from_a_file(tmp_path):
 
 def _listening_of(pid: int, port: int) -> set[str]:
     process = psutil.Process(pid)
-    connections = process.net_connections(kind="tcp") if hasattr(process, "net_connections") else process.connections(kind="tcp")
+    connections = (
+        process.net_connections(kind="tcp") if hasattr(process, "net_connections") else process.connections(kind="tcp")
+    )
     return {c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN and c.laddr.port == port}

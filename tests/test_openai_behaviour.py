@@ -12,9 +12,9 @@ import urllib.request
 
 import openai
 import pytest
-
 from conftest import free_port
 from openai_fake import CONTEXT, SCRIPT, FakeLLM, post, tokenizer_dir
+
 from specpipe.openai.http_server import GatewayServer
 from specpipe.openai.server import Gateway
 
@@ -47,7 +47,9 @@ def client(server):
 
 def chat(client, stream=False, **kw):
     kw.setdefault("max_tokens", 40)
-    reply = client.chat.completions.create(model=NAME, messages=kw.pop("messages", FRUITS), temperature=0, stream=stream, **kw)
+    reply = client.chat.completions.create(
+        model=NAME, messages=kw.pop("messages", FRUITS), temperature=0, stream=stream, **kw
+    )
     if not stream:
         return reply.choices[0].message.content, reply.choices[0].finish_reason
     chunks = [c for c in reply if c.choices]
@@ -55,7 +57,9 @@ def chat(client, stream=False, **kw):
 
 
 # -- 1. stop strings -------------------------------------------------------------------------------
-@pytest.mark.parametrize("stop", ["healthy", "ree fru", "s that are p", " ", "pears. B", ["diet", "healthy"], ["zzz", "and b"]])
+@pytest.mark.parametrize(
+    "stop", ["healthy", "ree fru", "s that are p", " ", "pears. B", ["diet", "healthy"], ["zzz", "and b"]]
+)
 @pytest.mark.parametrize("tokens_per_step", [1, 3, 7])
 def test_stop_strings_are_string_exact_streamed_or_not(client, fake, stop, tokens_per_step):
     fake.tokens_per_step = tokens_per_step
@@ -82,25 +86,53 @@ def test_stop_string_not_generated_finishes_by_length(client):
     text, reason = chat(client, stop=["xyz"], max_tokens=10)
     assert reason == "length" and SCRIPT.startswith(text)
     completion = client.completions.create(model=NAME, prompt="Fruits:", max_tokens=200, temperature=0, stop="healthy")
-    assert completion.choices[0].text == SCRIPT[:SCRIPT.find("healthy")] and completion.choices[0].finish_reason == "stop"
+    assert (
+        completion.choices[0].text == SCRIPT[: SCRIPT.find("healthy")] and completion.choices[0].finish_reason == "stop"
+    )
 
 
 # -- 2. sampling options ---------------------------------------------------------------------------
 def test_penalties_and_min_tokens_reach_the_ensemble(client, fake):
-    client.chat.completions.create(model=NAME, messages=FRUITS, max_tokens=5, presence_penalty=1.5, frequency_penalty=-0.5,
-                                   extra_body={"repetition_penalty": 1.2, "min_tokens": 3, "top_k": 5}, temperature=0.7, seed=2**64 - 1)
+    client.chat.completions.create(
+        model=NAME,
+        messages=FRUITS,
+        max_tokens=5,
+        presence_penalty=1.5,
+        frequency_penalty=-0.5,
+        extra_body={"repetition_penalty": 1.2, "min_tokens": 3, "top_k": 5},
+        temperature=0.7,
+        seed=2**64 - 1,
+    )
     sent = fake.requests[-1]
-    assert (sent.presence_penalty, sent.frequency_penalty, sent.repetition_penalty, sent.min_tokens) == (1.5, -0.5, 1.2, 3)
+    assert (sent.presence_penalty, sent.frequency_penalty, sent.repetition_penalty, sent.min_tokens) == (
+        1.5,
+        -0.5,
+        1.2,
+        3,
+    )
     assert (sent.top_k, sent.seed, sent.temperature) == (5, 2**64 - 1, 0.7)
     client.completions.create(model=NAME, prompt="x", max_tokens=5, temperature=0)
     assert (fake.requests[-1].presence_penalty, fake.requests[-1].min_tokens) == (None, None)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"5": 10}), ("tools", [{"type": "function"}]),
-    ("response_format", {"type": "json_object"}), ("n", 2), ("mirostat", 1), ("presence_penalty", 50),
-    ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("min_tokens", -1), ("top_k", -1), ("best_of", 3),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("logprobs", True),
+        ("top_logprobs", 2),
+        ("logit_bias", {"5": 10}),
+        ("tools", [{"type": "function"}]),
+        ("response_format", {"type": "json_object"}),
+        ("n", 2),
+        ("mirostat", 1),
+        ("presence_penalty", 50),
+        ("frequency_penalty", -2.5),
+        ("repetition_penalty", 0),
+        ("min_tokens", -1),
+        ("top_k", -1),
+        ("best_of", 3),
+    ],
+)
 def test_unimplemented_or_bad_options_are_refused_by_name(client, field, value):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=NAME, messages=FRUITS, max_tokens=4, extra_body={field: value})
@@ -119,12 +151,28 @@ def test_option_missing_from_the_ensemble_is_refused(client, fake, server):
 
 
 # -- 3. strict validation --------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("stream", "false"), ("stream", 0), ("seed", 2**64), ("seed", -1), ("max_tokens", 2**63), ("max_tokens", 2**31),
-    ("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", "10"), ("temperature", "0.5"), ("temperature", 2.5),
-    ("top_p", 0), ("stop", ["a", "b", "c", "d", "e"]), ("stop", [1]), ("model", ""), ("stream_options", {"x": 1}),
-    ("user", 5),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("stream", "false"),
+        ("stream", 0),
+        ("seed", 2**64),
+        ("seed", -1),
+        ("max_tokens", 2**63),
+        ("max_tokens", 2**31),
+        ("max_tokens", 0),
+        ("max_tokens", 1.5),
+        ("max_tokens", "10"),
+        ("temperature", "0.5"),
+        ("temperature", 2.5),
+        ("top_p", 0),
+        ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", [1]),
+        ("model", ""),
+        ("stream_options", {"x": 1}),
+        ("user", 5),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_every_bad_field_is_a_400_naming_field_and_value(server, field, value, stream):
     body = {"model": NAME, "prompt": "Fruits:", "max_tokens": 4, "stream": stream, field: value}
@@ -134,8 +182,13 @@ def test_every_bad_field_is_a_400_naming_field_and_value(server, field, value, s
     assert repr(value)[:20] in reply["error"]["message"] or field == "stream_options"
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "Fruits:"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "Fruits:"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
 def test_a_null_stream_is_not_streamed(server, path, body):
     """OpenAI's API takes ``"stream": null`` as false (a fresh tester's client sent it)."""
     status, reply = post(server, path, {"model": NAME, "max_tokens": 4, "stream": None, **body})
@@ -143,21 +196,29 @@ def test_a_null_stream_is_not_streamed(server, path, body):
     assert reply["object"] in ("text_completion", "chat.completion") and reply["usage"]["completion_tokens"] >= 1
 
 
-@pytest.mark.parametrize("raw", [b"{", b"[]", b"null", b'{"model": "m", "prompt": "x", "max_tokens": NaN}', "\u00e9".encode("latin-1")])
+@pytest.mark.parametrize(
+    "raw", [b"{", b"[]", b"null", b'{"model": "m", "prompt": "x", "max_tokens": NaN}', "\u00e9".encode("latin-1")]
+)
 def test_malformed_bodies_are_400(server, raw):
     status, reply = post(server, "/v1/completions", None, raw=raw)
     assert status == 400 and reply["error"]["type"] == "invalid_request_error"
 
 
 def test_messages_are_checked(server):
-    for messages, where in (([], "messages"), ([{"content": "x"}], "messages.0.role"), ([{"role": "robot", "content": "x"}], "messages.0.role"),
-                            ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages.0.content")):
+    for messages, where in (
+        ([], "messages"),
+        ([{"content": "x"}], "messages.0.role"),
+        ([{"role": "robot", "content": "x"}], "messages.0.role"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages.0.content"),
+    ):
         status, reply = post(server, "/v1/chat/completions", {"model": NAME, "messages": messages})
         assert status == 400 and reply["error"]["param"] == "messages" and where in reply["error"]["message"]
 
 
 def test_a_user_message_without_content_is_a_400(server):
-    status, body = post(server, "/v1/chat/completions", {"model": NAME, "messages": [{"role": "user"}], "max_tokens": 4})
+    status, body = post(
+        server, "/v1/chat/completions", {"model": NAME, "messages": [{"role": "user"}], "max_tokens": 4}
+    )
     assert status == 400 and "a user message needs content" in body["error"]["message"]
     assistant_turn = [{"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "again"}]
     assert post(server, "/v1/chat/completions", {"model": NAME, "messages": assistant_turn, "max_tokens": 4})[0] == 200
@@ -202,7 +263,9 @@ def test_a_full_deployment_is_a_503_that_clients_retry(server, client, fake, str
     """Past the engine's queue bound the request is not at fault: 503 (which OpenAI clients retry with
     backoff), not a 400 (which they give up on)."""
     fake.busy = True
-    status, body = post(server, "/v1/chat/completions", {"model": NAME, "messages": FRUITS, "max_tokens": 4, "stream": stream})
+    status, body = post(
+        server, "/v1/chat/completions", {"model": NAME, "messages": FRUITS, "max_tokens": 4, "stream": stream}
+    )
     assert status == 503 and body["error"]["type"] == "server_error" and "server busy" in body["error"]["message"]
     with pytest.raises(openai.InternalServerError, match="retry later"):
         client.completions.create(model=NAME, prompt="x", max_tokens=4)
@@ -216,8 +279,11 @@ def test_a_disconnected_client_cancels_the_triton_request(server, fake, stream):
     body = json.dumps({"model": NAME, "prompt": "Fruits:", "stream": stream}).encode()
     host, port = "127.0.0.1", server.port
     with socket.create_connection((host, port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         if stream:
             assert b"200" in sock.recv(4096)  # the stream started
         else:
@@ -266,11 +332,20 @@ def test_a_model_this_gateway_does_not_serve_is_not_found(client, fake, stream):
     assert len(fake.requests) == served  # nothing reached the deployment
 
 
-@pytest.mark.parametrize("method, path, status", [("GET", "/nope", 404), ("GET", "/v1/chat/completions", 405),
-                                                  ("DELETE", "/v1/models", 405), ("POST", "/v1/models/x", 405),
-                                                  ("GET", "/v1/engines", 404)])
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/nope", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+        ("POST", "/v1/models/x", 405),
+        ("GET", "/v1/engines", 404),
+    ],
+)
 def test_unknown_routes_answer_json_errors(server, method, path, status):
-    request = urllib.request.Request(server.url.removesuffix("/v1") + path, method=method, data=b"{}" if method == "POST" else None)
+    request = urllib.request.Request(
+        server.url.removesuffix("/v1") + path, method=method, data=b"{}" if method == "POST" else None
+    )
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(request, timeout=10)
     assert caught.value.code == status and "message" in json.loads(caught.value.read())["error"]

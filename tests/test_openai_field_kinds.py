@@ -15,12 +15,12 @@ import urllib.request
 
 import openai
 import pytest
-
 from conftest import free_port
 from openai_fake import SCRIPT, FakeLLM, post, tokenizer_dir
+from tiny_engine import tiny_tokenizer
+
 from specpipe.openai.http_server import GatewayServer
 from specpipe.openai.server import Gateway
-from tiny_engine import tiny_tokenizer
 
 NAME = "fake-deployment"
 FRUITS = [{"role": "user", "content": "List three fruits."}]
@@ -38,7 +38,9 @@ def tokenizer_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(fake, tokenizer_path):
-    with GatewayServer(Gateway("unused:0", NAME, tokenizer_dir=tokenizer_path, client=fake), free_port(), host="127.0.0.1") as running:
+    with GatewayServer(
+        Gateway("unused:0", NAME, tokenizer_dir=tokenizer_path, client=fake), free_port(), host="127.0.0.1"
+    ) as running:
         yield running
 
 
@@ -59,8 +61,11 @@ def completion(client, stream: bool, **kw):
     if not stream:
         reply = client.chat.completions.create(model=NAME, messages=FRUITS, temperature=0, **kw)
         return reply.choices[0].message.content, reply.usage.completion_tokens, 1
-    chunks = list(client.chat.completions.create(model=NAME, messages=FRUITS, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}, **kw))
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME, messages=FRUITS, temperature=0, stream=True, stream_options={"include_usage": True}, **kw
+        )
+    )
     content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     return "".join(content), chunks[-1].usage.completion_tokens, len(content)
 
@@ -98,21 +103,33 @@ def test_streamed_chunks_concatenate_to_the_text_and_the_usage_counts_tokens_not
     assert streamed == whole and streamed_tokens == whole_tokens == 40
     if tokens_per_step > 1:  # a chunk carries a step's tokens: counting chunks would under-count
         assert chunks < whole_tokens
-    completion_chunks = list(client.completions.create(model=NAME, prompt="Fruits:", max_tokens=40, temperature=0, stream=True))
+    completion_chunks = list(
+        client.completions.create(model=NAME, prompt="Fruits:", max_tokens=40, temperature=0, stream=True)
+    )
     plain = client.completions.create(model=NAME, prompt="Fruits:", max_tokens=40, temperature=0)
     assert "".join(c.choices[0].text for c in completion_chunks) == plain.choices[0].text
 
 
 # -- options speculation cannot honour -------------------------------------------------------------
 UNHONOURED = [
-    ("logprobs", True, True), ("logprobs", 2, False), ("top_logprobs", 3, True), ("echo", True, False),
+    ("logprobs", True, True),
+    ("logprobs", 2, False),
+    ("top_logprobs", 3, True),
+    ("echo", True, False),
     ("response_format", {"type": "json_object"}, True),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}, True),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}], True), ("tool_choice", "auto", True),
-    ("tool_choice", "required", True), ("functions", [{"name": "f"}], True), ("function_call", "auto", True),
-    ("logit_bias", {"5": 10}, False), ("guided_json", {"type": "object"}, True), ("guided_regex", "[a-z]+", False),
-    ("guided_choice", ["yes", "no"], True), ("guided_grammar", "root ::= 'a'", False),
-    ("structured_outputs", {"json": {"type": "object"}}, True), ("guided_decoding_backend", "xgrammar", True),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}], True),
+    ("tool_choice", "auto", True),
+    ("tool_choice", "required", True),
+    ("functions", [{"name": "f"}], True),
+    ("function_call", "auto", True),
+    ("logit_bias", {"5": 10}, False),
+    ("guided_json", {"type": "object"}, True),
+    ("guided_regex", "[a-z]+", False),
+    ("guided_choice", ["yes", "no"], True),
+    ("guided_grammar", "root ::= 'a'", False),
+    ("structured_outputs", {"json": {"type": "object"}}, True),
+    ("guided_decoding_backend", "xgrammar", True),
 ]
 
 
@@ -120,15 +137,30 @@ UNHONOURED = [
 @pytest.mark.parametrize("field, value, chat", UNHONOURED, ids=lambda v: str(v)[:20])
 def test_options_speculation_cannot_honour_are_refused_with_a_400(server, field, value, chat, stream):
     """Never a 200 with content that silently ignored them: a 400 naming the field, before any stream."""
-    body = {"model": NAME, "max_tokens": 4, "stream": stream, field: value,
-            **({"messages": FRUITS} if chat else {"prompt": "Fruits:"})}
+    body = {
+        "model": NAME,
+        "max_tokens": 4,
+        "stream": stream,
+        field: value,
+        **({"messages": FRUITS} if chat else {"prompt": "Fruits:"}),
+    }
     status, reply = post(server, "/v1/chat/completions" if chat else "/v1/completions", body)
     assert status == 400, reply
     assert reply["error"]["type"] == "invalid_request_error" and field in reply["error"]["message"]
 
 
-@pytest.mark.parametrize("field, off", [("logprobs", False), ("logprobs", None), ("top_logprobs", 0), ("echo", False),
-                                        ("response_format", {"type": "text"}), ("tool_choice", "none"), ("tools", [])])
+@pytest.mark.parametrize(
+    "field, off",
+    [
+        ("logprobs", False),
+        ("logprobs", None),
+        ("top_logprobs", 0),
+        ("echo", False),
+        ("response_format", {"type": "text"}),
+        ("tool_choice", "none"),
+        ("tools", []),
+    ],
+)
 def test_the_same_options_switched_off_are_served(server, field, off):
     status, reply = post(server, "/v1/completions", {"model": NAME, "prompt": "Fruits:", "max_tokens": 4, field: off})
     assert status == 200 and reply["choices"][0]["text"] and reply["choices"][0]["logprobs"] is None
@@ -153,7 +185,8 @@ def test_the_tokenizer_is_loaded_before_health_says_ready(fake, tokenizer_path):
         assert gateway._prompter is not None and gateway._prompter._template is not None
         requests = len(fake.requests)
         reply = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0).chat.completions.create(
-            model=NAME, messages=FRUITS, max_tokens=4, temperature=0)
+            model=NAME, messages=FRUITS, max_tokens=4, temperature=0
+        )
         assert reply.choices[0].message.content and len(fake.requests) == requests + 1
 
 

@@ -12,12 +12,12 @@ import urllib.request
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
-
 from conftest import free_port
+from hypothesis import HealthCheck, settings
 from openai_fake import FakeLLM, tokenizer_dir
-from specpipe.openai.schema import openapi_document
+
 from specpipe.openai.http_server import GatewayServer
+from specpipe.openai.schema import openapi_document
 from specpipe.openai.server import Gateway
 
 NAME = "fake-deployment"
@@ -26,7 +26,9 @@ schema = schemathesis.openapi.from_dict(openapi_document())
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory):
-    gateway = Gateway("unused:0", NAME, tokenizer_dir=str(tokenizer_dir(tmp_path_factory.mktemp("tok"))), client=FakeLLM())
+    gateway = Gateway(
+        "unused:0", NAME, tokenizer_dir=str(tokenizer_dir(tmp_path_factory.mktemp("tok"))), client=FakeLLM()
+    )
     with GatewayServer(gateway, free_port(), host="127.0.0.1") as running:
         yield running.url.removesuffix("/v1")
 

@@ -8,13 +8,13 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import free_port
+from tiny_engine import make_tiny_engine, tiny_tokenizer
+
 from specpipe.bench.metrics import parse_samples
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.triton.repository import package_engine
-from tiny_engine import make_tiny_engine, tiny_tokenizer
 
 pytestmark = pytest.mark.e2e
 NAME = "tiny-ngram"
@@ -29,9 +29,27 @@ def deployment(tmp_path_factory):
     grpc, api = free_port(), free_port()
     log = open(root / "serve.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "specpipe.cli", "serve", NAME, "--repo-dir", str(root / "repo"), "--grpc-port", str(grpc),
-         "--http-port", str(free_port()), "--metrics-port", str(free_port()), "--openai-port", str(api)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "specpipe.cli",
+            "serve",
+            NAME,
+            "--repo-dir",
+            str(root / "repo"),
+            "--grpc-port",
+            str(grpc),
+            "--http-port",
+            str(free_port()),
+            "--metrics-port",
+            str(free_port()),
+            "--openai-port",
+            str(api),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     url = f"http://localhost:{api}/v1"
     deadline = time.monotonic() + 300
     try:
@@ -62,6 +80,7 @@ def _direct(grpc_url, prompt, max_tokens):
     async def go():
         async with LLMClient(grpc_url) as llm:
             return await llm.generate(GenerationRequest(prompt, max_tokens=max_tokens))
+
     return run_sync(go())
 
 
@@ -89,9 +108,12 @@ def test_chat_uses_the_tokenizer_template_and_streams(client, deployment):
     formatted = tiny_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     direct = _direct(deployment[1], formatted, 8)
     assert reply.object == "chat.completion" and reply.choices[0].message.role == "assistant"
-    assert reply.choices[0].message.content == direct.text and reply.usage.prompt_tokens == direct.perf["num_input_tokens"]
-    stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    assert (
+        reply.choices[0].message.content == direct.text and reply.usage.prompt_tokens == direct.perf["num_input_tokens"]
+    )
+    stream = client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply.choices[0].message.content
@@ -105,7 +127,8 @@ def test_a_typical_client_snippet_runs_unchanged(deployment):
     stream = client.chat.completions.create(
         model=client.models.list().data[0].id,  # the served name; another is a 404, as with vLLM
         messages=[{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Say hello."}],
-        max_tokens=6, stream=True,
+        max_tokens=6,
+        stream=True,
     )
     pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
     assert pieces and sum(len(p) for p in pieces) > 0
@@ -119,12 +142,18 @@ def test_errors_come_back_as_openai_errors(client):
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.completions.create(model=NAME, prompt="x", max_tokens=4, n=2)
     with pytest.raises(openai.APIError, match="context limit is 64 tokens"):
-        list(client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "word " * 80}], max_tokens=4, stream=True))
+        list(
+            client.chat.completions.create(
+                model=NAME, messages=[{"role": "user", "content": "word " * 80}], max_tokens=4, stream=True
+            )
+        )
 
 
 def test_metrics_export_requests_and_acceptance(client, deployment):
     before = parse_samples(urllib.request.urlopen(deployment[0].replace("/v1", "/metrics")).read().decode())
-    count = lambda samples: sum(v for labels, v in samples.get("specpipe_requests_total", []) if labels["model"] == NAME)  # noqa: E731
+    count = lambda samples: sum(
+        v for labels, v in samples.get("specpipe_requests_total", []) if labels["model"] == NAME
+    )  # noqa: E731
     for prompt in ("1 2 3 4 5 6", "Café, naïve, über"):
         client.completions.create(model=NAME, prompt=prompt, max_tokens=6, temperature=0)
     after = parse_samples(urllib.request.urlopen(deployment[0].replace("/v1", "/metrics")).read().decode())
@@ -135,6 +164,8 @@ def test_metrics_export_requests_and_acceptance(client, deployment):
     lengths = [v for labels, v in after["specpipe_mean_accepted_length"] if labels["model"] == NAME]
     assert lengths and lengths[0] >= 1.0
     if drafts:
-        assert [v for labels, v in after["specpipe_acceptance_rate"] if labels["model"] == NAME][0] == pytest.approx(accepted / drafts)
+        assert [v for labels, v in after["specpipe_acceptance_rate"] if labels["model"] == NAME][0] == pytest.approx(
+            accepted / drafts
+        )
     health = json.loads(urllib.request.urlopen(deployment[0].replace("/v1", "/health")).read())
     assert health == {"ready": True}

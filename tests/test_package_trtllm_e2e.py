@@ -10,15 +10,15 @@ import queue
 
 import numpy as np
 import pytest
+from conftest import free_port
+from tiny_engine import make_tiny_engine
+from trtllm_deployments import ENGINE_MODES, engine_dir
 
 from specpipe.serve.local import LocalTritonServer
 from specpipe.triton.config import python_model_config, read_config, write_config
 from specpipe.triton.interface import TENSORRT_LLM
 from specpipe.triton.repository import package_engine
 from specpipe.triton.writer import model_py
-from conftest import free_port
-from tiny_engine import make_tiny_engine
-from trtllm_deployments import ENGINE_MODES, engine_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -27,8 +27,11 @@ def stand_in(repo, cpu_engine):
     """Replace the tensorrtllm-backend models by the CPU runtime's model on ``cpu_engine`` and point the
     tokenizers at its tokenizer; every other file stays as packaged."""
     for name in ("tensorrt_llm", "tensorrt_llm_draft"):
-        config = python_model_config(dataclasses.replace(TENSORRT_LLM, name=name),
-                                     {"gpt_model_path": str(cpu_engine), "exclude_input_in_output": "false"}, decoupled=True)
+        config = python_model_config(
+            dataclasses.replace(TENSORRT_LLM, name=name),
+            {"gpt_model_path": str(cpu_engine), "exclude_input_in_output": "false"},
+            decoupled=True,
+        )
         write_config(config, repo / name)
         (repo / name / "1").mkdir(exist_ok=True)
         (repo / name / "1" / "model.py").write_text(model_py("specpipe.triton.models.tensorrt_llm_cpu"))
@@ -44,7 +47,9 @@ def server(tmp_path_factory):
     repo = package_engine(engine_dir(tmp, **ENGINE_MODES["draft-model"]), tmp / "triton_repo" / "dt")
     assert json.loads((repo / "specpipe.json").read_text())["runtime"] == "trtllm"
     stand_in(repo, make_tiny_engine(tmp / "cpu", "tiny", method="none"))
-    with LocalTritonServer(repo, free_port(), free_port(), free_port(), log_path=tmp / "triton.log", ready_timeout_s=240) as running:
+    with LocalTritonServer(
+        repo, free_port(), free_port(), free_port(), log_path=tmp / "triton.log", ready_timeout_s=240
+    ) as running:
         yield running
 
 
@@ -60,11 +65,13 @@ def generate(url, model, prompt, max_tokens, stream, **extra):
     """(text chunks, last perf outputs, error) of one request over the gRPC stream."""
     import tritonclient.grpc as grpcclient
 
-    inputs = [_input("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
-              _input("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
-              _input("stream", np.array([[stream]]), "BOOL"),
-              _input("exclude_input_in_output", np.array([[True]]), "BOOL"),
-              _input("return_perf_metrics", np.array([[True]]), "BOOL")]
+    inputs = [
+        _input("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
+        _input("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
+        _input("stream", np.array([[stream]]), "BOOL"),
+        _input("exclude_input_in_output", np.array([[True]]), "BOOL"),
+        _input("return_perf_metrics", np.array([[True]]), "BOOL"),
+    ]
     for name, (value, dtype) in extra.items():
         inputs.append(_input(name, np.array([[value]], dtype={"INT32": np.int32, "BOOL": bool}[dtype]), dtype))
     client = grpcclient.InferenceServerClient(url)
@@ -99,14 +106,18 @@ def test_ensemble_and_bls_answer_with_the_same_greedy_text(server):
     assert error is None and bls == ensemble
     # The draft is the target itself here: every draft token is accepted.
     assert perf["acceptance_rate"] == 1.0 and perf["total_draft_tokens"] == perf["total_accepted_draft_tokens"] > 0
-    streamed, _, error = generate(server.grpc_url, "tensorrt_llm_bls", prompt, 20, stream=True, num_draft_tokens=(3, "INT32"))
+    streamed, _, error = generate(
+        server.grpc_url, "tensorrt_llm_bls", prompt, 20, stream=True, num_draft_tokens=(3, "INT32")
+    )
     assert error is None and "".join(streamed) == ensemble[0] and 1 < len(streamed) < 20
 
 
 def test_bls_rejects_bad_requests_and_keeps_serving(server):
     _, _, error = generate(server.grpc_url, "tensorrt_llm_bls", "hello", 4, stream=False, num_draft_tokens=(9, "INT32"))
     assert "num_draft_tokens must be in 0..4" in error
-    _, _, error = generate(server.grpc_url, "tensorrt_llm_bls", "hello", 4, stream=False, use_draft_logits=(True, "BOOL"))
+    _, _, error = generate(
+        server.grpc_url, "tensorrt_llm_bls", "hello", 4, stream=False, use_draft_logits=(True, "BOOL")
+    )
     assert "built without --gather_generation_logits" in error
     chunks, _, error = generate(server.grpc_url, "tensorrt_llm_bls", "hello", 4, stream=True)
     assert error is None and chunks

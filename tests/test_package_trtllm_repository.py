@@ -5,21 +5,26 @@ import json
 import shutil
 
 import pytest
+from backend_oracle import parse_like_backend
 from click.testing import CliRunner
+from tritonclient.grpc import model_config_pb2 as mc
+from trtllm_deployments import ENGINE_MODES, engine_dir, plan_json
 
 from specpipe.cli import main
 from specpipe.errors import SpecpipeError
+from specpipe.tree import MC_SIM_7B_63, Tree, TreeError
 from specpipe.triton.backend_parameters import DECODING_MODES, PARAMETERS, REQUIRED, value_problems
 from specpipe.triton.config import ensemble_problems, find_placeholders, read_config
-from specpipe.trtllm.kv_fraction import kv_cache_fractions
 from specpipe.triton.repository import package_engine, package_plan
-from specpipe.tree import MC_SIM_7B_63, Tree, TreeError
-from tritonclient.grpc import model_config_pb2 as mc
-from backend_oracle import parse_like_backend
-from trtllm_deployments import ENGINE_MODES, engine_dir, plan_json
+from specpipe.trtllm.kv_fraction import kv_cache_fractions
 
-EXPECTED_MODE = {"none": "top_k_top_p", "eagle": "eagle", "medusa": "medusa", "lookahead": "lookahead",
-                 "draft-model": "top_k_top_p"}
+EXPECTED_MODE = {
+    "none": "top_k_top_p",
+    "eagle": "eagle",
+    "medusa": "medusa",
+    "lookahead": "lookahead",
+    "draft-model": "top_k_top_p",
+}
 
 
 def params(config) -> dict[str, str]:
@@ -48,9 +53,17 @@ def test_configs_parse_strictly_and_the_ensemble_resolves(packaged):
     assert set(found) == expected
     steps = {name: cfg for name, cfg in found.items() if name != "ensemble"}
     assert ensemble_problems(found["ensemble"], steps) == []
-    assert [s.model_name for s in found["ensemble"].ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    assert [s.model_name for s in found["ensemble"].ensemble_scheduling.step] == [
+        "preprocessing",
+        "tensorrt_llm",
+        "postprocessing",
+    ]
     assert find_placeholders(repo) == []
-    assert (repo / "preprocessing" / "1" / "model.py").read_text().endswith("from specpipe.triton.models.preprocessing import TritonPythonModel  # noqa: F401\n")
+    assert (
+        (repo / "preprocessing" / "1" / "model.py")
+        .read_text()
+        .endswith("from specpipe.triton.models.preprocessing import TritonPythonModel  # noqa: F401\n")
+    )
 
 
 def test_engine_models_use_the_tensorrtllm_backend_with_explicit_known_parameters(packaged):
@@ -85,13 +98,22 @@ def test_decoding_mode_and_choices_agree_with_the_manifest(packaged):
     for key in ("eagle_choices", "medusa_choices"):
         if key == tree_key:
             assert parse_like_backend(p[key]) == spec["choices"]
-            assert max(len(path) for path in spec["choices"]) <= spec[{"eagle": "num_eagle_layers"}.get(mode, "num_medusa_heads")]
+            assert (
+                max(len(path) for path in spec["choices"])
+                <= spec[{"eagle": "num_eagle_layers"}.get(mode, "num_medusa_heads")]
+            )
         else:
             assert key not in p
     lookahead = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
-    assert [p.get(key) for key in lookahead] == ([str(v) for v in spec["lookahead"]] if mode == "lookahead" else [None] * 3)
+    assert [p.get(key) for key in lookahead] == (
+        [str(v) for v in spec["lookahead"]] if mode == "lookahead" else [None] * 3
+    )
     if mode == "lookahead":
-        assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == ("7", "7", "7")
+        assert (p["lookahead_window_size"], p["lookahead_ngram_size"], p["lookahead_verification_set_size"]) == (
+            "7",
+            "7",
+            "7",
+        )
 
 
 def test_kv_cache_fraction_comes_from_the_memory_plan(packaged):
@@ -123,15 +145,18 @@ def test_draft_target_has_a_draft_engine_and_the_bls(packaged):
     inputs = {i.name: i for i in bls.input}
     assert inputs["num_draft_tokens"].data_type == mc.TYPE_INT32 and inputs["num_draft_tokens"].optional
     assert inputs["use_draft_logits"].data_type == mc.TYPE_BOOL
-    assert params(read_config(repo / "tensorrt_llm_draft" / "config.pbtxt"))["speculative_decoding_fast_logits"] == "false"
+    assert (
+        params(read_config(repo / "tensorrt_llm_draft" / "config.pbtxt"))["speculative_decoding_fast_logits"] == "false"
+    )
     meta = json.loads((repo / "specpipe.json").read_text())
     assert meta["rank_models"] == ["tensorrt_llm", "tensorrt_llm_draft"] and meta["world_size"] == 1
 
 
 def test_a_plan_packages_to_the_same_repository_before_the_build(tmp_path):
     plan = plan_json(tmp_path, **ENGINE_MODES["eagle"])
-    result = CliRunner().invoke(main, ["package", "--from-plan", str(plan), "--name", "review",
-                                       "--repo-dir", str(tmp_path / "repos")])
+    result = CliRunner().invoke(
+        main, ["package", "--from-plan", str(plan), "--name", "review", "--repo-dir", str(tmp_path / "repos")]
+    )
     assert result.exit_code == 0, result.output
     from_plan = tmp_path / "repos" / "review"
     built = package_engine(engine_dir(tmp_path / "b", **ENGINE_MODES["eagle"]), tmp_path / "built")
@@ -143,7 +168,9 @@ def test_a_plan_packages_to_the_same_repository_before_the_build(tmp_path):
             continue
         pa, pb = params(a[name]), params(b[name])
         # Same settings; only the engines root differs (the build used another folder).
-        assert {k: v for k, v in pa.items() if not v.startswith("/engines")} == {k: v for k, v in pb.items() if not v.startswith("/engines")}
+        assert {k: v for k, v in pa.items() if not v.startswith("/engines")} == {
+            k: v for k, v in pb.items() if not v.startswith("/engines")
+        }
     assert json.loads((from_plan / "specpipe.json").read_text())["origin"] == "plan"
 
 
@@ -159,20 +186,36 @@ def test_backend_text_round_trips_through_the_backend_parser():
 
 
 def test_value_problems_name_what_the_backend_would_reject():
-    problems = value_problems({"gpt_model_path": "/x", "max_beam_width": "one", "decoding_mode": "draft_tokens_external",
-                               "enable_kv_cache_reuse": "yes", "worker_path": "/w", "tokenizer_dir": ""})
+    problems = value_problems(
+        {
+            "gpt_model_path": "/x",
+            "max_beam_width": "one",
+            "decoding_mode": "draft_tokens_external",
+            "enable_kv_cache_reuse": "yes",
+            "worker_path": "/w",
+            "tokenizer_dir": "",
+        }
+    )
     assert "'worker_path' is not a parameter the tensorrtllm backend reads" in problems
     assert "required parameter 'guided_decoding_backend' is missing" in problems
     assert "'max_beam_width' = 'one' is not a non-negative integer" in problems
     assert "'enable_kv_cache_reuse' = 'yes' is not a boolean the backend accepts" in problems
     assert any("'decoding_mode' = 'draft_tokens_external'" in p for p in problems)
-    assert value_problems({"decoding_mode": "lookahead", "tokenizer_dir": "", "xgrammar_tokenizer_info_path": "",
-                           "guided_decoding_backend": ""}) == [
-        f"decoding_mode lookahead needs '{k}'" for k in
-        ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")]
+    assert value_problems(
+        {
+            "decoding_mode": "lookahead",
+            "tokenizer_dir": "",
+            "xgrammar_tokenizer_info_path": "",
+            "guided_decoding_backend": "",
+        }
+    ) == [
+        f"decoding_mode lookahead needs '{k}'"
+        for k in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+    ]
 
 
 # --- bad input: a clear error and nothing written -------------------------------------------------
+
 
 def _edit_manifest(engine, change):
     manifest = json.loads((engine / "manifest.json").read_text())
@@ -200,8 +243,12 @@ def test_manifest_from_another_release_leaves_the_old_repository(tmp_path):
 
 def test_choices_deeper_than_the_eagle_layers(tmp_path):
     engine = engine_dir(tmp_path, **ENGINE_MODES["eagle"])
-    _edit_manifest(engine, lambda m: m["speculative"].update(choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]))
-    with pytest.raises(SpecpipeError, match="the eagle_choices tree is 5 deep, the draft has 4 EAGLE layers .*rebuild with more"):
+    _edit_manifest(
+        engine, lambda m: m["speculative"].update(choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    )
+    with pytest.raises(
+        SpecpipeError, match="the eagle_choices tree is 5 deep, the draft has 4 EAGLE layers .*rebuild with more"
+    ):
         package_engine(engine, tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
 
@@ -210,7 +257,9 @@ def test_plan_without_a_gpu(tmp_path):
     plan = plan_json(tmp_path, gpu=None, **ENGINE_MODES["none"])
     with pytest.raises(SpecpipeError, match="memory plan names no GPU.*--gpu"):
         package_plan(plan, "x", tmp_path / "repos")
-    assert not (tmp_path / "repos").exists()  # refused before anything is written: no repository, no temporary directory
+    assert not (
+        tmp_path / "repos"
+    ).exists()  # refused before anything is written: no repository, no temporary directory
 
 
 def test_draft_target_engine_without_its_draft(tmp_path):

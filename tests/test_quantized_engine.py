@@ -9,22 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from specpipe import heads_format
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
-from specpipe.errors import ManifestError
-from specpipe.generation.api import SamplingParams
-from specpipe.manifest import Manifest, Part, write_manifest
-from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
-from specpipe.runtime.cpu.loader import load_engine
-from specpipe.runtime.cpu.model.prepack import PrepackedLinear
-from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
-from specpipe.runtime.cpu.deployment import Deployment
-from specpipe.speculative import Method, Runtime, SpeculativeSettings
-from specpipe.tree import Tree
 from reference_decoding import greedy_reference
 from test_tree_speculation import _heads_for
 from tiny_models import tiny_llama
+
+from specpipe import heads_format
+from specpipe.errors import ManifestError
+from specpipe.generation.api import SamplingParams
+from specpipe.manifest import Manifest, Part, write_manifest
+from specpipe.runtime.cpu.loader import load_engine
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
+from specpipe.runtime.cpu.model.prepack import PrepackedLinear
+from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
+from specpipe.speculative import Method, Runtime, SpeculativeSettings
+from specpipe.tree import Tree
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -61,9 +60,18 @@ def write_engine(root: Path, checkpoints: Path, method: str, quantization: str |
     if method in ("draft-model", "medusa", "eagle"):
         (engine_dir / "draft").symlink_to(checkpoints / method)
         draft = Part(preset=method, method=method, source={}, path="draft")
-    write_manifest(engine_dir, Manifest(
-        name="tiny", runtime=Runtime.CPU, inputs_hash="", target=Part(preset="tiny", source={}, path="target"),
-        draft=draft, speculative=SPECULATIVE[method], quantization=quantization))
+    write_manifest(
+        engine_dir,
+        Manifest(
+            name="tiny",
+            runtime=Runtime.CPU,
+            inputs_hash="",
+            target=Part(preset="tiny", source={}, path="target"),
+            draft=draft,
+            speculative=SPECULATIVE[method],
+            quantization=quantization,
+        ),
+    )
     return engine_dir
 
 

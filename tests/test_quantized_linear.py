@@ -7,8 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specpipe.runtime.cpu.model.quantized_linear import (INT4_GROUP_SIZE, QuantizedLinear, int4_group_size,
-                                                         linear_reference, quantize_linear_layers, quantized_bytes)
+from specpipe.runtime.cpu.model.quantized_linear import (
+    INT4_GROUP_SIZE,
+    QuantizedLinear,
+    int4_group_size,
+    linear_reference,
+    quantize_linear_layers,
+    quantized_bytes,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -35,7 +41,7 @@ def test_kernel_computes_the_dequantized_matmul(scheme, shape):
     got = layer(x).double()
     want = linear_reference(layer, x)
     # the kernel rounds its outputs to bf16 (relative 2**-9) after accumulating in float32
-    assert (got - want).abs().max() <= 2.0 ** -8 * want.abs().max()
+    assert (got - want).abs().max() <= 2.0**-8 * want.abs().max()
     assert (got - want).abs().max() > 0  # really computed in bf16: not the float64 reference
 
 
@@ -58,7 +64,7 @@ def test_int4_error_is_at_most_half_a_step_per_group():
     step, zero = layer.scales.float().transpose(0, 1).unbind(-1)  # [576, groups] each
     error = (layer.dequantized_weight() - weight).abs().reshape(576, -1, layer.group)
     # half a step, plus the bf16 rounding of the group's zero (which shifts the whole grid)
-    assert torch.all(error <= (0.5 * step + 2.0 ** -8 * zero.abs())[..., None] * (1 + 1e-4))
+    assert torch.all(error <= (0.5 * step + 2.0**-8 * zero.abs())[..., None] * (1 + 1e-4))
     assert error.max() > 0.4 * step.min()
     assert layer.weight.dtype == torch.uint8 and layer.weight.shape == (576, 768)  # two weights a byte
 
@@ -95,7 +101,7 @@ def test_int4_takes_a_smaller_group_or_falls_back_to_int8():
     layer = QuantizedLinear(random_weight(40, 64), None, "int4-wo")
     assert (layer.scheme, layer.group) == ("int8-wo", 0)
     x = torch.randn(3, 64)
-    assert torch.allclose(layer(x), linear_reference(layer, x).float(), rtol=2.0 ** -8, atol=1e-4)  # bf16 outputs
+    assert torch.allclose(layer(x), linear_reference(layer, x).float(), rtol=2.0**-8, atol=1e-4)  # bf16 outputs
 
 
 def test_bias_shapes_and_replacement():
@@ -109,7 +115,7 @@ def test_bias_shapes_and_replacement():
     out = first(x)
     assert out.shape == (2, 5, 32) and out.dtype == torch.float32
     want = F.linear(x.bfloat16().float(), first.dequantized_weight(), reference[1])
-    assert torch.allclose(out, want, rtol=2.0 ** -8, atol=1e-2)  # bf16 outputs, then the fp32 bias
+    assert torch.allclose(out, want, rtol=2.0**-8, atol=1e-2)  # bf16 outputs, then the fp32 bias
     assert module(x.to(torch.bfloat16)).dtype == torch.float32  # inputs are cast to fp32
     assert first(torch.zeros(0, 64)).shape == (0, 32)
     # 32 x 64 int4 (1024 B) + 2 groups x 32 outputs x (scale, zero) bf16 (256 B) + fp32 bias (128 B); 48 x 32

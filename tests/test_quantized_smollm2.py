@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from batch_helpers import run_alone, run_batch, scheduler_for
 from transformers import AutoTokenizer
 
-from batch_helpers import run_alone, run_batch, scheduler_for
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.model.quantized_linear import QuantizedLinear
@@ -26,8 +26,14 @@ pytestmark = [pytest.mark.model, pytest.mark.usefixtures("single_thread")]
 DRAFTS = ("ngram", "smollm2-draft", "medusa", "eagle")
 #: int4 with a tree method (the int4 baseline, n-gram, draft model and Medusa were also identical when last measured).
 CASES = [("int8-wo", d) for d in DRAFTS] + [("int4-wo", "eagle")]
-TEXTS = ("The capital of France is", "def fibonacci(n):\n    ", "Photosynthesis is the process by which",
-         "Once upon a time, in a small village,", "The three primary colors are", "import numpy as np\n\n")
+TEXTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Photosynthesis is the process by which",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "import numpy as np\n\n",
+)
 GREEDY = SamplingParams(max_tokens=40)
 
 
@@ -39,8 +45,10 @@ def engines(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("quantized-engines")
     wanted = {(q, "none") for q, _ in CASES} | set(CASES)
-    return {(q, d): Path(build_cpu(BuildRequest(target="smollm2-135m", draft=d, engines_dir=root, quantization=q)))
-            for q, d in sorted(wanted)}
+    return {
+        (q, d): Path(build_cpu(BuildRequest(target="smollm2-135m", draft=d, engines_dir=root, quantization=q)))
+        for q, d in sorted(wanted)
+    }
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import types
 
 import numpy as np
 import pytest
+from triton_fakes import FakeMetricFamily, FakeRequest, generate_request, model, wait_for  # noqa: F401 - model is a fixture
 
 from specpipe.runtime.cpu.scheduler.scheduler import ServerBusy
 from specpipe.triton.models.common import ENGINE_FAILED
 from specpipe.triton.models.draining import ENDED_BY_STOP, REFUSED_WHILE_STOPPING
 from specpipe.triton.models.scheduler_metrics import ERROR_REASONS, SchedulerMetrics, error_reason
-from triton_fakes import FakeMetricFamily, FakeRequest, generate_request, wait_for, model  # noqa: F401 - model is a fixture
 
 
 def errors(reason):
@@ -21,8 +21,10 @@ def errors(reason):
 
 
 def test_scheduler_metrics_survive_garbage_collection(monkeypatch):
-    monkeypatch.setattr("specpipe.triton.models.scheduler_metrics.pb_utils",
-                        lambda: types.SimpleNamespace(MetricFamily=FakeMetricFamily))
+    monkeypatch.setattr(
+        "specpipe.triton.models.scheduler_metrics.pb_utils",
+        lambda: types.SimpleNamespace(MetricFamily=FakeMetricFamily),
+    )
     FakeMetricFamily.values = {}
     metrics = SchedulerMetrics()
     gc.collect()
@@ -40,13 +42,16 @@ def test_scheduler_metrics_survive_garbage_collection(monkeypatch):
     assert errors("server_busy") == 1.0 and errors("engine_failed") == 0.0
 
 
-@pytest.mark.parametrize("message, code, reason", [
-    ("input_ids is empty: send at least one prompt token", "INVALID_ARG", "invalid_request"),
-    (str(ServerBusy("server busy: it holds 40 requests already")), "UNAVAILABLE", "server_busy"),
-    (REFUSED_WHILE_STOPPING, "UNAVAILABLE", "refused_while_stopping"),
-    (ENDED_BY_STOP, "UNAVAILABLE", "ended_by_stop"),
-    (f"{ENGINE_FAILED}: RuntimeError: boom", "INTERNAL", "engine_failed"),
-])
+@pytest.mark.parametrize(
+    "message, code, reason",
+    [
+        ("input_ids is empty: send at least one prompt token", "INVALID_ARG", "invalid_request"),
+        (str(ServerBusy("server busy: it holds 40 requests already")), "UNAVAILABLE", "server_busy"),
+        (REFUSED_WHILE_STOPPING, "UNAVAILABLE", "refused_while_stopping"),
+        (ENDED_BY_STOP, "UNAVAILABLE", "ended_by_stop"),
+        (f"{ENGINE_FAILED}: RuntimeError: boom", "INTERNAL", "engine_failed"),
+    ],
+)
 def test_each_error_the_model_sends_has_its_reason(message, code, reason):
     assert error_reason(message, code) == reason
     assert reason in ERROR_REASONS
@@ -55,8 +60,12 @@ def test_each_error_the_model_sends_has_its_reason(message, code, reason):
 def test_served_requests_count_their_errors_by_reason(model):
     """Through the model's ``execute``: a bad request is counted as invalid, a good one not at all."""
     instance, _ = model
-    bad = FakeRequest("bad", input_ids=np.array([[1, 2]], np.int32), input_lengths=np.array([[2]], np.int32),
-                      request_output_len=np.array([[0]], np.int32))
+    bad = FakeRequest(
+        "bad",
+        input_ids=np.array([[1, 2]], np.int32),
+        input_lengths=np.array([[2]], np.int32),
+        request_output_len=np.array([[0]], np.int32),
+    )
     good = generate_request("good", [5, 6, 7], 4)
     instance.execute([bad, good])
     wait_for(lambda: bad.sender.done.is_set() and good.sender.done.is_set())

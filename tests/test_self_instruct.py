@@ -20,16 +20,22 @@ def test_meta_requests_are_drawn_from_the_seed_alone():
     assert any(f" about {topic} that a person" in text for topic in TOPICS)
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ('A person might ask, "How can I manage my stress effectively?"', "How can I manage my stress effectively?"),
-    ('"What is the best way to ride a bike?', "What is the best way to ride a bike?"),
-    ("Plan a three-day trip to Rome on a budget.\n\nThis request asks for...", "Plan a three-day trip to Rome on a budget."),
-    ("Ghost in the Shell", "Ghost in the Shell"),
-    ("Too short.", None),
-    ("I'm ready to help. What can I assist you with today?", None),
-    ("I'm sorry for any misunderstanding, but as a chatbot I cannot", None),
-    ('Someone might write: "Hi"', None),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ('A person might ask, "How can I manage my stress effectively?"', "How can I manage my stress effectively?"),
+        ('"What is the best way to ride a bike?', "What is the best way to ride a bike?"),
+        (
+            "Plan a three-day trip to Rome on a budget.\n\nThis request asks for...",
+            "Plan a three-day trip to Rome on a budget.",
+        ),
+        ("Ghost in the Shell", "Ghost in the Shell"),
+        ("Too short.", None),
+        ("I'm ready to help. What can I assist you with today?", None),
+        ("I'm sorry for any misunderstanding, but as a chatbot I cannot", None),
+        ('Someone might write: "Hi"', None),
+    ],
+)
 def test_extract_request_keeps_the_user_message(reply, expected):
     assert extract_request(reply) == expected
 
@@ -48,7 +54,9 @@ class _LetterTokenizer:
 def test_prompts_are_reproducible_whatever_the_batch_and_are_cached(tmp_path, monkeypatch):
     model, tokenizer = tiny_llama(3), _LetterTokenizer()
     finished = []
-    batched = self_instruct_prompts(model, tokenizer, 12, seed=5, cache_file=tmp_path / "a.jsonl", progress=finished.append)
+    batched = self_instruct_prompts(
+        model, tokenizer, 12, seed=5, cache_file=tmp_path / "a.jsonl", progress=finished.append
+    )
     monkeypatch.setattr(self_instruct, "BATCH", 1)
     alone = self_instruct_prompts(model, tokenizer, 12, seed=5, cache_file=tmp_path / "b.jsonl")
     assert [p.text for p in batched] == [p.text for p in alone] and sum(finished) == 12
@@ -78,9 +86,14 @@ def test_a_corpus_of_self_instruct_prompts_alone_is_answered_and_extracted(tmp_p
     model.save_pretrained(tmp_path / "target")
     spec = CorpusSpec(num_prompts=0, stdlib_tokens=0, max_new_tokens=6, self_instruct=10)
     features = build_corpus(model, tokenizer, tmp_path / "target", spec, tmp_path / "cache")
-    written = [json.loads(line)["prompt"] for line in next((tmp_path / "cache").glob("self-instruct-*-10-0.jsonl")).read_text().splitlines()]
+    written = [
+        json.loads(line)["prompt"]
+        for line in next((tmp_path / "cache").glob("self-instruct-*-10-0.jsonl")).read_text().splitlines()
+    ]
     answers = [json.loads(line) for line in next((tmp_path / "cache").glob("answers-*.jsonl")).read_text().splitlines()]
     assert written and len(answers) == len(written)
     assert int(features.is_answer.sum()) == sum(len(a["answer_ids"]) for a in answers) > 0
     with pytest.raises(SpecpipeError, match="corpus is empty"):
-        build_corpus(model, tokenizer, tmp_path / "target", CorpusSpec(num_prompts=0, stdlib_tokens=0), tmp_path / "cache")
+        build_corpus(
+            model, tokenizer, tmp_path / "target", CorpusSpec(num_prompts=0, stdlib_tokens=0), tmp_path / "cache"
+        )

@@ -10,21 +10,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import free_port
+from tiny_engine import make_tiny_engine
 
 from specpipe.errors import SpecpipeError
 from specpipe.serve import resolve_runtime, serve_repository
 from specpipe.serve.local import LocalTritonServer
+from specpipe.serve.ports import check_ports
 from specpipe.serve.triton_install import (
     find_triton,
     prepare_backends_dir,
     server_command,
     server_environment,
 )
-from specpipe.serve.ports import check_ports
 from specpipe.serve.triton_log import model_load_failures
 from specpipe.triton.repository import package_engine
-from conftest import free_port
-from tiny_engine import make_tiny_engine
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,9 @@ def test_backends_dir_holds_backend_and_stub(tmp_path):
     install = find_triton()
     first = prepare_backends_dir(install, tmp_path)
     assert sorted(p.name for p in (first / "python").iterdir()) == [
-        "libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"
+        "libtriton_python.so",
+        "triton_python_backend_stub",
+        "triton_python_backend_utils.py",
     ]
     assert prepare_backends_dir(install, tmp_path) == first
     assert [p.name for p in tmp_path.iterdir()] == [first.name]
@@ -69,8 +71,14 @@ def test_environment_and_command(tmp_path):
     assert env["PATH"].split(":") == [str(Path(sys.executable).parent), "/usr/bin"]
     cmd = server_command(install, tmp_path / "b", tmp_path / "r", 1, 2, 3)
     assert cmd[0] == str(install.binary)
-    assert cmd[1:] == [f"--model-repository={tmp_path / 'r'}", f"--backend-directory={tmp_path / 'b'}",
-                       "--grpc-port=1", "--http-port=2", "--metrics-port=3", "--exit-timeout-secs=5"]
+    assert cmd[1:] == [
+        f"--model-repository={tmp_path / 'r'}",
+        f"--backend-directory={tmp_path / 'b'}",
+        "--grpc-port=1",
+        "--http-port=2",
+        "--metrics-port=3",
+        "--exit-timeout-secs=5",
+    ]
 
 
 def test_busy_port_is_refused_before_starting(repo, listening_socket):
@@ -89,7 +97,9 @@ def test_missing_repository(tmp_path):
         serve_repository(tmp_path / "nope")
     for name in ("tiny-none", "tiny-eagle"):
         (tmp_path / name / "ensemble").mkdir(parents=True)
-    with pytest.raises(SpecpipeError, match=f"run 'specpipe package nope' first \\(packaged in {tmp_path}: tiny-eagle, tiny-none\\)"):
+    with pytest.raises(
+        SpecpipeError, match=f"run 'specpipe package nope' first \\(packaged in {tmp_path}: tiny-eagle, tiny-none\\)"
+    ):
         serve_repository(tmp_path / "nope")
 
 
@@ -118,11 +128,12 @@ def test_a_restart_keeps_the_previous_log(repo, tmp_path, monkeypatch):
 
 
 def test_load_failure_lines_are_recognised():
-    log = 'I1 ok\nE1129 model_lifecycle.cc:654] "failed to load \'tensorrt_llm\' version 1: Internal: boom"\n'
+    log = "I1 ok\nE1129 model_lifecycle.cc:654] \"failed to load 'tensorrt_llm' version 1: Internal: boom\"\n"
     assert model_load_failures(log) == [log.splitlines()[1]]
 
 
 # --- the real server -------------------------------------------------------------------------------
+
 
 def _input(name, array, dtype):
     import tritonclient.grpc as grpcclient
@@ -156,7 +167,13 @@ def _generate(url, prompt, max_tokens, stream, exclude=True, perf=True):
             text = result.as_numpy("text_output")
             if text is not None:
                 chunks.append(text.reshape(-1)[0].decode())
-            for name in ("acceptance_rate", "total_draft_tokens", "total_accepted_draft_tokens", "num_input_tokens", "num_output_tokens"):
+            for name in (
+                "acceptance_rate",
+                "total_draft_tokens",
+                "total_accepted_draft_tokens",
+                "num_input_tokens",
+                "num_output_tokens",
+            ):
                 value = result.as_numpy(name)
                 if value is not None:
                     perf_out[name] = value.reshape(-1)[0].item()
@@ -189,8 +206,9 @@ def test_real_server_plain_and_streamed(server):
     assert "".join(streamed) == plain[0]
     # greedy: the same tokens; the draft counters follow the load-adaptive rule, whose choices read
     # timings (the cost curve is refined from served forwards), so only their consistency is fixed
-    assert {k: streamed_perf[k] for k in ("num_input_tokens", "num_output_tokens")} == \
-        {k: perf[k] for k in ("num_input_tokens", "num_output_tokens")}
+    assert {k: streamed_perf[k] for k in ("num_input_tokens", "num_output_tokens")} == {
+        k: perf[k] for k in ("num_input_tokens", "num_output_tokens")
+    }
     assert streamed_perf["total_accepted_draft_tokens"] <= streamed_perf["total_draft_tokens"]
     echoed, _, error = _generate(server.grpc_url, prompt, 24, stream=False, exclude=False, perf=False)
     assert error is None and echoed[0] == prompt + plain[0]

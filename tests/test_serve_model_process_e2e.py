@@ -8,15 +8,15 @@ import threading
 import time
 
 import pytest
-
 from conftest import free_port
+from tiny_engine import make_tiny_engine
+
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.errors import SpecpipeError
 from specpipe.serve.local import LocalTritonServer
 from specpipe.serve.model_processes import model_processes, supervise
 from specpipe.triton.repository import package_engine
-from tiny_engine import make_tiny_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +37,7 @@ def test_a_killed_engine_process_stops_the_server_and_ends_its_streams(tmp_path)
                 async with LLMClient(server.grpc_url, timeout_s=120) as client:
                     request = GenerationRequest("1 2 3", max_tokens=8000, stream=True)
                     return await client.generate(request, on_text=lambda text: streaming.set())
+
             outcome["reply"] = run_sync(go())
             outcome["ended"] = time.monotonic()
 
@@ -61,6 +62,8 @@ def test_a_killed_engine_process_stops_the_server_and_ends_its_streams(tmp_path)
         assert not client.is_alive(), "the stream still hangs after the server stopped"
         reply = outcome["reply"]  # the client reports a broken stream in its result
         assert reply.connection_lost and "UNAVAILABLE" in reply.error
-        assert outcome["ended"] - killed < 10  # a fresh tester's clients waited 20 s: Triton's exit timeout, then SIGKILL
+        assert (
+            outcome["ended"] - killed < 10
+        )  # a fresh tester's clients waited 20 s: Triton's exit timeout, then SIGKILL
     finally:
         server.stop()

@@ -14,14 +14,14 @@ import urllib.request
 
 import psutil
 import pytest
-
 from conftest import free_port
+from tiny_engine import make_tiny_engine
+
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.serve.ports import port_is_free
 from specpipe.serve.process_group import group_members, is_live
 from specpipe.triton.repository import package_engine
-from tiny_engine import make_tiny_engine
 
 pytestmark = pytest.mark.e2e
 NAME = "long"
@@ -43,12 +43,25 @@ class Serve:
         self.log_path = root / f"serve-{self.ports['grpc']}.log"
         self.log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "specpipe.cli", "serve", NAME, "--repo-dir", str(root / "repo"),
-             *[arg for name, port in self.ports.items() for arg in (f"--{name}-port", str(port))]],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "specpipe.cli",
+                "serve",
+                NAME,
+                "--repo-dir",
+                str(root / "repo"),
+                *[arg for name, port in self.ports.items() for arg in (f"--{name}-port", str(port))],
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         if not wait_ready:
             deadline = time.monotonic() + 30
-            while not (children := [p for p in psutil.Process(self.process.pid).children() if "tritonserver" in p.name()]):
+            while not (
+                children := [p for p in psutil.Process(self.process.pid).children() if "tritonserver" in p.name()]
+            ):
                 assert time.monotonic() < deadline, self.output()
                 time.sleep(0.1)
             self.triton = children[0]

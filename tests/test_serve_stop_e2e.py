@@ -7,13 +7,13 @@ import threading
 import time
 
 import pytest
-
 from conftest import free_port
+from tiny_engine import make_tiny_engine
+
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.serve.local import LocalTritonServer
 from specpipe.triton.repository import package_engine
-from tiny_engine import make_tiny_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -24,6 +24,7 @@ def ask(server, request: GenerationRequest):
     async def go():
         async with LLMClient(server.grpc_url, timeout_s=120) as client:
             return await client.generate(request)
+
     return run_sync(go())
 
 
@@ -42,6 +43,7 @@ def test_a_drain_ends_running_streams_with_an_error_and_refuses_new_requests(tmp
                 async with LLMClient(server.grpc_url, timeout_s=120) as client:
                     request = GenerationRequest(PROMPT, max_tokens=8000, min_tokens=7900, stream=True)
                     return await client.generate(request, on_text=lambda text: streaming[key].set())
+
             replies[key] = run_sync(go())
 
         clients = [threading.Thread(target=stream, args=(k,), daemon=True) for k in range(2)]

@@ -15,9 +15,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import free_port
 from openai_fake import FakeLLM, tokenizer_dir
+
 from specpipe.errors import SpecpipeError
 from specpipe.openai.http_server import GatewayServer
 from specpipe.openai.server import Gateway
@@ -54,7 +54,9 @@ def test_hold_stops_the_first_signal_from_raising():
 @pytest.fixture
 def fake_server(tmp_path):
     """A LocalTritonServer whose 'tritonserver' is a sleeping process."""
-    server = LocalTritonServer(tmp_path / "repo", free_port(), free_port(), free_port(), log_path=tmp_path / "triton.log")
+    server = LocalTritonServer(
+        tmp_path / "repo", free_port(), free_port(), free_port(), log_path=tmp_path / "triton.log"
+    )
     server.process = subprocess.Popen(["sleep", "60"], start_new_session=True)
     yield server
     server.process.kill()
@@ -66,6 +68,7 @@ def _report_idle_when_drained(server):
         while DrainSignal(server.drain_path).deadline() is None:
             time.sleep(0.01)
         idle_path(server.drain_path).touch()
+
     threading.Thread(target=watch, daemon=True).start()
 
 

@@ -8,15 +8,16 @@ import sys
 
 import pytest
 from batch_helpers import run_batch, scheduler_for
+from tiny_models import tiny_llama
+from triton_fakes import FAKE_PB, FakeMetricFamily, generate_request, wait_for
+
 from specpipe.generation import spec_metrics as names
 from specpipe.generation.api import RequestStats, SamplingParams
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
 from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
 from specpipe.triton.models.scheduler_metrics import SchedulerMetrics, exported_series
 from specpipe.triton.models.stop_requests import StopRequests
 from specpipe.triton.models.tensorrt_llm_cpu import RequestWorker, TritonPythonModel
-from tiny_models import tiny_llama
-from triton_fakes import FAKE_PB, FakeMetricFamily, generate_request, wait_for
 
 
 def self_drafting_engine(max_draft_len: int = 3) -> Deployment:
@@ -32,7 +33,13 @@ def test_request_progress_turns_cumulative_stats_into_steps():
     assert (first.draft_tokens, first.accepted, first.output_tokens, first.ttft_s, first.itl_s) == (0, 0, 1, 0.5, None)
     assert not first.drafted
     second = progress.step(RequestStats(num_output_tokens=4, total_draft_tokens=3, total_accepted_draft_tokens=2))
-    assert (second.draft_tokens, second.accepted, second.output_tokens, second.ttft_s, second.itl_s) == (3, 2, 3, None, 0.25)
+    assert (second.draft_tokens, second.accepted, second.output_tokens, second.ttft_s, second.itl_s) == (
+        3,
+        2,
+        3,
+        None,
+        0.25,
+    )
     assert second.drafted and list(second.accepted_positions) == [0, 1]
     with pytest.raises(ValueError, match="out of order"):
         progress.step(RequestStats(num_output_tokens=2))
@@ -42,8 +49,11 @@ def test_names_map_one_to_one_onto_vllm():
     assert names.VLLM_NAMES[names.NUM_ACCEPTED_PER_POS] == "vllm:spec_decode_num_accepted_tokens_per_pos_total"
     assert names.VLLM_NAMES[names.INTER_TOKEN_LATENCY] == "vllm:inter_token_latency_seconds"
     assert len(set(names.VLLM_NAMES.values())) == len(names.VLLM_NAMES)
-    assert {"specpipe:time_to_first_token_seconds_bucket", "specpipe:time_to_first_token_seconds_count",
-            names.NUM_DRAFTS} <= exported_series()
+    assert {
+        "specpipe:time_to_first_token_seconds_bucket",
+        "specpipe:time_to_first_token_seconds_count",
+        names.NUM_DRAFTS,
+    } <= exported_series()
     assert "specpipe:time_to_first_token_seconds" not in exported_series()  # a histogram is its three series
 
 
@@ -59,14 +69,23 @@ def test_a_step_an_end_id_or_stop_word_ends_counts_the_drafts_before_it_only():
     end = free.tokens[1]
     assert end not in free.tokens[:1]
     stop_word = tuple(free.tokens[1:3])
-    [ended, stopped] = run_batch(engine, [(prompt, SamplingParams(max_tokens=8, end_id=end)),
-                                          (prompt, SamplingParams(max_tokens=8, end_id=63, stop_words=(stop_word,)))])
+    [ended, stopped] = run_batch(
+        engine,
+        [
+            (prompt, SamplingParams(max_tokens=8, end_id=end)),
+            (prompt, SamplingParams(max_tokens=8, end_id=63, stop_words=(stop_word,))),
+        ],
+    )
     for run, accepted, stopping in ((ended, 0, 1), (stopped, 1, 2)):
         assert run.tokens == free.tokens[:1] and run.reason == "stop"
         assert run.stats.target_forwards == 2 and run.stats.total_draft_tokens == 3
         assert run.stats.total_accepted_draft_tokens == accepted
         assert run.stats.num_generated_tokens == 1 + stopping == run.stats.target_forwards + accepted
-    assert free.stats.num_generated_tokens == len(free.tokens) == free.stats.target_forwards + free.stats.total_accepted_draft_tokens
+    assert (
+        free.stats.num_generated_tokens
+        == len(free.tokens)
+        == free.stats.target_forwards + free.stats.total_accepted_draft_tokens
+    )
 
 
 @pytest.fixture
@@ -76,8 +95,11 @@ def served(monkeypatch, single_thread):
     FakeMetricFamily.values = {}
     instance = TritonPythonModel()
     instance.exclude_input_default, instance.stops, instance.metrics = True, StopRequests(), SchedulerMetrics("tiny")
-    instance.worker = RequestWorker(load=lambda: scheduler_for(self_drafting_engine(), max_batch_size=2),
-                                    on_step=instance.metrics.update, track=instance.metrics.track)
+    instance.worker = RequestWorker(
+        load=lambda: scheduler_for(self_drafting_engine(), max_batch_size=2),
+        on_step=instance.metrics.update,
+        track=instance.metrics.track,
+    )
     yield instance
     instance.worker.close()
 
@@ -110,10 +132,12 @@ def test_gateway_exports_the_vllm_named_counters():
     from specpipe.openai.metrics import EXPORTED_SERIES, GatewayMetrics
 
     metrics = GatewayMetrics()
-    metrics.record("m", {"num_output_tokens": 5, "num_input_tokens": 3, "total_draft_tokens": 8,
-                         "total_accepted_draft_tokens": 2})
-    metrics.record("m", {"num_output_tokens": 1, "num_input_tokens": 2, "total_draft_tokens": 0,
-                         "total_accepted_draft_tokens": 0})
+    metrics.record(
+        "m", {"num_output_tokens": 5, "num_input_tokens": 3, "total_draft_tokens": 8, "total_accepted_draft_tokens": 2}
+    )
+    metrics.record(
+        "m", {"num_output_tokens": 1, "num_input_tokens": 2, "total_draft_tokens": 0, "total_accepted_draft_tokens": 0}
+    )
     text = metrics.render().decode()
     assert 'specpipe:spec_decode_num_draft_tokens_total{model_name="m"} 8.0' in text
     assert 'specpipe:spec_decode_num_accepted_tokens_total{model_name="m"} 2.0' in text

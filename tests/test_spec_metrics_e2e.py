@@ -6,23 +6,30 @@ import urllib.request
 import pytest
 from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from tiny_engine import make_tiny_engine
+
 from specpipe.client.llm import LLMClient, run_sync
 from specpipe.client.request import GenerationRequest
 from specpipe.generation import spec_metrics as names
 from specpipe.serve.local import LocalTritonServer
 from specpipe.triton.repository import package_engine
-from tiny_engine import make_tiny_engine
 
 pytestmark = pytest.mark.e2e
 
 #: Repetitive prompts, so that the n-gram drafter drafts; streamed and not.
-REQUESTS = [("1 2 3 4 1 2 3 4 1 2 3 4", True), ("a b a b a b a b", False), ("The quick brown fox", True),
-            ("x y z x y z x y z", False)]
+REQUESTS = [
+    ("1 2 3 4 1 2 3 4 1 2 3 4", True),
+    ("a b a b a b a b", False),
+    ("The quick brown fox", True),
+    ("x y z x y z x y z", False),
+]
 
 
 def _samples(url):
     text = urllib.request.urlopen(url, timeout=5).read().decode()
-    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith("specpipe:")]
+    return [
+        s for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith("specpipe:")
+    ]
 
 
 def _value(samples, name, **labels):
@@ -34,16 +41,19 @@ def _value(samples, name, **labels):
 def test_served_requests_show_consistent_speculative_series(tmp_path):
     engine = make_tiny_engine(tmp_path / "engines", "tiny", method="ngram", max_draft_len=3)
     repo = package_engine(engine, tmp_path / "repo" / "tiny")
-    server = LocalTritonServer(repo, free_port(), free_port(), free_port(), log_path=tmp_path / "triton.log",
-                               ready_timeout_s=300)
+    server = LocalTritonServer(
+        repo, free_port(), free_port(), free_port(), log_path=tmp_path / "triton.log", ready_timeout_s=300
+    )
     server.start()
     try:
         server.wait_ready(300)
 
         async def go():
             async with LLMClient(server.grpc_url) as client:
-                return [await client.generate(GenerationRequest(prompt, max_tokens=16, stream=stream))
-                        for prompt, stream in REQUESTS]
+                return [
+                    await client.generate(GenerationRequest(prompt, max_tokens=16, stream=stream))
+                    for prompt, stream in REQUESTS
+                ]
 
         results = run_sync(go())
         assert all(r.error is None for r in results)

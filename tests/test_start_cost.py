@@ -2,14 +2,18 @@
 spread over the steps requests draft in (``StartCost``), and the scheduler measures both."""
 
 import pytest
+from batch_helpers import make_engine, prompts, scheduler_for, submit
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.scheduler import draft_planning as planning_module
 from specpipe.runtime.cpu.scheduler.adaptive import (
-    IDLE_FORGETTING, DraftCandidate, NodeAcceptance, StartCost, choose_draft_lengths,
+    IDLE_FORGETTING,
+    DraftCandidate,
+    NodeAcceptance,
+    StartCost,
+    choose_draft_lengths,
 )
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
-from batch_helpers import make_engine, prompts, scheduler_for, submit
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -34,10 +38,14 @@ def test_a_start_charged_in_full_does_not_pay_and_one_spread_over_its_steps_does
     acceptance = NodeAcceptance(base=0.5)
     start = StartCost()
     start.started(0.5, 50)
-    assert choose_draft_lengths(cost, [DraftCandidate.of(acceptance, [1], 0.0, start.charge(50, 100))], fixed_tokens=1) == [0]
+    assert choose_draft_lengths(
+        cost, [DraftCandidate.of(acceptance, [1], 0.0, start.charge(50, 100))], fixed_tokens=1
+    ) == [0]
     for _ in range(200):
         start.request_ended(10)
-    assert choose_draft_lengths(cost, [DraftCandidate.of(acceptance, [1], 0.0, start.charge(50, 100))], fixed_tokens=1) == [1]
+    assert choose_draft_lengths(
+        cost, [DraftCandidate.of(acceptance, [1], 0.0, start.charge(50, 100))], fixed_tokens=1
+    ) == [1]
 
 
 def test_the_scheduler_times_first_catch_ups_and_counts_each_requests_drafting_steps(monkeypatch):
@@ -47,8 +55,12 @@ def test_the_scheduler_times_first_catch_ups_and_counts_each_requests_drafting_s
         for request, c in zip([r for r in scheduler.active if not r.prefilling], candidates):
             if len(c.draft_seconds) > 1 and request.fresh:
                 per_depth = request.draft_seconds_per_depth or scheduler.draft_seconds_per_depth
-                charged.append((c.draft_seconds[1] - per_depth,
-                                scheduler.start_cost.charge(len(request.context) - 1, request.stop.remaining)))
+                charged.append(
+                    (
+                        c.draft_seconds[1] - per_depth,
+                        scheduler.start_cost.charge(len(request.context) - 1, request.stop.remaining),
+                    )
+                )
         return [len(c.expected) - 1 for c in candidates]
 
     monkeypatch.setattr(planning_module, "choose_draft_lengths", draft_always)

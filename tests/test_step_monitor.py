@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fake_programs import write_program
 from rich.console import Console
 
 from specpipe import progress
@@ -21,7 +22,6 @@ from specpipe.trtllm import docker_run, release
 from specpipe.trtllm.executor import Executor, StepFailedError, docker_prefix, run_step
 from specpipe.trtllm.plan import WORK_DIRNAME, Step
 from specpipe.trtllm.step_monitor import elapsed_text, log_tail, parse_progress
-from fake_programs import write_program
 
 LAYERS = 30
 INTERVAL_S = 0.2
@@ -62,8 +62,14 @@ def step_for(tmp_path, script: str, runs_in: str = "host", name: str = "convert-
     tool = tmp_path / "tool.py"
     tool.write_text(script)
     output = str(tmp_path / "engines" / WORK_DIRNAME / f"{name}-0123456789abcdef")
-    return Step(name=name, argv=[sys.executable, str(tool), "--output_dir", output], output=output, inputs=[],
-                runs_in=runs_in, hash="0123456789abcdef")
+    return Step(
+        name=name,
+        argv=[sys.executable, str(tool), "--output_dir", output],
+        output=output,
+        inputs=[],
+        runs_in=runs_in,
+        hash="0123456789abcdef",
+    )
 
 
 def test_a_long_step_prints_a_heartbeat_per_interval_with_elapsed_time_progress_and_last_line(tmp_path):
@@ -119,31 +125,39 @@ def test_a_failing_step_names_its_exit_status_and_quotes_the_last_lines_of_its_l
     assert first == f"step convert-target failed with exit status 7: see {log_path}"
     expected = [f"line {i}" for i in range(13, 30)] + [
         "Loading checkpoint shards:  100%|##   | 4/4 [00:04<00:03,  1.00it/s]",  # 4 redraws, one line
-        "Traceback (most recent call last):", "RuntimeError: [TensorRT-LLM][ERROR] out of memory"]
+        "Traceback (most recent call last):",
+        "RuntimeError: [TensorRT-LLM][ERROR] out of memory",
+    ]
     assert quoted == ["  last 20 lines of the log:"] + [f"    {line}" for line in expected]
     assert not Path(step.output + ".partial").exists() and not Path(step.output).exists()
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("Loading checkpoint shards:  50%|█████     | 2/4 [00:05<00:05,  2.51s/it]", "50% (2/4 shards)"),
-    ("Rank [0] Loading weights: 100%|██████████| 4/4 [00:03<00:00,  1.20it/s]", "100% (4/4 shards)"),
-    ("loading weight in each layer...:  37%|███▋      | 30/80 [00:12<00:20,  2.50it/s]", "37% (30/80 layers)"),
-    ("Calibrating: 12%|█▏  | 64/512 [01:02<07:14,  1.03it/s]", "12% (64/512 batches)"),
-    ("Fetching 12 files:  25%|██▌       | 3/12 [00:32<01:36, 10.7s/it]", "25% (3/12)"),
-    ("370it [00:28, 12.95it/s]", "370 it"),
-    ("[TRT-LLM] [I] building layer 12/32", "38% (12/32 layers)"),
-    ("converted 3/4 shards", "75% (3/4 shards)"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("Loading checkpoint shards:  50%|█████     | 2/4 [00:05<00:05,  2.51s/it]", "50% (2/4 shards)"),
+        ("Rank [0] Loading weights: 100%|██████████| 4/4 [00:03<00:00,  1.20it/s]", "100% (4/4 shards)"),
+        ("loading weight in each layer...:  37%|███▋      | 30/80 [00:12<00:20,  2.50it/s]", "37% (30/80 layers)"),
+        ("Calibrating: 12%|█▏  | 64/512 [01:02<07:14,  1.03it/s]", "12% (64/512 batches)"),
+        ("Fetching 12 files:  25%|██▌       | 3/12 [00:32<01:36, 10.7s/it]", "25% (3/12)"),
+        ("370it [00:28, 12.95it/s]", "370 it"),
+        ("[TRT-LLM] [I] building layer 12/32", "38% (12/32 layers)"),
+        ("converted 3/4 shards", "75% (3/4 shards)"),
+    ],
+)
 def test_progress_is_read_from_what_the_tools_print(line, expected):
     assert parse_progress(line).text() == expected
 
 
-@pytest.mark.parametrize("line", [
-    "[TRT-LLM] [I] Total time of building all engines: 00:00:41",
-    "[TRT] [I] [MemUsageChange] Init CUDA: CPU +2, GPU +0, now: CPU 1234, GPU 80%",
-    "Total time of converting checkpoints: 00:00:31",
-    "layer 9/3 of something that is no fraction",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[TRT-LLM] [I] Total time of building all engines: 00:00:41",
+        "[TRT] [I] [MemUsageChange] Init CUDA: CPU +2, GPU +0, now: CPU 1234, GPU 80%",
+        "Total time of converting checkpoints: 00:00:31",
+        "layer 9/3 of something that is no fraction",
+    ],
+)
 def test_log_lines_without_progress_report_none(line):
     assert parse_progress(line) is None
 
@@ -162,8 +176,14 @@ def test_the_log_tail_drops_escape_sequences_and_blank_lines(tmp_path):
 
 def test_docker_prefix_is_the_executed_prefix_with_the_calling_user_and_a_home_in_the_work_dir(tmp_path, monkeypatch):
     root = tmp_path / "engines"
-    step = Step(name="build-target", argv=["trtllm-build", "--output_dir", "x"], output="x", inputs=[], runs_in="trtllm",
-                hash="0" * 16)
+    step = Step(
+        name="build-target",
+        argv=["trtllm-build", "--output_dir", "x"],
+        output="x",
+        inputs=[],
+        runs_in="trtllm",
+        hash="0" * 16,
+    )
     executor = Executor("docker", release.CONTAINER_EXAMPLES_ROOT, root=root)
     for token in (None, "secret"):
         if token:
@@ -175,14 +195,19 @@ def test_docker_prefix_is_the_executed_prefix_with_the_calling_user_and_a_home_i
         assert command == [*docker_run.docker_run_prefix(root, env_passthrough=()), *step.argv]
         user = command[command.index("--user") + 1]
         assert user == f"{os.getuid()}:{os.getgid()}"
-        assert f"HOME={root}/{WORK_DIRNAME}/home" in command and command[command.index(f"HOME={root}/{WORK_DIRNAME}/home") - 1] == "-e"
+        assert (
+            f"HOME={root}/{WORK_DIRNAME}/home" in command
+            and command[command.index(f"HOME={root}/{WORK_DIRNAME}/home") - 1] == "-e"
+        )
         assert "HF_TOKEN" not in command  # trtllm-build reads local folders only
         quantize = ["python3", f"{release.CONTAINER_EXAMPLES_ROOT}/{release.QUANTIZE}", "--output_dir", "x"]
         calibrating = executor.command(replace(step, argv=quantize), quantize)  # its calibration set is on the Hub
         assert calibrating == [*prefix, *quantize]
         assert ("HF_TOKEN" in calibrating) == bool(token) and "secret" not in " ".join(calibrating)
         assert prefix[-1] == release.CONTAINER_IMAGE
-    host_step = Step(name="download-target", argv=["hf", "download", "r"], output="y", inputs=[], runs_in="host", hash="1" * 16)
+    host_step = Step(
+        name="download-target", argv=["hf", "download", "r"], output="y", inputs=[], runs_in="host", hash="1" * 16
+    )
     assert executor.command(host_step, host_step.argv) == host_step.argv
     assert docker_run.user_spec(1000, 1001) == "1000:1001"
 
@@ -255,12 +280,16 @@ def test_a_docker_step_runs_as_the_calling_user_and_its_marker_is_written(tmp_pa
 
     assert run_step(step, executor, root / WORK_DIRNAME / "logs") == "ran"
     argv = json.loads(calls.read_text().splitlines()[0])
-    assert argv[:len(docker_prefix(root))] == docker_prefix(root)
+    assert argv[: len(docker_prefix(root))] == docker_prefix(root)
     assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
     marker = json.loads((Path(step.output) / ".specpipe-step.json").read_text())
     assert marker["hash"] == step.hash and marker["step"] == "build-target"
     home = root / WORK_DIRNAME / "home"
-    written = [Path(step.output) / "rank0.engine", home / ".cache" / "torch_extensions" / "built.so", root / "model.cache"]
+    written = [
+        Path(step.output) / "rank0.engine",
+        home / ".cache" / "torch_extensions" / "built.so",
+        root / "model.cache",
+    ]
     assert [p.read_bytes() for p in written] == [b"engine", b"so", b"timings"]
     assert {p.stat().st_uid for p in written} == {os.getuid()} and {p.stat().st_gid for p in written} == {os.getgid()}
     assert list(container_home.iterdir()) == []  # nothing went to the container's own HOME
@@ -295,8 +324,9 @@ def test_a_sigint_to_specpipe_alone_reaches_the_step_as_sigint(tmp_path):
     """Not to the process group, as ``kill -INT PID`` does: the step (``docker run``, which passes it on)
     gets SIGINT too, at once, and specpipe ends with 130."""
     seen = tmp_path / "seen"
-    monitor = subprocess.Popen([sys.executable, "-c", MONITOR, SIGNAL_CHILD, str(tmp_path / "log"), str(seen)],
-                               start_new_session=True)
+    monitor = subprocess.Popen(
+        [sys.executable, "-c", MONITOR, SIGNAL_CHILD, str(tmp_path / "log"), str(seen)], start_new_session=True
+    )
     deadline = time.monotonic() + 60
     while not Path(f"{seen}.ready").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

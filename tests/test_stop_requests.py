@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from batch_helpers import prompts, run_alone
+from triton_fakes import FINAL, generate_request, model, stop_request, wait_for  # noqa: F401 - model is a fixture
 
 from specpipe.generation.api import SamplingParams
 from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
-from batch_helpers import prompts, run_alone
-from triton_fakes import FINAL, generate_request, stop_request, wait_for, model  # noqa: F401 - model is a fixture
 
 
 class _Clock:
@@ -97,6 +97,7 @@ def test_is_stop_request_refuses_more_than_one_value():
 
 # --- the model's execute, with Triton's Python-backend objects faked ---------------------------------
 
+
 def test_a_stop_request_cancels_the_running_request_with_its_id_and_no_other(model):
     instance, engine = model
     ps = prompts(2, seed=5)
@@ -141,11 +142,12 @@ def test_a_stop_request_without_an_id_is_a_clear_error(model):
     instance, _ = model
     stop = stop_request("")
     instance.execute([stop])
-    (response, flags), = stop.sender.sent
+    ((response, flags),) = stop.sender.sent
     assert flags == FINAL and response.error.code == "INVALID_ARG" and "request id" in response.error.message
 
 
 # --- the client: stop requests sent at the same time on a fresh client -----------------------------
+
 
 class _FakeStream:
     def __init__(self, sent, iterator):
@@ -167,10 +169,15 @@ class _FakeTriton:
     """``tritonclient.grpc.aio.InferenceServerClient`` as far as ``LLMClient.stop`` uses it; reading a
     config takes a while, so concurrent stops overlap the first reading."""
 
-    ENSEMBLE = {"platform": "ensemble", "ensemble_scheduling": {"step": [
-        {"model_name": "preprocessing", "input_map": {"QUERY": "text_input"}},
-        {"model_name": "tensorrt_llm", "input_map": {"input_ids": "_INPUT_ID"}},
-    ]}}
+    ENSEMBLE = {
+        "platform": "ensemble",
+        "ensemble_scheduling": {
+            "step": [
+                {"model_name": "preprocessing", "input_map": {"QUERY": "text_input"}},
+                {"model_name": "tensorrt_llm", "input_map": {"input_ids": "_INPUT_ID"}},
+            ]
+        },
+    }
     ENGINE = {"max_batch_size": 1, "input": [{"name": "input_ids"}, {"name": "stop"}]}
 
     def __init__(self):
@@ -231,6 +238,7 @@ def test_sigterm_cancels_a_client_run_like_ctrl_c_and_exits_143():
 
 # --- the client: a server that dies mid-stream ---------------------------------------------------------
 
+
 class _TextResponse:
     """A streamed response carrying ``text`` (not the final one)."""
 
@@ -262,8 +270,12 @@ class _DyingStream(_FakeStream):
             self.sent.append(request)
         for text in ("Once", " upon"):
             yield _TextResponse(text), None
-        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                   details="Stream removed (Socket closed)")
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            details="Stream removed (Socket closed)",
+        )
 
 
 class _DyingTriton(_FakeTriton):
@@ -304,7 +316,9 @@ def test_generate_names_a_lost_connection_and_what_to_check(monkeypatch):
 
     monkeypatch.setattr(generate_module, "_generate", fake_generate)
     job = generate_module.GenerateJob(url="localhost:8201", request=GenerationRequest(prompt="Hi"))
-    with pytest.raises(SpecpipeError, match=r"lost the connection to localhost:8201 after 1 chunk of text \(UNAVAILABLE"):
+    with pytest.raises(
+        SpecpipeError, match=r"lost the connection to localhost:8201 after 1 chunk of text \(UNAVAILABLE"
+    ):
         generate_module.generate(job)
     rejected = GenerationResult(error="top_p must be in (0, 1]")
     monkeypatch.setattr(generate_module, "_generate", lambda job, on_text: _done(rejected))

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specpipe.errors import CompatibilityError, SpecpipeError
 from specpipe import heads_format
+from specpipe.errors import CompatibilityError, SpecpipeError
 from specpipe.training.config import TrainConfig
 from specpipe.training.features import Features, extract_features
 from specpipe.training.prompts import read_user_data
@@ -20,9 +20,17 @@ HIDDEN, VOCAB, INTER, HEADS, KV, HEAD_DIM = 32, 96, 64, 4, 2, 8
 
 def tiny_target(seed=0, hidden=HIDDEN, vocab=VOCAB):
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=INTER, num_hidden_layers=3,
-        num_attention_heads=HEADS, num_key_value_heads=KV, max_position_embeddings=256,
-        tie_word_embeddings=True, eos_token_id=2, bos_token_id=1, pad_token_id=2,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=INTER,
+        num_hidden_layers=3,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=2,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
@@ -55,8 +63,16 @@ def test_features_are_the_targets_hidden_states_and_greedy_labels(target, featur
 
 
 def run(target, features, tmp_path, method, steps=3, progress=None, **kw):
-    cfg = TrainConfig.defaults_for(method, max_steps=steps, seed=7, batch=4, window=8, draft_vocab_size=48,
-                                   checkpoint_seconds=kw.pop("checkpoint_seconds", 60), **kw)
+    cfg = TrainConfig.defaults_for(
+        method,
+        max_steps=steps,
+        seed=7,
+        batch=4,
+        window=8,
+        draft_vocab_size=48,
+        checkpoint_seconds=kw.pop("checkpoint_seconds", 60),
+        **kw,
+    )
     return train(target, features, cfg, tmp_path / method, end_ids=(2,), progress=progress)
 
 
@@ -85,7 +101,9 @@ def test_eagle_tensors_match_the_converter_layout(target, features, tmp_path):
     result = run(target, features, tmp_path, "eagle")
     result.tensors.pop("draft_vocab")
     expected = heads_format.expected_eagle_tensors(HIDDEN, INTER, HEADS, KV, HEAD_DIM, VOCAB)
-    assert {k: tuple(v.shape) for k, v in result.tensors.items()} == {k: s for k, s in expected.items() if k != "embed_tokens.weight"}
+    assert {k: tuple(v.shape) for k, v in result.tensors.items()} == {
+        k: s for k, s in expected.items() if k != "embed_tokens.weight"
+    }
     out = heads_format.write_eagle_layout(tmp_path / "layout", result.tensors, target)
     saved = torch.load(out / "pytorch_model.bin", weights_only=True)
     assert {k: tuple(v.shape) for k, v in saved.items()} == expected
@@ -127,13 +145,17 @@ def test_same_seed_same_weights_and_resume_matches(target, features, tmp_path, m
 
 def test_compact_file_round_trip_and_target_check(target, tmp_path):
     tensors = {"0.0.linear.weight": torch.randn(HIDDEN, HIDDEN), "draft_vocab": torch.arange(5)}
-    path = heads_format.save_compact(tmp_path, "medusa", tensors, {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_heads": 1})
+    path = heads_format.save_compact(
+        tmp_path, "medusa", tensors, {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_heads": 1}
+    )
     loaded, meta = heads_format.load_compact(path, "medusa")
     assert loaded["0.0.linear.weight"].dtype == torch.float16 and loaded["draft_vocab"].dtype == torch.int64
     assert meta["num_heads"] == 1
     heads_format.check_for_target(meta, target.config, path)
     other = tiny_target(hidden=48).config
-    with pytest.raises(CompatibilityError, match="hidden size 32 and vocabulary 96, but this target has hidden size 48"):
+    with pytest.raises(
+        CompatibilityError, match="hidden size 32 and vocabulary 96, but this target has hidden size 48"
+    ):
         heads_format.check_for_target(meta, other, path)
 
 
@@ -154,8 +176,12 @@ def test_bad_training_input(target, features, tmp_path):
         TrainConfig(method="medusa", budget_minutes=0)
     with pytest.raises(SpecpipeError, match="unknown method"):
         TrainConfig(method="lookahead")
-    empty = Features(*(torch.zeros(0, dtype=torch.long) for _ in range(2)), torch.zeros(0, dtype=torch.long),
-                     torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool))
+    empty = Features(
+        *(torch.zeros(0, dtype=torch.long) for _ in range(2)),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, dtype=torch.bool),
+    )
     with pytest.raises(SpecpipeError, match="training data is empty"):
         train(target, empty, TrainConfig(method="medusa", max_steps=1), tmp_path)
     (tmp_path / "empty.jsonl").write_text("\n\n")
@@ -191,11 +217,15 @@ def test_cli_refuses_bad_input_before_writing(tmp_path):
         (["--self-instruct", "-1"], 2, "'--self-instruct': -1 is not in the range"),
     ]
     for args, code, message in cases:
-        result = CliRunner().invoke(main, ["train-draft", "--target", "smollm2-135m", "--method", "medusa", "--out", str(out), *args])
+        result = CliRunner().invoke(
+            main, ["train-draft", "--target", "smollm2-135m", "--method", "medusa", "--out", str(out), *args]
+        )
         assert result.exit_code == code, result.output
         assert message in result.output and "Traceback" not in result.output
         assert not out.exists()
-    result = CliRunner().invoke(main, ["train-draft", "--target", "smollm2-13m", "--method", "eagle", "--out", str(out)])
+    result = CliRunner().invoke(
+        main, ["train-draft", "--target", "smollm2-13m", "--method", "eagle", "--out", str(out)]
+    )
     assert result.exit_code == 1 and "did you mean 'smollm2-135m'" in result.output and not out.exists()
 
 
@@ -210,7 +240,9 @@ def test_unrolled_eagle_training_sees_what_the_drafter_computes(target, features
     mask = unrolled_attention_mask(4, 3)[0, 0]
     assert mask.shape == (4, 12)
     assert mask[:, :4].tolist() == torch.ones(4, 4, dtype=torch.bool).tril().tolist()
-    assert torch.equal(mask[:, 4:8], torch.eye(4, dtype=torch.bool)) and torch.equal(mask[:, 8:], torch.eye(4, dtype=torch.bool))
+    assert torch.equal(mask[:, 4:8], torch.eye(4, dtype=torch.bool)) and torch.equal(
+        mask[:, 8:], torch.eye(4, dtype=torch.bool)
+    )
 
     cfg = TrainConfig.defaults_for("eagle", max_steps=1, seed=3, batch=1, window=6, draft_vocab_size=0)
     task = EagleTask(target, features, cfg, None, torch.arange(VOCAB))
@@ -229,7 +261,9 @@ def test_unrolled_eagle_training_sees_what_the_drafter_computes(target, features
     drafter._advance(tokens[: t + 2])
     torch.testing.assert_close(drafter._f_last, unrolled[1], rtol=1e-4, atol=1e-4)
     n = t + 1  # position of the newest token x_{t+1}
-    out2, dk, dv = drafter._expand(drafter._f_last[None], torch.tensor([tokens[t + 2]]), torch.tensor([n]), None, None, [[]])
+    out2, dk, dv = drafter._expand(
+        drafter._f_last[None], torch.tensor([tokens[t + 2]]), torch.tensor([n]), None, None, [[]]
+    )
     torch.testing.assert_close(out2[0], unrolled[2], rtol=1e-4, atol=1e-4)
     out3, _, _ = drafter._expand(out2, torch.tensor([tokens[t + 3]]), torch.tensor([n + 1]), dk, dv, [[0]])
     torch.testing.assert_close(out3[0], unrolled[3], rtol=1e-4, atol=1e-4)

@@ -4,23 +4,23 @@ the target's distribution."""
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
-from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters.drafters import NoDrafter
-from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.presets import load_draft
+from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 from specpipe.runtime.cpu.drafters.eagle import EagleTreeDrafter
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
 from specpipe.runtime.cpu.drafters.medusa import MedusaHeads, MedusaTreeDrafter
+from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter
 from specpipe.runtime.cpu.scheduler.batch_request import PositionKeyedChooser
+from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree, follow_choices
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree, tree_attention
-from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter
 from specpipe.tree import Tree
-from tiny_models import tiny_llama
 
 #: The CPU tree of the eagle preset (``build/drafts/eagle.toml [cpu]``), 11 nodes.
 CPU_EAGLE_CHOICES = load_draft("eagle").extra["cpu"]["choices"]
@@ -55,9 +55,9 @@ def test_tree_mask_and_positions():
     mask, depth = tree_attention([-1, -1, 0, 2], context=3)
     assert depth.tolist() == [0, 1, 1, 2, 3]
     rows = mask[0, 0].int().tolist()
-    assert rows[0] == [1, 1, 1, 1, 0, 0, 0, 0]      # root: context + itself
-    assert rows[2] == [1, 1, 1, 1, 0, 1, 0, 0]      # second child of the root
-    assert rows[4] == [1, 1, 1, 1, 1, 0, 1, 1]      # node 3: root, node 0, node 2, itself
+    assert rows[0] == [1, 1, 1, 1, 0, 0, 0, 0]  # root: context + itself
+    assert rows[2] == [1, 1, 1, 1, 0, 1, 0, 0]  # second child of the root
+    assert rows[4] == [1, 1, 1, 1, 1, 0, 1, 1]  # node 3: root, node 0, node 2, itself
 
 
 def test_the_exact_rule_follows_the_targets_choices_down_the_tree():
@@ -205,16 +205,24 @@ def test_engine_directory_with_heads_loads_a_tree_engine(tmp_path, method):
     tensors["draft_vocab"] = torch.arange(0, 64, 2)
     meta = {"hidden_size": 32, "vocab_size": 64, "num_heads": 3, "num_layers": 1}
     heads_format.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)
-    speculative = SpeculativeSettings(Method(method), max_draft_len=6,
-                                      tree=Tree.parse([[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 1]]))
-    manifest = Manifest(name="tiny", runtime=Runtime.CPU, inputs_hash="", speculative=speculative,
-                        target=Part(preset="tiny", source={}, path="target"),
-                        draft=Part(preset=method, method=method, source={}, path="draft"))
+    speculative = SpeculativeSettings(
+        Method(method), max_draft_len=6, tree=Tree.parse([[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 1]])
+    )
+    manifest = Manifest(
+        name="tiny",
+        runtime=Runtime.CPU,
+        inputs_hash="",
+        speculative=speculative,
+        target=Part(preset="tiny", source={}, path="target"),
+        draft=Part(preset=method, method=method, source={}, path="draft"),
+    )
     write_manifest(tmp_path / "engine", manifest)
     engine, _ = load_engine(tmp_path / "engine")
     assert engine.tree
     prompt = [5, 9, 13, 2, 7]
-    assert generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=20))[0] == _baseline(model, prompt, 20)
+    assert generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=20))[0] == _baseline(
+        model, prompt, 20
+    )
     # Heads made for another target are refused.
     meta["hidden_size"] = 48
     heads_format.save_compact(tmp_path / "engine" / "draft", method, tensors, meta)

@@ -68,12 +68,18 @@ def step_configs() -> dict[str, mc.ModelConfig]:
 
 
 def test_ensemble_interface_matches_tensorrt_llm():
-    assert {s.name: (s.dtype, s.dims, s.optional) for s in itf.ENSEMBLE.inputs} == {**UPSTREAM_ENSEMBLE_INPUTS, **SPECPIPE_ENSEMBLE_INPUTS}
+    assert {s.name: (s.dtype, s.dims, s.optional) for s in itf.ENSEMBLE.inputs} == {
+        **UPSTREAM_ENSEMBLE_INPUTS,
+        **SPECPIPE_ENSEMBLE_INPUTS,
+    }
     assert {s.name: (s.dtype, s.dims) for s in itf.ENSEMBLE.outputs} == UPSTREAM_ENSEMBLE_OUTPUTS
     required = [s.name for s in itf.ENSEMBLE.inputs if not s.optional]
     assert required == ["text_input", "max_tokens"]
     assert itf.CPU_ENSEMBLE.inputs == itf.ENSEMBLE.inputs
-    assert {s.name: (s.dtype, s.dims) for s in itf.CPU_ENSEMBLE.outputs} == {**UPSTREAM_ENSEMBLE_OUTPUTS, **SPECPIPE_CPU_ENSEMBLE_OUTPUTS}
+    assert {s.name: (s.dtype, s.dims) for s in itf.CPU_ENSEMBLE.outputs} == {
+        **UPSTREAM_ENSEMBLE_OUTPUTS,
+        **SPECPIPE_CPU_ENSEMBLE_OUTPUTS,
+    }
 
 
 def test_engine_flow_has_none_of_the_cpu_only_outputs():
@@ -165,7 +171,11 @@ def test_placeholder_scan_names_every_offending_file(tmp_path):
 def test_generated_ensemble_is_wired_correctly():
     ensemble = ensemble_model_config()
     assert ensemble.platform == "ensemble"
-    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == [
+        "preprocessing",
+        "tensorrt_llm",
+        "postprocessing",
+    ]
     trt_step = ensemble.ensemble_scheduling.step[1]
     assert trt_step.input_map["streaming"] == "stream" and trt_step.input_map["runtime_top_k"] == "top_k"
     assert trt_step.output_map["output_ids"] == "_TOKENS_BATCH"

@@ -8,17 +8,17 @@ import threading
 
 import numpy as np
 import pytest
+from recording_sender import RecordingSender
+from tiny_engine import make_tiny_engine, tiny_tokenizer
 
 from specpipe.generation.api import RequestStats, StepOutput
+from specpipe.runtime.cpu.scheduler.one_request import solo_scheduler
 from specpipe.triton.models.engine_request import parse_request
 from specpipe.triton.models.generation import run_request
 from specpipe.triton.models.postprocessing import Detokenizer, _rows
 from specpipe.triton.models.preprocessing import Preprocessor
 from specpipe.triton.models.request_worker import RequestWorker
 from specpipe.triton.models.words import from_words_layout
-from recording_sender import RecordingSender
-from specpipe.runtime.cpu.scheduler.one_request import solo_scheduler
-from tiny_engine import make_tiny_engine, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,7 @@ def engine(tmp_path_factory):
 
 
 # --- preprocessing ---------------------------------------------------------------------------------
+
 
 def test_preprocessing_outputs(tokenizer):
     pre = Preprocessor(tokenizer)
@@ -59,13 +60,16 @@ def test_preprocessing_rejects_an_empty_prompt(tokenizer):
 
 
 def test_chat_text_keeps_its_special_tokens(tokenizer):
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     ids = Preprocessor(tokenizer).encode_prompt(text)
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert tokenizer.decode(ids) == text
 
 
 # --- postprocessing --------------------------------------------------------------------------------
+
 
 def test_split_multibyte_character_is_held_back(tokenizer):
     detok = Detokenizer(tokenizer)
@@ -104,6 +108,7 @@ def test_rows_cut_to_sequence_length():
 
 # --- request parsing -------------------------------------------------------------------------------
 
+
 def _inputs(**values):
     arrays = {
         "input_ids": np.array([[3, 4, 5]], np.int32),
@@ -123,16 +128,24 @@ def test_request_without_sampling_inputs_is_greedy():
     assert request.input_ids == [3, 4, 5] and request.params.max_tokens == 8
     assert request.params.greedy and not request.streaming and not request.return_perf_metrics
     assert parse_request(_inputs(temperature=np.array([0.7], np.float32))).params.greedy
-    assert parse_request(_inputs(runtime_top_k=np.array([1], np.int32), runtime_top_p=np.array([0.9], np.float32))).params.greedy
+    assert parse_request(
+        _inputs(runtime_top_k=np.array([1], np.int32), runtime_top_p=np.array([0.9], np.float32))
+    ).params.greedy
 
 
 def test_sampling_inputs():
-    request = parse_request(_inputs(
-        runtime_top_k=np.array([20], np.int32), runtime_top_p=np.array([0.9], np.float32),
-        temperature=np.array([0.5], np.float32), seed=np.array([2**63 + 5], np.uint64),
-        streaming=np.array([True]), return_perf_metrics=np.array([True]), end_id=np.array([-1], np.int32),
-        stop_words_list=np.array([[[7, 8, 9], [2, 3, -1]]], np.int32),
-    ))
+    request = parse_request(
+        _inputs(
+            runtime_top_k=np.array([20], np.int32),
+            runtime_top_p=np.array([0.9], np.float32),
+            temperature=np.array([0.5], np.float32),
+            seed=np.array([2**63 + 5], np.uint64),
+            streaming=np.array([True]),
+            return_perf_metrics=np.array([True]),
+            end_id=np.array([-1], np.int32),
+            stop_words_list=np.array([[[7, 8, 9], [2, 3, -1]]], np.int32),
+        )
+    )
     p = request.params
     assert not p.greedy and p.top_k == 20 and p.top_p == pytest.approx(0.9) and p.temperature == pytest.approx(0.5)
     assert p.seed == 2**63 + 5 and p.end_id is None and p.stop_words == ((7, 8), (9,))
@@ -140,17 +153,20 @@ def test_sampling_inputs():
     assert not parse_request(_inputs(runtime_top_p=np.array([1.0], np.float32))).params.greedy
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"request_output_len": np.array([0], np.int32)}, "max_tokens must be >= 1, got 0"),
-    ({"request_output_len": np.array([-3], np.int32)}, "max_tokens must be >= 1, got -3"),
-    ({"runtime_top_k": np.array([-1], np.int32)}, "top_k must be >= 0"),
-    ({"runtime_top_p": np.array([0.0], np.float32)}, r"top_p must be in \(0, 1\]"),
-    ({"runtime_top_p": np.array([1.5], np.float32)}, r"top_p must be in \(0, 1\]"),
-    ({"temperature": np.array([-1.0], np.float32)}, "temperature must be a finite number >= 0"),
-    ({"input_ids": np.zeros((1, 0), np.int32), "input_lengths": np.array([0], np.int32)}, "the prompt is empty"),
-    ({"input_ids": None}, "input_ids is missing"),
-    ({"request_output_len": None}, "max_tokens .* is missing"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"request_output_len": np.array([0], np.int32)}, "max_tokens must be >= 1, got 0"),
+        ({"request_output_len": np.array([-3], np.int32)}, "max_tokens must be >= 1, got -3"),
+        ({"runtime_top_k": np.array([-1], np.int32)}, "top_k must be >= 0"),
+        ({"runtime_top_p": np.array([0.0], np.float32)}, r"top_p must be in \(0, 1\]"),
+        ({"runtime_top_p": np.array([1.5], np.float32)}, r"top_p must be in \(0, 1\]"),
+        ({"temperature": np.array([-1.0], np.float32)}, "temperature must be a finite number >= 0"),
+        ({"input_ids": np.zeros((1, 0), np.int32), "input_lengths": np.array([0], np.int32)}, "the prompt is empty"),
+        ({"input_ids": None}, "input_ids is missing"),
+        ({"request_output_len": None}, "max_tokens .* is missing"),
+    ],
+)
 def test_bad_requests_are_rejected(values, message):
     with pytest.raises(ValueError, match=message):
         parse_request(_inputs(**values))
@@ -158,10 +174,13 @@ def test_bad_requests_are_rejected(values, message):
 
 def test_exclude_input_default_comes_from_the_model():
     assert parse_request(_inputs(), exclude_input_default=True).exclude_input_in_output
-    assert not parse_request(_inputs(exclude_input_in_output=np.array([False])), exclude_input_default=True).exclude_input_in_output
+    assert not parse_request(
+        _inputs(exclude_input_in_output=np.array([False])), exclude_input_default=True
+    ).exclude_input_in_output
 
 
 # --- engine worker ---------------------------------------------------------------------------------
+
 
 def _tokens(responses):
     return [t for outputs, _ in responses for t in outputs["output_ids"].reshape(-1).tolist()]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_engine import make_tiny_engine
 from tritonclient.grpc import model_config_pb2 as mc
 
 from specpipe.errors import SpecpipeError
 from specpipe.triton import writer as repo_mod
 from specpipe.triton.config import check_ensemble, find_placeholders, read_config
 from specpipe.triton.repository import package_engine, package_plan, repository_runtime
-from tiny_engine import make_tiny_engine
 
 MODELS = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing")
 
@@ -51,8 +51,14 @@ def test_repository_layout_and_configs(engine, tmp_path):
     for name in ("preprocessing", "postprocessing"):
         assert configs[name].parameters["tokenizer_dir"].string_value == str((engine / "target").resolve())
         assert not configs[name].model_transaction_policy.decoupled
-    assert "from specpipe.triton.models.tensorrt_llm_cpu import TritonPythonModel" in (out / "tensorrt_llm/1/model.py").read_text()
-    assert "from specpipe.triton.models.preprocessing import TritonPythonModel" in (out / "preprocessing/1/model.py").read_text()
+    assert (
+        "from specpipe.triton.models.tensorrt_llm_cpu import TritonPythonModel"
+        in (out / "tensorrt_llm/1/model.py").read_text()
+    )
+    assert (
+        "from specpipe.triton.models.preprocessing import TritonPythonModel"
+        in (out / "preprocessing/1/model.py").read_text()
+    )
     assert repository_runtime(out) == "cpu"
 
 

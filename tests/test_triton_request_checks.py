@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_engine import tiny_tokenizer
 
 from specpipe.triton.models.common import strings
 from specpipe.triton.models.engine_request import parse_request
 from specpipe.triton.models.preprocessing import Preprocessor
-from tiny_engine import tiny_tokenizer
 
 
 def _get(**inputs):
@@ -20,16 +20,34 @@ def _get(**inputs):
 
 
 def test_penalties_and_min_tokens_are_parsed():
-    params = parse_request(_get(repetition_penalty=1.2, presence_penalty=-0.5, frequency_penalty=0.25, min_tokens=3)).params
-    assert (params.repetition_penalty, params.presence_penalty, params.frequency_penalty, params.min_tokens) == \
-        (pytest.approx(1.2), -0.5, 0.25, 3)
+    params = parse_request(
+        _get(repetition_penalty=1.2, presence_penalty=-0.5, frequency_penalty=0.25, min_tokens=3)
+    ).params
+    assert (params.repetition_penalty, params.presence_penalty, params.frequency_penalty, params.min_tokens) == (
+        pytest.approx(1.2),
+        -0.5,
+        0.25,
+        3,
+    )
     assert parse_request(_get()).params.repetition_penalty == 1.0
 
 
-@pytest.mark.parametrize("name, value", [("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", np.inf),
-                                         ("presence_penalty", np.nan), ("frequency_penalty", -np.inf), ("min_tokens", -2),
-                                         ("request_output_len", 0), ("runtime_top_k", -1), ("runtime_top_p", 1.5),
-                                         ("end_id", -2), ("end_id", -7)])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", -1.0),
+        ("repetition_penalty", np.inf),
+        ("presence_penalty", np.nan),
+        ("frequency_penalty", -np.inf),
+        ("min_tokens", -2),
+        ("request_output_len", 0),
+        ("runtime_top_k", -1),
+        ("runtime_top_p", 1.5),
+        ("end_id", -2),
+        ("end_id", -7),
+    ],
+)
 def test_bad_values_name_the_input(name, value):
     with pytest.raises(ValueError, match=name.removeprefix("runtime_").replace("request_output_len", "max_tokens")):
         parse_request(_get(**{name: value}))
@@ -44,7 +62,9 @@ def test_end_id_minus_one_is_the_tokenizers_and_others_pass_through():
 def test_segments_keep_user_special_tokens_as_text():
     tokenizer = tiny_tokenizer()
     pre = Preprocessor(tokenizer)
-    template = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    template = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     before, after = template.split("hi")
     plain = pre.encode_segments([before, "hi", after])
     assert plain == pre.encode_prompt(template)  # no special text: the same ids as the whole prompt

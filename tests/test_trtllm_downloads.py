@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fake_hub import FakeHub, FakeRepo
 from fake_programs import write_program
+
 from specpipe.build_request import BuildRequest
 from specpipe.trtllm import release
 from specpipe.trtllm.build import HUB_CHECK, plan_build
@@ -39,7 +39,8 @@ FILES = {
 }
 KEPT = sorted(name for name in FILES if not name.startswith("original/"))
 
-DRIVER = textwrap.dedent("""\
+DRIVER = textwrap.dedent(
+    """\
     import os, shutil, sys
     import huggingface_hub.constants
     huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = %d  # many chunks in a few MB (the default is 10 MiB)
@@ -56,7 +57,9 @@ DRIVER = textwrap.dedent("""\
     except SpecpipeError as exc:
         print("error: " + str(exc))
         sys.exit(1)
-""" % CHUNK)
+"""
+    % CHUNK
+)
 
 STANDIN_PYTHON3 = """#!{python}
 import sys
@@ -80,14 +83,26 @@ def build(tmp_path, hub):
     bin_dir.mkdir()
     write_program(bin_dir, "python3", STANDIN_PYTHON3.format(python=sys.executable))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
-    base |= {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
-             "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_TOKEN": "hf_granted", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-             release.EXAMPLES_ENV: str(tmp_path / "examples"), "SPECPIPE_CACHE": str(tmp_path / "cache")}
+    base |= {
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_TOKEN": "hf_granted",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        release.EXAMPLES_ENV: str(tmp_path / "examples"),
+        "SPECPIPE_CACHE": str(tmp_path / "cache"),
+    }
 
     def run(engines: Path, wrap: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
         environment = {k: v for k, v in (base | env).items() if v is not None}
-        return subprocess.run([*wrap, sys.executable, "-c", DRIVER, str(engines)], env=environment,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [*wrap, sys.executable, "-c", DRIVER, str(engines)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     return run
 
@@ -111,10 +126,14 @@ def test_an_interrupted_download_resumes_where_it_stopped_and_ends_byte_identica
     hub.drop_after[SHARD] = 1_000_000  # the connection drops after 1 MB, then the file answers 503
     first = build(tmp_path / "engines")
     line = error_line(first)
-    assert line.startswith(f"error: step download-target failed with exit status 1: download of {REPO}@main failed: "
-                           "HfHubHTTPError: Server error '503 Service Unavailable' for url")
+    assert line.startswith(
+        f"error: step download-target failed with exit status 1: download of {REPO}@main failed: "
+        "HfHubHTTPError: Server error '503 Service Unavailable' for url"
+    )
     assert "run the build again to resume" in line
-    assert "Traceback" not in first.stdout and "lines of the log" not in first.stdout  # the cause only: traceback in the log
+    assert (
+        "Traceback" not in first.stdout and "lines of the log" not in first.stdout
+    )  # the cause only: traceback in the log
     assert line.endswith(".log") and "Traceback" in Path(line.rsplit("see ", 1)[1]).read_text()
     partial = blobs(tmp_path) / (FakeRepo(REPO, FILES).entry(SHARD)["lfs"]["oid"] + ".incomplete")
     kept = partial.stat().st_size
@@ -141,11 +160,17 @@ def test_a_killed_download_resumes_on_the_next_run(tmp_path, hub, build):
     """SIGKILL mid-file (no cleanup runs at all): the next run continues the partial blob."""
     hub.stall_after[SHARD] = 1_500_000
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-        "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_TOKEN": "hf_granted"}
-    code = ("import huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = %d\n"
-            "from specpipe.models.hub_access import HubSource\nfrom specpipe.models.hub_download import download_snapshot\n"
-            "download_snapshot(HubSource(%r, 'main', ('original/*',)))" % (CHUNK, REPO))
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_TOKEN": "hf_granted",
+    }
+    code = (
+        "import huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = %d\n"
+        "from specpipe.models.hub_access import HubSource\nfrom specpipe.models.hub_download import download_snapshot\n"
+        "download_snapshot(HubSource(%r, 'main', ('original/*',)))" % (CHUNK, REPO)
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env)
     partial = blobs(tmp_path) / (FakeRepo(REPO, FILES).entry(SHARD)["lfs"]["oid"] + ".incomplete")
     deadline = time.monotonic() + 60
@@ -181,7 +206,8 @@ def test_a_gated_repository_without_access_fails_before_anything_is_written(tmp_
     assert error_line(proc) == (
         f"error: {REPO} is a gated repository and this account has not been granted access (HTTP 403): accept its "
         f"licence at {hub.endpoint}/{REPO}, then log in with `hf auth login` or set HF_TOKEN to a token of an account "
-        "that has access")
+        "that has access"
+    )
     assert not (tmp_path / "engines").exists() and not hub.served and not (tmp_path / "hf" / "hub").exists()
 
 
@@ -195,7 +221,8 @@ def test_a_refused_token_names_hf_auth_login_and_hf_token(tmp_path, hub, build):
     proc = build(tmp_path / "engines", HF_TOKEN="hf_revoked")
     assert error_line(proc) == (
         f"error: the Hugging Face Hub refused the token for {REPO} (HTTP 401): log in with `hf auth login` or set "
-        "HF_TOKEN to a token of an account that has access (tokens: https://huggingface.co/settings/tokens)")
+        "HF_TOKEN to a token of an account that has access (tokens: https://huggingface.co/settings/tokens)"
+    )
     assert not (tmp_path / "engines").exists() and not hub.served
 
 
@@ -204,9 +231,11 @@ def test_not_enough_free_disk_refuses_with_the_numbers(tmp_path, hub, build):
     proc = build(tmp_path / "engines", FAKE_FREE_BYTES=str(1_048_576))
     line = error_line(proc)
     cache = tmp_path / "hf" / "hub"
-    assert line == (f"error: not enough free disk for the downloads: the Hugging Face cache {cache} has 1.0 MiB free, "
-                    f"they need {need / 2**20:.1f} MiB ({REPO} {need / 2**20:.1f} MiB): free space there, or put the "
-                    "cache on a larger disk with HF_HOME=/path (or HF_HUB_CACHE)")
+    assert line == (
+        f"error: not enough free disk for the downloads: the Hugging Face cache {cache} has 1.0 MiB free, "
+        f"they need {need / 2**20:.1f} MiB ({REPO} {need / 2**20:.1f} MiB): free space there, or put the "
+        "cache on a larger disk with HF_HOME=/path (or HF_HUB_CACHE)"
+    )
     assert not cache.exists() or not any(cache.iterdir())
     assert not (tmp_path / "engines").exists() and not hub.served
 
@@ -218,8 +247,9 @@ def test_the_planned_download_uses_only_flags_of_the_installed_hf_download():
     (step,) = [s for s in plan.steps if s.name == "download-target"]
     assert step.argv == ["hf", "download", REPO, "--revision", "main", "--exclude", "original/*"]
     hf = shutil.which("hf", path=str(Path(sys.executable).parent))
-    help_text = subprocess.run([hf, "download", "--help"], capture_output=True, text=True, timeout=60,
-                               env=dict(os.environ, NO_COLOR="1")).stdout
+    help_text = subprocess.run(
+        [hf, "download", "--help"], capture_output=True, text=True, timeout=60, env=dict(os.environ, NO_COLOR="1")
+    ).stdout
     flags = [token for token in step.argv if token.startswith("--")]
     assert flags and all(f"{flag} " in help_text for flag in flags)
     assert "--local-dir" not in step.argv  # the cache, not a private copy
@@ -233,8 +263,10 @@ def test_a_dry_run_lists_the_hub_check_as_not_checked_naming_the_gated_licence()
 
 
 def offline_error(tmp_path: Path) -> str:
-    return (f"error: {REPO}@main is not in the Hugging Face cache {tmp_path / 'hf' / 'hub'} and HF_HUB_OFFLINE=1: "
-            f"unset it or run `hf download {REPO} --exclude 'original/*'`")
+    return (
+        f"error: {REPO}@main is not in the Hugging Face cache {tmp_path / 'hf' / 'hub'} and HF_HUB_OFFLINE=1: "
+        f"unset it or run `hf download {REPO} --exclude 'original/*'`"
+    )
 
 
 def test_offline_with_an_empty_cache_refuses_before_any_step(tmp_path, hub, build):
@@ -270,9 +302,11 @@ def test_a_cache_this_user_cannot_write_refuses_before_any_step(tmp_path, hub, b
         shared.chmod(0o755)
         drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
         proc = build(engines, HF_HOME=str(shared / "hf"), SPECPIPE_CACHE=str(engines / "cache"), wrap=drop)
-        assert error_line(proc) == (f"error: the Hugging Face cache {shared / 'hf' / 'hub'} cannot be written: "
-                                    f"{shared / 'hf'} is not writable by this user: set HF_HOME (or HF_HUB_CACHE) to "
-                                    "a folder this user can write, or fix its permissions"), proc.stdout + proc.stderr
+        assert error_line(proc) == (
+            f"error: the Hugging Face cache {shared / 'hf' / 'hub'} cannot be written: "
+            f"{shared / 'hf'} is not writable by this user: set HF_HOME (or HF_HUB_CACHE) to "
+            "a folder this user can write, or fix its permissions"
+        ), proc.stdout + proc.stderr
         assert not hub.served and not (engines / ".trtllm-work").exists()
     finally:
         shutil.rmtree(shared, ignore_errors=True)
@@ -282,11 +316,17 @@ def test_ctrl_c_during_a_stalled_download_takes_effect_at_once_and_keeps_the_par
     """huggingface_hub waits up to 10 s (its read timeout) for a stalled connection: the interrupt does not."""
     hub.stall_after[SHARD] = 1_500_000
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-        "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_TOKEN": "hf_granted"}
-    code = ("import huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = %d\n"
-            "from specpipe.models.hub_access import HubSource\nfrom specpipe.models.hub_download import download_snapshot\n"
-            "download_snapshot(HubSource(%r, 'main', ('original/*',)))" % (CHUNK, REPO))
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_TOKEN": "hf_granted",
+    }
+    code = (
+        "import huggingface_hub.constants as c; c.DOWNLOAD_CHUNK_SIZE = %d\n"
+        "from specpipe.models.hub_access import HubSource\nfrom specpipe.models.hub_download import download_snapshot\n"
+        "download_snapshot(HubSource(%r, 'main', ('original/*',)))" % (CHUNK, REPO)
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
     partial = blobs(tmp_path) / (FakeRepo(REPO, FILES).entry(SHARD)["lfs"]["oid"] + ".incomplete")
     deadline = time.monotonic() + 60

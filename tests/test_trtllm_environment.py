@@ -1,10 +1,10 @@
 """Library functions for the CLI wiring: GPU detection from a stand-in nvidia-smi, what is missing,
 and what --runtime auto resolves to."""
 
+from fake_programs import printing_program
 
 from specpipe.speculative import Runtime
 from specpipe.trtllm import environment
-from fake_programs import printing_program
 
 
 def fake_nvidia_smi(tmp_path, monkeypatch, line):

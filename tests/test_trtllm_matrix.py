@@ -8,6 +8,7 @@ must agree across steps do. Combinations TensorRT-LLM does not support are refus
 import itertools
 
 import pytest
+from trtllm_fakes import big_medusa_heads
 
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError
@@ -16,17 +17,20 @@ from specpipe.speculative import METHODS, Method, Runtime, methods_for
 from specpipe.trtllm.build import plan_build
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.quant import UnsupportedCombinationError
-from trtllm_fakes import big_medusa_heads
 
 TARGETS = ["llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.3-70b"]
 DRAFTS = ["eagle", "medusa", "llama3.2-1b", "lookahead"]
 QUANTS = ["bf16", "fp16", "fp8", "int4-awq"]
 TPS = [1, 2, 4, 8]
 HIDDEN = {"llama3-8b": 4096, "llama3.1-8b": 4096}
-EAGLE1 = {"llama3-8b", "llama3-70b"}   # EAGLE-1 heads published (engine flow)
+EAGLE1 = {"llama3-8b", "llama3-70b"}  # EAGLE-1 heads published (engine flow)
 EAGLE3 = {"llama3.1-8b", "llama3.3-70b"}  # EAGLE-3 heads published (LLM API flow only)
-SUPPORTED = {"eagle": {"bf16", "fp16"}, "medusa": {"bf16", "fp16", "fp8"}, "llama3.2-1b": {"bf16", "fp16", "fp8"},
-             "lookahead": {"bf16", "fp16", "fp8"}}
+SUPPORTED = {
+    "eagle": {"bf16", "fp16"},
+    "medusa": {"bf16", "fp16", "fp8"},
+    "llama3.2-1b": {"bf16", "fp16", "fp8"},
+    "lookahead": {"bf16", "fp16", "fp8"},
+}
 MODE = {"eagle": "eagle", "medusa": "medusa", "llama3.2-1b": "draft_tokens_external", "lookahead": "lookahead_decoding"}
 
 
@@ -58,8 +62,14 @@ def test_the_matrix_covers_every_engine_flow_method():
 @pytest.mark.parametrize("target, draft, quant, tp", CASES)
 def test_matrix(target, draft, quant, tp, medusa_dirs, tmp_path):
     request = BuildRequest(
-        target=target, draft=draft, runtime="trtllm", quantization=quant, tp=tp, dry_run=True,
-        engines_dir=tmp_path / "engines", executor="docker",
+        target=target,
+        draft=draft,
+        runtime="trtllm",
+        quantization=quant,
+        tp=tp,
+        dry_run=True,
+        engines_dir=tmp_path / "engines",
+        executor="docker",
         draft_model=medusa_dirs[HIDDEN.get(target, 8192)] if draft == "medusa" else None,
     )
     refusal = expected_refusal(target, draft, quant)
@@ -98,7 +108,10 @@ def test_matrix(target, draft, quant, tp, medusa_dirs, tmp_path):
         names = [s.name for s in plan.steps]
         assert names.index("download-draft") < names.index("prepare-eagle-head") < names.index("download-target")
     elif draft == "medusa":
-        assert convert["--num_medusa_heads"] == 4 and convert["--medusa_model_dir"] == medusa_dirs[HIDDEN.get(target, 8192)]
+        assert (
+            convert["--num_medusa_heads"] == 4
+            and convert["--medusa_model_dir"] == medusa_dirs[HIDDEN.get(target, 8192)]
+        )
         key = "--max_draft_len" if quant == "fp8" else "--max_medusa_token_len"
         assert convert[key] == build["--max_draft_len"] == 63
     elif draft == "llama3.2-1b":
@@ -109,4 +122,8 @@ def test_matrix(target, draft, quant, tp, medusa_dirs, tmp_path):
         assert parsed["convert-draft"]["--tp_size"] == tp
     else:
         assert build["--max_draft_len"] == 83 and "download-draft" not in steps  # (W, N, G) = (7, 7, 7)
-    assert build["--max_batch_size"] == 8 and build["--max_seq_len"] == 8192 and build["--use_paged_context_fmha"] == "enable"
+    assert (
+        build["--max_batch_size"] == 8
+        and build["--max_seq_len"] == 8192
+        and build["--use_paged_context_fmha"] == "enable"
+    )

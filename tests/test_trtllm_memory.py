@@ -5,9 +5,9 @@ import pytest
 from specpipe.build_request import BuildRequest
 from specpipe.presets import load_target
 from specpipe.trtllm.build import plan_build
+from specpipe.trtllm.draft_settings import lookahead_max_draft_len
 from specpipe.trtllm.gpus import GIB, UnknownGpuError, lookup_gpu
 from specpipe.trtllm.memory import layer_weights, plan_memory
-from specpipe.trtllm.draft_settings import lookahead_max_draft_len
 from specpipe.trtllm.preflight import MemoryPlanError, raise_if_unfit
 from specpipe.trtllm.quant import SCHEMES
 
@@ -17,7 +17,9 @@ L70 = load_target("llama3-70b").architecture
 
 def test_llama3_8b_bf16_tp1_figures():
     assert layer_weights(L8) == 218_103_808  # 4096*4096*2 + 2*4096*1024 + 3*4096*14336
-    m = plan_memory(target=L8, scheme=SCHEMES["bf16"], tp=1, pp=1, batch=8, max_seq_len=8192, method="none", max_draft_len=0)
+    m = plan_memory(
+        target=L8, scheme=SCHEMES["bf16"], tp=1, pp=1, batch=8, max_seq_len=8192, method="none", max_draft_len=0
+    )
     # 32 layers x 218103808 x 2 B + norms + embedding and lm_head (128256 x 4096 x 2 B each)
     assert m.target_weights == 32 * (218_103_808 * 2 + 2 * 4096 * 2) + 2 * 128256 * 4096 * 2 == 16_060_514_304
     # K and V: 2 x 32 layers x 8 KV heads x 128 x 2 B = 131072 B per token, x 8 sequences x 8192 tokens
@@ -26,12 +28,18 @@ def test_llama3_8b_bf16_tp1_figures():
 
 
 def test_tp_splits_layers_and_kv_but_not_the_embedding():
-    one = plan_memory(target=L70, scheme=SCHEMES["bf16"], tp=1, pp=1, batch=8, max_seq_len=8192, method="none", max_draft_len=0)
-    four = plan_memory(target=L70, scheme=SCHEMES["bf16"], tp=4, pp=1, batch=8, max_seq_len=8192, method="none", max_draft_len=0)
+    one = plan_memory(
+        target=L70, scheme=SCHEMES["bf16"], tp=1, pp=1, batch=8, max_seq_len=8192, method="none", max_draft_len=0
+    )
+    four = plan_memory(
+        target=L70, scheme=SCHEMES["bf16"], tp=4, pp=1, batch=8, max_seq_len=8192, method="none", max_draft_len=0
+    )
     embed = 128256 * 8192 * 2
     assert four.target_weights - embed == pytest.approx((one.target_weights - embed) / 4, rel=1e-9)
     assert four.target_kv_cache * 4 == one.target_kv_cache
-    eight = plan_memory(target=L70, scheme=SCHEMES["bf16"], tp=16, pp=1, batch=1, max_seq_len=1, method="none", max_draft_len=0)
+    eight = plan_memory(
+        target=L70, scheme=SCHEMES["bf16"], tp=16, pp=1, batch=1, max_seq_len=1, method="none", max_draft_len=0
+    )
     assert eight.target_kv_cache == 2 * 80 * 1 * 128 * 2  # 8 KV heads over TP 16: one (replicated) head per rank
 
 
@@ -49,8 +57,16 @@ def test_speculation_lengthens_the_engine_and_adds_draft_kv():
 
 
 def test_seventy_b_sixteen_bit_tp1_on_80gb_is_refused_with_a_suggestion(tmp_path):
-    req = BuildRequest(target="llama3-70b", draft="none", runtime="trtllm", gpu="h100-80gb", tp=1, quantization="bf16",
-                       dry_run=True, engines_dir=tmp_path)
+    req = BuildRequest(
+        target="llama3-70b",
+        draft="none",
+        runtime="trtllm",
+        gpu="h100-80gb",
+        tp=1,
+        quantization="bf16",
+        dry_run=True,
+        engines_dir=tmp_path,
+    )
     plan, _, _ = plan_build(req, importable=lambda: False)
     assert plan.preflight.memory.fits is False
     with pytest.raises(MemoryPlanError) as info:
@@ -61,7 +77,9 @@ def test_seventy_b_sixteen_bit_tp1_on_80gb_is_refused_with_a_suggestion(tmp_path
 
 
 def test_eagle_70b_fits_on_four_h100(tmp_path):
-    req = BuildRequest(target="llama3-70b", draft="eagle", runtime="trtllm", gpu="h100-80gb", tp=4, dry_run=True, engines_dir=tmp_path)
+    req = BuildRequest(
+        target="llama3-70b", draft="eagle", runtime="trtllm", gpu="h100-80gb", tp=4, dry_run=True, engines_dir=tmp_path
+    )
     plan, _, _ = plan_build(req, importable=lambda: False)
     assert plan.preflight.memory.fits is True and plan.preflight.memory_error is None
 

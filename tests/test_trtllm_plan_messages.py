@@ -10,13 +10,13 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from fake_programs import printing_program, write_program
 
 from specpipe.build_request import BuildRequest, GpuCount
 from specpipe.cli import main
 from specpipe.triton import deployment
 from specpipe.trtllm import environment, executor
 from specpipe.trtllm.build import plan_build
-from fake_programs import printing_program, write_program
 
 H100 = "NVIDIA H100 80GB HBM3, 81559"
 A100_40 = "NVIDIA A100-SXM4-40GB, 40960"
@@ -39,8 +39,9 @@ def bin_dir(tmp_path, monkeypatch):
 
 
 def build(tmp_path, *args, target="llama3-70b", draft="eagle"):
-    return CliRunner().invoke(main, ["build", "--target", target, "--draft", draft, "--dry-run",
-                                     "--engines-dir", str(tmp_path / "e"), *args])
+    return CliRunner().invoke(
+        main, ["build", "--target", target, "--draft", draft, "--dry-run", "--engines-dir", str(tmp_path / "e"), *args]
+    )
 
 
 def auto_tp(tmp_path, gpu, gpus=8, draft="eagle"):
@@ -48,8 +49,17 @@ def auto_tp(tmp_path, gpu, gpus=8, draft="eagle"):
     for tp in (1, 2, 4, 8):
         if tp > gpus:
             return None
-        request = BuildRequest(target="llama3-70b", draft=draft, runtime="trtllm", gpu=gpu, tp=tp, pp=1,
-                               gpus=GpuCount(gpus, "--gpus"), dry_run=True, engines_dir=tmp_path / "x")
+        request = BuildRequest(
+            target="llama3-70b",
+            draft=draft,
+            runtime="trtllm",
+            gpu=gpu,
+            tp=tp,
+            pp=1,
+            gpus=GpuCount(gpus, "--gpus"),
+            dry_run=True,
+            engines_dir=tmp_path / "x",
+        )
         if plan_build(request, importable=lambda: False)[0].preflight.memory.fits:
             return tp
     return None
@@ -59,14 +69,22 @@ def check_line(text, name):
     return next(line.strip() for line in text.splitlines() if line.strip().startswith("[") and f"] {name}:" in line)
 
 
-@pytest.mark.parametrize("smi, why", [
-    (None, "nvidia-smi not found (no NVIDIA driver here)"),
-    ("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2; exit 9\n",
-     "nvidia-smi failed (exit status 9): NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."),
-    ("#!/bin/sh\necho 'foo bar baz'; echo ',,,'\n", "nvidia-smi listed no GPU (it printed: foo bar baz)"),
-    ("#!/bin/sh\necho 'NVIDIA GeForce RTX 4090, 24564'\n",
-     "nvidia-smi lists 1 x NVIDIA GeForce RTX 4090 (24.0 GiB), a board the GPU table lacks"),
-], ids=["missing", "exit-9", "garbage", "unknown-board"])
+@pytest.mark.parametrize(
+    "smi, why",
+    [
+        (None, "nvidia-smi not found (no NVIDIA driver here)"),
+        (
+            "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2; exit 9\n",
+            "nvidia-smi failed (exit status 9): NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.",
+        ),
+        ("#!/bin/sh\necho 'foo bar baz'; echo ',,,'\n", "nvidia-smi listed no GPU (it printed: foo bar baz)"),
+        (
+            "#!/bin/sh\necho 'NVIDIA GeForce RTX 4090, 24564'\n",
+            "nvidia-smi lists 1 x NVIDIA GeForce RTX 4090 (24.0 GiB), a board the GPU table lacks",
+        ),
+    ],
+    ids=["missing", "exit-9", "garbage", "unknown-board"],
+)
 def test_without_a_known_gpu_parallelism_is_not_checked_and_says_why_and_the_choices(tmp_path, bin_dir, smi, why):
     if smi is not None:
         write_program(bin_dir, "nvidia-smi", smi)
@@ -96,7 +114,8 @@ def test_a_known_gpu_is_checked_ok(tmp_path, bin_dir):
     want = auto_tp(tmp_path, "h100-80gb")
     result = build(tmp_path)
     assert check_line(result.stdout, "parallelism") == (
-        f"[ok] parallelism: TP {want} x PP 1 (auto) = {want} GPUs of 8 GPUs (nvidia-smi: 8 x NVIDIA H100 80GB HBM3)")
+        f"[ok] parallelism: TP {want} x PP 1 (auto) = {want} GPUs of 8 GPUs (nvidia-smi: 8 x NVIDIA H100 80GB HBM3)"
+    )
     assert json.loads(build(tmp_path, "--json").stdout)["parallel"]["checked"] is True
 
 
@@ -113,12 +132,16 @@ def fixes_of(stderr: str) -> list[str]:
     return [part for part in tail.split(" or ")]
 
 
-@pytest.mark.parametrize("boards, args, draft", [
-    ([H100] * 2, [], "lookahead"),
-    ([H100] * 2, [], "eagle"),
-    ([H100] * 8, ["--tp", "2"], "eagle"),
-    ([H100] * 1, ["--max-batch-size", "64"], "lookahead"),
-], ids=["2xH100-lookahead", "2xH100-eagle", "tp2-eagle", "1xH100-batch64"])
+@pytest.mark.parametrize(
+    "boards, args, draft",
+    [
+        ([H100] * 2, [], "lookahead"),
+        ([H100] * 2, [], "eagle"),
+        ([H100] * 8, ["--tp", "2"], "eagle"),
+        ([H100] * 1, ["--max-batch-size", "64"], "lookahead"),
+    ],
+    ids=["2xH100-lookahead", "2xH100-eagle", "tp2-eagle", "1xH100-batch64"],
+)
 def test_every_suggested_fix_is_re_planned_and_passes(tmp_path, bin_dir, boards, args, draft):
     printing_program(bin_dir, "nvidia-smi", "\n".join(boards))
     result = build(tmp_path, *args, draft=draft)
@@ -126,7 +149,9 @@ def test_every_suggested_fix_is_re_planned_and_passes(tmp_path, bin_dir, boards,
     fixes = fixes_of(result.stderr)
     assert fixes
     for fix in fixes:
-        flags, picks = re.match(r"(.*?)(?: \(adds no weights\))?(?: \(auto picks TP (\d+) x PP (\d+)\))?$", fix).group(1, 2)
+        flags, picks = re.match(r"(.*?)(?: \(adds no weights\))?(?: \(auto picks TP (\d+) x PP (\d+)\))?$", fix).group(
+            1, 2
+        )
         tokens = flags.split()
         changed = list(args)
         for name, value in zip(tokens[::2], tokens[1::2]):
@@ -167,22 +192,31 @@ def test_given_sizes_are_labelled_and_beyond_the_gpus_warned(tmp_path, bin_dir):
     assert line.startswith("[warning] parallelism: TP 16 x PP 1 (given) = 16 GPUs")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--lookahead", "100,100,100"], "max_draft_len 19799 of lookahead (W, N, G) = (100, 100, 100) does not fit the engine"),
-    (["--lookahead", "7,7,7", "--max-seq-len", "64", "--max-input-len", "32"], "max_draft_len 83 of lookahead"),
-    (["--lookahead", "1,1,1"], "TensorRT-LLM requires W = 1 and G = 0 for N = 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--lookahead", "100,100,100"],
+            "max_draft_len 19799 of lookahead (W, N, G) = (100, 100, 100) does not fit the engine",
+        ),
+        (["--lookahead", "7,7,7", "--max-seq-len", "64", "--max-input-len", "32"], "max_draft_len 83 of lookahead"),
+        (["--lookahead", "1,1,1"], "TensorRT-LLM requires W = 1 and G = 0 for N = 1"),
+    ],
+)
 def test_lookahead_draft_lengths_are_bounded_by_the_engine(tmp_path, bin_dir, args, message):
     result = build(tmp_path, "--gpu", "h100-80gb", *args, draft="lookahead")
     assert result.exit_code == 1 and message in result.stderr, result.output
 
 
-@pytest.mark.parametrize("args, target, message", [
-    (["-q", "fp8"], "llama3-70b", "--quantization fp8 with --draft method 'eagle'"),
-    (["--tp", "3"], "llama3-70b", "--tp 3 does not divide"),
-    ([], "no-such-target", "unknown target 'no-such-target'"),
-    (["--gpu", "h100-8"], "llama3-70b", "unknown GPU 'h100-8'"),
-])
+@pytest.mark.parametrize(
+    "args, target, message",
+    [
+        (["-q", "fp8"], "llama3-70b", "--quantization fp8 with --draft method 'eagle'"),
+        (["--tp", "3"], "llama3-70b", "--tp 3 does not divide"),
+        ([], "no-such-target", "unknown target 'no-such-target'"),
+        (["--gpu", "h100-8"], "llama3-70b", "unknown GPU 'h100-8'"),
+    ],
+)
 def test_with_json_every_failure_is_one_json_document(tmp_path, bin_dir, args, target, message):
     result = build(tmp_path, *args, "--json", target=target)
     assert result.exit_code == 1
@@ -211,7 +245,6 @@ def test_gpu_names_are_normalised_and_counts_singular(tmp_path, bin_dir):
     assert "1 GPUs" not in text and "memory per GPU (1 GPU, bf16)" in text
 
 
-
 def test_packaging_an_unchecked_plan_warns(tmp_path, bin_dir, monkeypatch):
     warnings = []
     monkeypatch.setattr(deployment, "warn", warnings.append)
@@ -220,8 +253,10 @@ def test_packaging_an_unchecked_plan_warns(tmp_path, bin_dir, monkeypatch):
     checked.write_text(build(tmp_path, "--json", "--gpu", "h100-80gb").stdout)
     assert deployment.from_plan(checked).tp == auto_tp(tmp_path, "h100-80gb") and warnings == []
     assert deployment.from_plan(unchecked).tp == 1
-    assert warnings == ["plan unchecked.json: TP 1 x PP 1 was not fitted to a GPU (planned without --gpu and none "
-                        "detected): the repository uses those sizes; re-plan with --gpu NAME to have them checked"]
+    assert warnings == [
+        "plan unchecked.json: TP 1 x PP 1 was not fitted to a GPU (planned without --gpu and none "
+        "detected): the repository uses those sizes; re-plan with --gpu NAME to have them checked"
+    ]
 
 
 if __name__ == "__main__":

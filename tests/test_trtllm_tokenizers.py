@@ -41,5 +41,8 @@ def test_different_vocabulary_refused(tmp_path):
 def test_tokenizer_larger_than_model_vocabulary(tmp_path):
     # vocab_size of the base model would be 4; len(tokenizer) counts the added tokens: 6 > 5.
     a = make(tmp_path / "a.json", WORDS, ["<s>", "</s>"])
-    with pytest.raises(CompatibilityError, match=r"target tokenizer has 6 tokens \(len\(tokenizer\)\) but the target model's vocabulary is 5"):
+    with pytest.raises(
+        CompatibilityError,
+        match=r"target tokenizer has 6 tokens \(len\(tokenizer\)\) but the target model's vocabulary is 5",
+    ):
         compare_tokenizers(a, a, 5, 8)

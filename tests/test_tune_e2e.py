@@ -4,11 +4,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from tiny_presets import write_tiny_presets
 
 from specpipe.build_cpu import build_cpu
 from specpipe.build_request import BuildRequest
 from specpipe.cli import main
-from tiny_presets import write_tiny_presets
 
 pytestmark = pytest.mark.e2e
 
@@ -19,8 +19,23 @@ def test_tune_measures_each_length_and_the_next_build_uses_the_best(tmp_path, mo
     build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=engines))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "1 2 3 4 5 6 1 2 3"}\n{"prompt": "The quick brown fox"}\n')
-    result = CliRunner().invoke(main, ["tune", "tiny-ngram", "--engines-dir", str(engines), "--prompts", str(prompts),
-                                       "--max-draft-len", "1,3", "--num-requests", "2", "--max-tokens", "8"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "tune",
+            "tiny-ngram",
+            "--engines-dir",
+            str(engines),
+            "--prompts",
+            str(prompts),
+            "--max-draft-len",
+            "1,3",
+            "--num-requests",
+            "2",
+            "--max-tokens",
+            "8",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("│ k")]
     assert len(rows) == 2 and sum("best" in row for row in rows) == 1
@@ -33,8 +48,16 @@ def test_tune_measures_each_length_and_the_next_build_uses_the_best(tmp_path, mo
         assert entry["acceptance_rate"] is None or 0.0 <= entry["acceptance_rate"] <= 1.0
     fastest = max(record["curve"], key=lambda p: p["output_token_throughput"])
     assert record["best"] == {"max_draft_len": fastest["max_draft_len"]}
-    assert record["measured_with"] == {"prompts": str(prompts), "concurrency": 1, "max_tokens": 8, "num_requests": 2, "warmup": 1}
+    assert record["measured_with"] == {
+        "prompts": str(prompts),
+        "concurrency": 1,
+        "max_tokens": 8,
+        "num_requests": 2,
+        "warmup": 1,
+    }
     assert not (engines / ".tune-tiny-ngram").exists()  # candidates' engines, repositories and logs removed
 
     engine = build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=engines))
-    assert json.loads((engine / "manifest.json").read_text())["speculative"]["max_draft_len"] == fastest["max_draft_len"]
+    assert (
+        json.loads((engine / "manifest.json").read_text())["speculative"]["max_draft_len"] == fastest["max_draft_len"]
+    )

@@ -4,16 +4,16 @@ import json
 
 import click
 import pytest
+from tiny_presets import write_tiny_presets
 
 from specpipe.bench.tune import best_of, candidates_for
+from specpipe.build_cpu import build_cpu
+from specpipe.build_request import BuildRequest
 from specpipe.cli.options import PositiveIntList
+from specpipe.errors import SpecpipeError
 from specpipe.speculative import SpeculativeSettings
 from specpipe.tree import Tree
 from specpipe.tuned import apply_tuned, read_tuned, tuned_path, write_tuned
-from specpipe.build_cpu import build_cpu
-from specpipe.build_request import BuildRequest
-from specpipe.errors import SpecpipeError
-from tiny_presets import write_tiny_presets
 
 
 def settings(block):
@@ -45,14 +45,19 @@ def test_tree_candidates_cut_the_tree_and_add_chains():
     assert [c.label for c in found] == ["tree-1", "tree-3"]  # chain-1 is tree-1; chain-3 is deeper than the 2 heads
     eagle = candidates_for(settings({"method": "eagle", "choices": tree}), (2, 3))
     assert [c.label for c in eagle] == ["tree-2", "chain-2", "tree-3", "chain-3"]
-    assert eagle[3].tree.paths == ((0,), (0, 0), (0, 0, 0)) and eagle[3].setting() == {"max_draft_len": 3, "choices": [[0], [0, 0], [0, 0, 0]]}
+    assert eagle[3].tree.paths == ((0,), (0, 0), (0, 0, 0)) and eagle[3].setting() == {
+        "max_draft_len": 3,
+        "choices": [[0], [0, 0], [0, 0, 0]],
+    }
 
 
 def test_best_is_the_fastest_clean_setting():
-    curve = [{"label": "a", "output_token_throughput": 10.0, "errors": 0, "error": None},
-             {"label": "b", "output_token_throughput": 30.0, "errors": 1, "error": None},
-             {"label": "c", "error": "failed to load"},
-             {"label": "d", "output_token_throughput": 12.5, "errors": 0, "error": None}]
+    curve = [
+        {"label": "a", "output_token_throughput": 10.0, "errors": 0, "error": None},
+        {"label": "b", "output_token_throughput": 30.0, "errors": 1, "error": None},
+        {"label": "c", "error": "failed to load"},
+        {"label": "d", "output_token_throughput": 12.5, "errors": 0, "error": None},
+    ]
     assert best_of(curve)["label"] == "d"
     assert best_of(curve[1:3]) is None
 
@@ -60,8 +65,15 @@ def test_best_is_the_fastest_clean_setting():
 def test_record_round_trip_and_checks(tmp_path):
     path = tuned_path(tmp_path, "tiny-ngram")
     assert path.name == "tiny-ngram.tuned.json" and read_tuned(path) is None
-    write_tuned(path, target="tiny", draft="ngram", method="ngram", best={"max_draft_len": 3}, curve=[{"label": "k3"}],
-                measured_with={"prompts": "chat"})
+    write_tuned(
+        path,
+        target="tiny",
+        draft="ngram",
+        method="ngram",
+        best={"max_draft_len": 3},
+        curve=[{"label": "k3"}],
+        measured_with={"prompts": "chat"},
+    )
     record = read_tuned(path)
     assert record["best"] == {"max_draft_len": 3} and record["curve"] == [{"label": "k3"}] and record["format"] == 1
     path.write_text("{not json")
@@ -74,8 +86,15 @@ def test_record_round_trip_and_checks(tmp_path):
 
 def test_apply_fills_only_unset_settings_for_the_same_engine(tmp_path):
     request = BuildRequest(target="tiny", draft="eagle", engines_dir=tmp_path)
-    write_tuned(tuned_path(tmp_path, "tiny-eagle"), target="tiny", draft="eagle", method="eagle",
-                best={"max_draft_len": 2, "choices": [[0], [0, 0]]}, curve=[], measured_with={})
+    write_tuned(
+        tuned_path(tmp_path, "tiny-eagle"),
+        target="tiny",
+        draft="eagle",
+        method="eagle",
+        best={"max_draft_len": 2, "choices": [[0], [0, 0]]},
+        curve=[],
+        measured_with={},
+    )
     tuned = apply_tuned(request, "tiny", "eagle")
     assert tuned.max_draft_len == 2 and tuned.choices == Tree(((0,), (0, 0)))  # a tree, not JSON text
     explicit = BuildRequest(target="tiny", draft="eagle", engines_dir=tmp_path, max_draft_len=5)
@@ -90,8 +109,15 @@ def test_next_build_uses_the_recorded_draft_length(presets, tmp_path, monkeypatc
     engines = tmp_path / "engines"
     engine = build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=engines))
     assert json.loads((engine / "manifest.json").read_text())["speculative"]["max_draft_len"] == 5  # the preset's
-    write_tuned(tuned_path(engines, "tiny-ngram"), target="tiny", draft="ngram", method="ngram", best={"max_draft_len": 2},
-                curve=[], measured_with={})
+    write_tuned(
+        tuned_path(engines, "tiny-ngram"),
+        target="tiny",
+        draft="ngram",
+        method="ngram",
+        best={"max_draft_len": 2},
+        curve=[],
+        measured_with={},
+    )
     engine = build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=engines))
     assert json.loads((engine / "manifest.json").read_text())["speculative"]["max_draft_len"] == 2
     engine = build_cpu(BuildRequest(target="tiny", draft="ngram", engines_dir=engines, max_draft_len=4))

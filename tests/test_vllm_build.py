@@ -38,8 +38,12 @@ def plan_of(build, *args) -> dict:
 
 def test_eagle_heads_of_the_preset_become_an_eagle_chain(build):
     plan = plan_of(build, "--target", "llama3-8b", "--draft", "eagle")
-    assert plan["speculative_config"] == {"method": "eagle", "num_speculative_tokens": 3,
-                                          "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B", "revision": "main"}
+    assert plan["speculative_config"] == {
+        "method": "eagle",
+        "num_speculative_tokens": 3,
+        "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B",
+        "revision": "main",
+    }
     parsed = parse_serve_argv(plan["command"])
     assert parsed["model"] == "meta-llama/Meta-Llama-3-8B-Instruct"
     assert parsed["--speculative-config"] == plan["speculative_config"]
@@ -58,16 +62,24 @@ def test_an_eagle3_head_is_vllm_s_eagle3_and_max_draft_len_is_the_chain(build):
 
 def test_ngram_lookup_sizes_come_from_the_preset(build):
     plan = plan_of(build, "--target", "llama3-8b", "--draft", "ngram")
-    assert plan["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3,
-                                          "prompt_lookup_min": 1}
+    assert plan["speculative_config"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }
     assert "model" not in plan["speculative_config"]
 
 
 def test_a_draft_model_runs_at_the_target_s_tp_with_online_fp8(build):
     plan = plan_of(build, "--target", "llama3.1-70b", "--draft", "llama3.2-1b", "-q", "fp8", "--tp", "4")
-    assert plan["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4,
-                                          "model": "meta-llama/Llama-3.2-1B-Instruct", "revision": "main",
-                                          "draft_tensor_parallel_size": 4}
+    assert plan["speculative_config"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 4,
+        "model": "meta-llama/Llama-3.2-1B-Instruct",
+        "revision": "main",
+        "draft_tensor_parallel_size": 4,
+    }
     parsed = parse_serve_argv(plan["command"])
     assert parsed["--quantization"] == "fp8" and parsed["--tensor-parallel-size"] == 4
     assert plan["quantization"] == "fp8"
@@ -93,18 +105,24 @@ def test_pipeline_parallelism_is_allowed_with_eagle(build):
     assert (parsed["--tensor-parallel-size"], parsed["--pipeline-parallel-size"]) == (2, 2)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--draft", "medusa"], "has no vLLM 0.34.0 speculative method .*use --draft eagle .* with --runtime vllm, or "
-                            "--runtime cpu or --runtime trtllm"),
-    (["--draft", "lookahead"], "use --draft ngram .* with --runtime vllm, or --runtime trtllm"),
-    (["-q", "int4-awq"], "already quantized with AWQ.*use --quantization fp8 or int8-wo"),
-    (["-q", "int4-wo"], "use --quantization int8-wo"),
-    (["--draft", "eagle", "--choices", "[[0],[1]]"], "no token tree"),
-    (["--draft", "ngram", "--lookahead", "4,4,4"], "no lookahead decoding"),
-    (["--max-draft-len", "3"], "no meaning with --draft none"),
-    (["--tp", "3"], "does not divide the 32 attention heads"),
-    (["--max-seq-len", "16384"], "exceeds target llama3-8b's 8192 positions"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--draft", "medusa"],
+            "has no vLLM 0.34.0 speculative method .*use --draft eagle .* with --runtime vllm, or "
+            "--runtime cpu or --runtime trtllm",
+        ),
+        (["--draft", "lookahead"], "use --draft ngram .* with --runtime vllm, or --runtime trtllm"),
+        (["-q", "int4-awq"], "already quantized with AWQ.*use --quantization fp8 or int8-wo"),
+        (["-q", "int4-wo"], "use --quantization int8-wo"),
+        (["--draft", "eagle", "--choices", "[[0],[1]]"], "no token tree"),
+        (["--draft", "ngram", "--lookahead", "4,4,4"], "no lookahead decoding"),
+        (["--max-draft-len", "3"], "no meaning with --draft none"),
+        (["--tp", "3"], "does not divide the 32 attention heads"),
+        (["--max-seq-len", "16384"], "exceeds target llama3-8b's 8192 positions"),
+    ],
+)
 def test_what_vllm_cannot_run_is_refused_before_anything_is_written(build, args, message):
     result, engines = build("--target", "llama3-8b", *args)
     assert result.exit_code == 1
@@ -132,8 +150,9 @@ def test_a_build_writes_the_manifest_with_the_command_and_skips_an_unchanged_reb
     assert sorted(p.name for p in (engines / "llama3-8b-ngram").iterdir()) == ["manifest.json"]
     again, _ = build("--target", "llama3-8b", "--draft", "ngram", dry=False)
     assert again.exit_code == 0 and "up to date" in again.stderr
-    package = CliRunner().invoke(main, ["package", "llama3-8b-ngram", "--engines-dir", str(engines), "--repo-dir",
-                                        str(engines.parent / "repo")])
+    package = CliRunner().invoke(
+        main, ["package", "llama3-8b-ngram", "--engines-dir", str(engines), "--repo-dir", str(engines.parent / "repo")]
+    )
     assert package.exit_code == 1 and "without a Triton repository" in package.stderr
     assert "specpipe serve llama3-8b-ngram --runtime vllm" in package.stderr
     assert not (engines.parent / "repo").exists()
@@ -146,8 +165,20 @@ def test_parallelism_is_a_check_as_on_tensorrt_llm(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
 
     def parallelism(*args):
-        argv = ["build", "--runtime", "vllm", "--engines-dir", str(tmp_path / "e"), "--target", "llama3-70b",
-                "--draft", "eagle", "--dry-run", "--json", *args]
+        argv = [
+            "build",
+            "--runtime",
+            "vllm",
+            "--engines-dir",
+            str(tmp_path / "e"),
+            "--target",
+            "llama3-70b",
+            "--draft",
+            "eagle",
+            "--dry-run",
+            "--json",
+            *args,
+        ]
         result = CliRunner().invoke(main, argv)
         assert result.exit_code == 0, result.output
         return next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "parallelism")

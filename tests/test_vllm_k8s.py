@@ -16,16 +16,47 @@ K8S_VERSION = "1.33.0"
 def engines(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     root = tmp_path / "engines"
-    result = CliRunner().invoke(main, ["build", "--runtime", "vllm", "--engines-dir", str(root), "--gpu", "h100-80gb",
-                                       "--target", "llama3-70b", "--draft", "eagle", "--tp", "2", "--pp", "2"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "build",
+            "--runtime",
+            "vllm",
+            "--engines-dir",
+            str(root),
+            "--gpu",
+            "h100-80gb",
+            "--target",
+            "llama3-70b",
+            "--draft",
+            "eagle",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return root
 
 
 def deploy(engines, *args):
     out = engines.parent / "k8s"
-    result = CliRunner().invoke(main, ["deploy", "k8s", "llama3-70b-eagle", "--engines-dir", str(engines), "--repo-dir",
-                                       str(engines.parent / "repo"), "--out-dir", str(out), *args])
+    result = CliRunner().invoke(
+        main,
+        [
+            "deploy",
+            "k8s",
+            "llama3-70b-eagle",
+            "--engines-dir",
+            str(engines),
+            "--repo-dir",
+            str(engines.parent / "repo"),
+            "--out-dir",
+            str(out),
+            *args,
+        ],
+    )
     return result, out
 
 
@@ -40,7 +71,7 @@ def test_the_manifests_validate_and_run_the_recorded_command(engines):
     for doc in (deployment, service):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     pod = deployment["spec"]["template"]["spec"]
-    container, = pod["containers"]
+    (container,) = pod["containers"]
     assert container["image"] == release.IMAGE and deployment["spec"]["replicas"] == 2
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
     parsed = parse_serve_argv(container["command"] + container["args"])
@@ -53,12 +84,15 @@ def test_the_manifests_validate_and_run_the_recorded_command(engines):
     assert [p["port"] for p in service["spec"]["ports"]] == [8000]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--pvc", "data"], "--pvc is for Triton repositories"),
-    (["--gateway"], "--gateway is for Triton repositories"),
-    (["--container", "vllm/vllm-openai:v0.9.0"], "is not vLLM 0.34.0"),
-    (["--node-selector", "no-equals"], "is not a node label"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--pvc", "data"], "--pvc is for Triton repositories"),
+        (["--gateway"], "--gateway is for Triton repositories"),
+        (["--container", "vllm/vllm-openai:v0.9.0"], "is not vLLM 0.34.0"),
+        (["--node-selector", "no-equals"], "is not a node label"),
+    ],
+)
 def test_options_that_do_not_apply_are_refused_and_nothing_is_written(engines, args, message):
     result, out = deploy(engines, *args)
     assert result.exit_code == 1 and message in result.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from fake_programs import write_program
+
 from specpipe.cli import main
 from specpipe.errors import SpecpipeError
 from specpipe.serve.vllm import vllm_launch, wait_healthy
@@ -29,13 +29,17 @@ def engines(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     root = tmp_path / "engines"
     for args in (["--target", "llama3-8b", "--draft", "eagle"], ["--target", "llama3-70b", "--tp", "2", "--pp", "2"]):
-        result = CliRunner().invoke(main, ["build", "--runtime", "vllm", "--engines-dir", str(root), "--gpu", "h100-80gb", *args])
+        result = CliRunner().invoke(
+            main, ["build", "--runtime", "vllm", "--engines-dir", str(root), "--gpu", "h100-80gb", *args]
+        )
         assert result.exit_code == 0, result.output
     return root
 
 
 def serve(engines, *args):
-    return CliRunner().invoke(main, ["serve", *args, "--engines-dir", str(engines), "--repo-dir", str(engines.parent / "repo")])
+    return CliRunner().invoke(
+        main, ["serve", *args, "--engines-dir", str(engines), "--repo-dir", str(engines.parent / "repo")]
+    )
 
 
 def test_print_shows_the_docker_command_of_the_pinned_image(engines, tmp_path):
@@ -44,10 +48,25 @@ def test_print_shows_the_docker_command_of_the_pinned_image(engines, tmp_path):
     run, ready = result.stdout.strip().splitlines()
     argv = shlex.split(run)
     image = argv.index(release.IMAGE)
-    assert argv[:image] == ["docker", "run", "--rm", "--name", "specpipe-llama3-8b-eagle", "--gpus", '"device=0"',
-                            "--ipc=host", "-p", "8100:8000", "-v", f"{tmp_path / 'hf'}:{release.CONTAINER_HF_HOME}",
-                            "-e", "HF_TOKEN", "--entrypoint", "vllm"]
-    served = ["vllm", *argv[image + 1:]]
+    assert argv[:image] == [
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        "specpipe-llama3-8b-eagle",
+        "--gpus",
+        '"device=0"',
+        "--ipc=host",
+        "-p",
+        "8100:8000",
+        "-v",
+        f"{tmp_path / 'hf'}:{release.CONTAINER_HF_HOME}",
+        "-e",
+        "HF_TOKEN",
+        "--entrypoint",
+        "vllm",
+    ]
+    served = ["vllm", *argv[image + 1 :]]
     parsed = parse_serve_argv(served)
     assert (parsed["--host"], parsed["--port"]) == ("0.0.0.0", 8000)
     assert parsed["--speculative-config"]["method"] == "eagle"
@@ -64,10 +83,13 @@ def test_auto_finds_the_vllm_engine_and_the_gpus_are_tp_times_pp(engines):
     assert wrong.exit_code == 1 and "TP x PP = 4 GPUs" in wrong.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--container", "vllm/vllm-openai:v0.10.0"], "is not vLLM 0.34.0"),
-    (["--openai-port", "9000"], "serves the OpenAI API itself"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--container", "vllm/vllm-openai:v0.10.0"], "is not vLLM 0.34.0"),
+        (["--openai-port", "9000"], "serves the OpenAI API itself"),
+    ],
+)
 def test_launches_that_cannot_work_are_refused(engines, args, message):
     result = serve(engines, "llama3-8b-eagle", "--runtime", "vllm", "--print", *args)
     assert result.exit_code != 0 and message in result.stderr
@@ -127,6 +149,7 @@ def _interpolate(text: str, env: dict) -> str:
         if op == ":?":
             raise KeyError(f"{name}: {arg}")
         return arg or ""
+
     return re.sub(r"\$\{([A-Z_]+)(?:(:-|:\?)([^}]*))?\}", replace, text)
 
 
@@ -145,16 +168,23 @@ def test_the_compose_file_validates_and_runs_the_recorded_command(engines, tmp_p
     assert service["image"] == release.IMAGE
     assert service["ipc"] == "host" and service["environment"] == ["HF_TOKEN"]
     assert service["ports"] == ["8000:8000"]
-    assert {(v["target"], v.get("read_only", False)) for v in service["volumes"]} == {("/engine", True),
-                                                                                       (release.CONTAINER_HF_HOME, False)}
+    assert {(v["target"], v.get("read_only", False)) for v in service["volumes"]} == {
+        ("/engine", True),
+        (release.CONTAINER_HF_HOME, False),
+    }
     assert service["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 2
     assert "http://localhost:8000/health" in service["healthcheck"]["test"][-1]
     # the entry point, run here with a stand-in vllm that prints its argv, execs the command serve --print shows
     bin_dir = tmp_path / "bin"
     write_program(bin_dir, "vllm", f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     program, flag, code = service["entrypoint"]
-    ran = subprocess.run([sys.executable, flag, code.replace("/engine/", f"{engine}/")], capture_output=True, text=True,
-                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, check=True)
+    ran = subprocess.run(
+        [sys.executable, flag, code.replace("/engine/", f"{engine}/")],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        check=True,
+    )
     shown = shlex.split(serve(engines, "llama3-8b-eagle", "--print").stdout.splitlines()[0])
-    assert ["vllm", *json.loads(ran.stdout)] == ["vllm", *shown[shown.index(release.IMAGE) + 1:]]
+    assert ["vllm", *json.loads(ran.stdout)] == ["vllm", *shown[shown.index(release.IMAGE) + 1 :]]
     assert program == "python3"

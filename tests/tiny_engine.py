@@ -49,8 +49,14 @@ def tiny_tokenizer(vocab_size: int = 320):
     return fast
 
 
-def make_tiny_engine(root: Path, name: str = "tiny", method: str = "none", max_draft_len: int = 3, seed: int = 0,
-                     max_position_embeddings: int = 64) -> Path:
+def make_tiny_engine(
+    root: Path,
+    name: str = "tiny",
+    method: str = "none",
+    max_draft_len: int = 3,
+    seed: int = 0,
+    max_position_embeddings: int = 64,
+) -> Path:
     """Write a tiny CPU engine directory ``root/name`` and return its path.
 
     Args:
@@ -92,14 +98,21 @@ def make_tiny_engine(root: Path, name: str = "tiny", method: str = "none", max_d
     if method == "ngram":
         speculative["max_matching_ngram_size"] = 3
     source = {"kind": "tiny-random", "seed": seed}
-    write_manifest(engine_dir, Manifest(
-        name=name,
-        runtime=Runtime.CPU,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        inputs_hash=canonical_hash({"source": source, "speculative": speculative}),
-        target=Part(preset=name, source=source, path="target",
-                    files={p.name: sha256_file(p) for p in sorted(target.iterdir()) if p.is_file()}),
-        draft=None,
-        speculative=SpeculativeSettings(Method(method), **{k: v for k, v in speculative.items() if k != "method"}),
-    ))
+    write_manifest(
+        engine_dir,
+        Manifest(
+            name=name,
+            runtime=Runtime.CPU,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            inputs_hash=canonical_hash({"source": source, "speculative": speculative}),
+            target=Part(
+                preset=name,
+                source=source,
+                path="target",
+                files={p.name: sha256_file(p) for p in sorted(target.iterdir()) if p.is_file()},
+            ),
+            draft=None,
+            speculative=SpeculativeSettings(Method(method), **{k: v for k, v in speculative.items() if k != "method"}),
+        ),
+    )
     return engine_dir

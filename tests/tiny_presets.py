@@ -28,5 +28,7 @@ def write_tiny_presets(root: Path) -> Path:
     checkpoint = make_tiny_engine(root / "src", "tiny") / "target"
     (root / "targets").mkdir(parents=True, exist_ok=True)
     (root / "drafts").mkdir(exist_ok=True)
-    (root / "targets" / "tiny.toml").write_text(f'name = "tiny"\n[source]\nkind = "local"\npath = "{checkpoint}"\n{ARCH}')
+    (root / "targets" / "tiny.toml").write_text(
+        f'name = "tiny"\n[source]\nkind = "local"\npath = "{checkpoint}"\n{ARCH}'
+    )
     return root

@@ -11,14 +11,15 @@ import weakref
 
 import numpy as np
 import pytest
-
-from specpipe.triton.models.scheduler_metrics import SchedulerMetrics
-from specpipe.triton.models.stop_requests import StopRequests
-from specpipe.triton.models.request_worker import RequestWorker
-from specpipe.triton.models.tensorrt_llm_cpu import TritonPythonModel
 from batch_helpers import make_engine, scheduler_for
 
+from specpipe.triton.models.request_worker import RequestWorker
+from specpipe.triton.models.scheduler_metrics import SchedulerMetrics
+from specpipe.triton.models.stop_requests import StopRequests
+from specpipe.triton.models.tensorrt_llm_cpu import TritonPythonModel
+
 FINAL = 1
+
 
 class FakeTensor:
     def __init__(self, name, value):
@@ -81,8 +82,12 @@ class FakeMetric:
 
 
 FAKE_PB = types.SimpleNamespace(
-    Tensor=FakeTensor, InferenceResponse=FakeResponse, TritonError=FakeError, TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
-    get_input_tensor_by_name=lambda request, name: request.inputs.get(name), MetricFamily=FakeMetricFamily,
+    Tensor=FakeTensor,
+    InferenceResponse=FakeResponse,
+    TritonError=FakeError,
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
+    get_input_tensor_by_name=lambda request, name: request.inputs.get(name),
+    MetricFamily=FakeMetricFamily,
 )
 
 
@@ -101,8 +106,12 @@ class FakeSender:
         return False
 
     def tokens(self):
-        return [t for r, _ in self.sent if r is not None and "output_ids" in r.outputs
-                for t in r.outputs["output_ids"].reshape(-1).tolist()]
+        return [
+            t
+            for r, _ in self.sent
+            if r is not None and "output_ids" in r.outputs
+            for t in r.outputs["output_ids"].reshape(-1).tolist()
+        ]
 
 
 class FakeRequest:
@@ -117,13 +126,23 @@ class FakeRequest:
 
 
 def generate_request(request_id, prompt, max_tokens):
-    return FakeRequest(request_id, input_ids=np.array([prompt], np.int32), input_lengths=np.array([[len(prompt)]], np.int32),
-                    request_output_len=np.array([[max_tokens]], np.int32), streaming=np.array([[True]]))
+    return FakeRequest(
+        request_id,
+        input_ids=np.array([prompt], np.int32),
+        input_lengths=np.array([[len(prompt)]], np.int32),
+        request_output_len=np.array([[max_tokens]], np.int32),
+        streaming=np.array([[True]]),
+    )
 
 
 def stop_request(request_id):
-    return FakeRequest(request_id, input_ids=np.array([[0]], np.int32), input_lengths=np.array([[0]], np.int32),
-                    request_output_len=np.array([[0]], np.int32), stop=np.array([[True]]))
+    return FakeRequest(
+        request_id,
+        input_ids=np.array([[0]], np.int32),
+        input_lengths=np.array([[0]], np.int32),
+        request_output_len=np.array([[0]], np.int32),
+        stop=np.array([[True]]),
+    )
 
 
 @pytest.fixture
@@ -133,8 +152,9 @@ def model(monkeypatch, single_thread):
     instance = TritonPythonModel()
     FakeMetricFamily.values = {}
     instance.exclude_input_default, instance.stops, instance.metrics = True, StopRequests(), SchedulerMetrics()
-    instance.worker = RequestWorker(load=lambda: scheduler_for(engine, max_batch_size=4),
-                                    on_step=instance.metrics.update)
+    instance.worker = RequestWorker(
+        load=lambda: scheduler_for(engine, max_batch_size=4), on_step=instance.metrics.update
+    )
     yield instance, engine
     instance.worker.close()
 
@@ -144,5 +164,3 @@ def wait_for(condition, timeout_s=60.0):
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
-
-

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specpipe.build_request import BuildRequest
-from specpipe.trtllm.build import _manifest, plan_build
-from specpipe.manifest import write_manifest
 from trtllm_fakes import big_medusa_heads
+
+from specpipe.build_request import BuildRequest
+from specpipe.manifest import write_manifest
+from specpipe.trtllm.build import _manifest, plan_build
 
 #: speculative mode -> build options (engine flow).
 ENGINE_MODES = {

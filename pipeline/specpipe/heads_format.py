@@ -57,7 +57,11 @@ from specpipe.speculative import Method
 if TYPE_CHECKING:
     import torch
 
-COMPACT_FILES = {"eagle": "eagle_heads.safetensors", "medusa": "medusa_heads.safetensors", "draft-model": "draft_layers.safetensors"}
+COMPACT_FILES = {
+    "eagle": "eagle_heads.safetensors",
+    "medusa": "medusa_heads.safetensors",
+    "draft-model": "draft_layers.safetensors",
+}
 RECIPE_FILE = "recipe.json"
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"  # beside a distilled draft checkpoint: its frequent tokens
 FORMAT = "specpipe-heads-1"
@@ -106,7 +110,9 @@ def load_compact(path: Path, method: str) -> tuple[dict[str, torch.Tensor], dict
 
     path = Path(path)
     if not path.is_file():
-        raise SpecpipeError(f"{method} weights {path} are missing: run 'specpipe train-draft --method {method}' or rebuild")
+        raise SpecpipeError(
+            f"{method} weights {path} are missing: run 'specpipe train-draft --method {method}' or rebuild"
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             raw_meta = f.metadata() or {}
@@ -154,7 +160,9 @@ def check_for_target(meta: dict[str, Any], target_config, path: Path) -> None:
         )
 
 
-def expected_eagle_tensors(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, vocab: int) -> dict[str, tuple[int, ...]]:
+def expected_eagle_tensors(
+    hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, vocab: int
+) -> dict[str, tuple[int, ...]]:
     """Names and shapes TensorRT-LLM's EAGLE converter reads from ``pytorch_model.bin``."""
     q, kv = heads * head_dim, kv_heads * head_dim
     return {
@@ -183,7 +191,9 @@ def expected_medusa_tensors(hidden: int, vocab: int, num_heads: int, num_layers:
     return shapes
 
 
-def write_eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, dtype: "torch.dtype | None" = None) -> Path:
+def write_eagle_layout(
+    out_dir: Path, heads: dict[str, torch.Tensor], target, dtype: "torch.dtype | None" = None
+) -> Path:
     """Write the EAGLE authors' layout (``config.json`` + ``pytorch_model.bin``) for ``target``.
 
     Args:
@@ -221,8 +231,9 @@ def write_eagle_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, dt
     return out_dir
 
 
-def write_eagle3_layout(out_dir: Path, heads: dict[str, torch.Tensor], meta: dict[str, Any], target,
-                        dtype: "torch.dtype | None" = None) -> Path:
+def write_eagle3_layout(
+    out_dir: Path, heads: dict[str, torch.Tensor], meta: dict[str, Any], target, dtype: "torch.dtype | None" = None
+) -> Path:
     """Write an EAGLE-3 head in the layout of the published EAGLE-3 heads (``config.json`` +
     ``model.safetensors``) for ``target``.
 
@@ -244,7 +255,9 @@ def write_eagle3_layout(out_dir: Path, heads: dict[str, torch.Tensor], meta: dic
     out_dir.mkdir(parents=True, exist_ok=True)
     c = target.config
     vocab = heads["draft_vocab"].to(torch.long)
-    state = {k: v.to(dtype).contiguous() for k, v in heads.items() if k.startswith(("fc.", "midlayer.", "norm.", "lm_head."))}
+    state = {
+        k: v.to(dtype).contiguous() for k, v in heads.items() if k.startswith(("fc.", "midlayer.", "norm.", "lm_head."))
+    }
     state["d2t"] = (vocab - torch.arange(vocab.numel())).contiguous()
     t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
     t2d[vocab] = True
@@ -275,7 +288,14 @@ def write_eagle3_layout(out_dir: Path, heads: dict[str, torch.Tensor], meta: dic
     return out_dir
 
 
-def write_medusa_layout(out_dir: Path, heads: dict[str, torch.Tensor], target, num_heads: int, num_layers: int, dtype: "torch.dtype | None" = None) -> Path:
+def write_medusa_layout(
+    out_dir: Path,
+    heads: dict[str, torch.Tensor],
+    target,
+    num_heads: int,
+    num_layers: int,
+    dtype: "torch.dtype | None" = None,
+) -> Path:
     """Write FasterDecoding's layout (``config.json`` + ``medusa_lm_head.safetensors``) for ``target``.
 
     Each head's lm_head (``{h}.{num_layers}.weight``) is a copy of the target's lm_head, which the heads

@@ -25,10 +25,10 @@ def json_objects(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[s
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SpecpipeError(
-                f"{where} line {number} is not valid JSON ({exc.msg}): write one JSON object per line, e.g. {{\"prompt\": \"...\"}}"
+                f'{where} line {number} is not valid JSON ({exc.msg}): write one JSON object per line, e.g. {{"prompt": "..."}}'
             ) from exc
         if not isinstance(item, dict):
-            raise SpecpipeError(f"{where} line {number} is not a JSON object: write {{\"prompt\": \"...\"}} on each line")
+            raise SpecpipeError(f'{where} line {number} is not a JSON object: write {{"prompt": "..."}} on each line')
         yield number, item
 
 

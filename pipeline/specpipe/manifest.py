@@ -102,9 +102,14 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "format_version": self.format_version, "specpipe_version": self.specpipe_version, "name": self.name,
-            "runtime": self.runtime.value, "created": self.created, "inputs_hash": self.inputs_hash,
-            "target": self.target.to_json(), "draft": self.draft.to_json() if self.draft else None,
+            "format_version": self.format_version,
+            "specpipe_version": self.specpipe_version,
+            "name": self.name,
+            "runtime": self.runtime.value,
+            "created": self.created,
+            "inputs_hash": self.inputs_hash,
+            "target": self.target.to_json(),
+            "draft": self.draft.to_json() if self.draft else None,
             "speculative": self.speculative.to_json(),
         }
         for key in ("quantization", "parallel", "limits", "trtllm", "vllm"):
@@ -122,17 +127,25 @@ class Manifest:
         try:
             draft = data.get("draft")
             return cls(
-                name=str(data["name"]), runtime=Runtime(data["runtime"]), inputs_hash=str(data["inputs_hash"]),
-                target=Part(**data["target"]), draft=Part(**draft) if draft else None,
+                name=str(data["name"]),
+                runtime=Runtime(data["runtime"]),
+                inputs_hash=str(data["inputs_hash"]),
+                target=Part(**data["target"]),
+                draft=Part(**draft) if draft else None,
                 speculative=SpeculativeSettings.from_json(data["speculative"], where),
-                created=str(data.get("created", "")), specpipe_version=str(data["specpipe_version"]),
-                format_version=int(data["format_version"]), quantization=data.get("quantization"),
-                parallel=data.get("parallel"), limits=data.get("limits"), trtllm=data.get("trtllm"),
+                created=str(data.get("created", "")),
+                specpipe_version=str(data["specpipe_version"]),
+                format_version=int(data["format_version"]),
+                quantization=data.get("quantization"),
+                parallel=data.get("parallel"),
+                limits=data.get("limits"),
+                trtllm=data.get("trtllm"),
                 vllm=data.get("vllm"),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{where} lacks a valid field ({exc!r}): rebuild the engine with "
-                                f"'specpipe build --force'") from exc
+            raise ManifestError(
+                f"{where} lacks a valid field ({exc!r}): rebuild the engine with 'specpipe build --force'"
+            ) from exc
 
 
 def _read_manifest_json(engine_dir: Path, *, check_version: bool = True) -> dict[str, Any]:

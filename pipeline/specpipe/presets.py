@@ -117,8 +117,7 @@ def _unknown(what: str, name: str, known: list[str]) -> PresetError:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
     hint = f"did you mean '{close[0]}'? " if close else ""
     return PresetError(
-        f"unknown {what} '{name}': {hint}known {what}s: {', '.join(known)} "
-        f"(or pass a path to a preset .toml file)"
+        f"unknown {what} '{name}': {hint}known {what}s: {', '.join(known)} (or pass a path to a preset .toml file)"
     )
 
 

@@ -112,32 +112,78 @@ class MethodSpec:
 
 
 _ALL = frozenset(Runtime)
-METHODS: dict[Method, MethodSpec] = {spec.method: spec for spec in (
-    MethodSpec(Method.NONE, "plain decoding (the baseline)", _ALL, Shape.NONE),
-    MethodSpec(Method.NGRAM, "n-gram prompt lookup (no draft weights)",
-               frozenset({Runtime.CPU, Runtime.TRTLLM_LLMAPI, Runtime.VLLM}), Shape.CHAIN,
-               decoding_type="NGram", max_draft_len=4, vllm_method="ngram"),
-    MethodSpec(Method.DRAFT_MODEL, "a separate, smaller draft model", _ALL, Shape.CHAIN, weights="model",
-               build_mode="draft_tokens_external", decoding_type="Draft_Target",
-               quantizations=("bf16", "fp16", "fp8"),
-               quantization_source="examples/draft_target_model/README.md support matrix (FP16/BF16/FP8)",
-               max_draft_len=4, trainable=True, flavours=("causal-lm",), vllm_method="draft_model"),
-    MethodSpec(Method.EAGLE, "EAGLE draft head on the target's features", _ALL, Shape.TREE, weights="heads",
-               build_mode="eagle", decoding_mode="eagle", decoding_type="Eagle3",
-               quantizations=("bf16", "fp16"),
-               quantization_source="examples/eagle/README.md support matrix (FP16/BF16 only)",
-               max_draft_len=4, trainable=True, flavours=("eagle1", "eagle3"), choices_key="eagle_choices",
-               vllm_method="eagle"),
-    MethodSpec(Method.MEDUSA, "Medusa heads on the target's last hidden state",
-               frozenset({Runtime.CPU, Runtime.TRTLLM}), Shape.TREE, weights="heads",
-               build_mode="medusa", decoding_mode="medusa", quantizations=("bf16", "fp16", "fp8"),
-               quantization_source="examples/medusa/README.md support matrix (FP16, BF16, FP8 base model)",
-               max_draft_len=4, trainable=True, flavours=("medusa",), choices_key="medusa_choices"),
-    MethodSpec(Method.LOOKAHEAD, "lookahead decoding (Jacobi n-grams of the target itself)",
-               frozenset({Runtime.TRTLLM}), Shape.CHAIN, build_mode="lookahead_decoding",
-               decoding_mode="lookahead", quantizations=("bf16", "fp16", "fp8"),
-               quantization_source="examples/lookahead/README.md support matrix (FP16/BF16/FP8)"),
-)}
+METHODS: dict[Method, MethodSpec] = {
+    spec.method: spec
+    for spec in (
+        MethodSpec(Method.NONE, "plain decoding (the baseline)", _ALL, Shape.NONE),
+        MethodSpec(
+            Method.NGRAM,
+            "n-gram prompt lookup (no draft weights)",
+            frozenset({Runtime.CPU, Runtime.TRTLLM_LLMAPI, Runtime.VLLM}),
+            Shape.CHAIN,
+            decoding_type="NGram",
+            max_draft_len=4,
+            vllm_method="ngram",
+        ),
+        MethodSpec(
+            Method.DRAFT_MODEL,
+            "a separate, smaller draft model",
+            _ALL,
+            Shape.CHAIN,
+            weights="model",
+            build_mode="draft_tokens_external",
+            decoding_type="Draft_Target",
+            quantizations=("bf16", "fp16", "fp8"),
+            quantization_source="examples/draft_target_model/README.md support matrix (FP16/BF16/FP8)",
+            max_draft_len=4,
+            trainable=True,
+            flavours=("causal-lm",),
+            vllm_method="draft_model",
+        ),
+        MethodSpec(
+            Method.EAGLE,
+            "EAGLE draft head on the target's features",
+            _ALL,
+            Shape.TREE,
+            weights="heads",
+            build_mode="eagle",
+            decoding_mode="eagle",
+            decoding_type="Eagle3",
+            quantizations=("bf16", "fp16"),
+            quantization_source="examples/eagle/README.md support matrix (FP16/BF16 only)",
+            max_draft_len=4,
+            trainable=True,
+            flavours=("eagle1", "eagle3"),
+            choices_key="eagle_choices",
+            vllm_method="eagle",
+        ),
+        MethodSpec(
+            Method.MEDUSA,
+            "Medusa heads on the target's last hidden state",
+            frozenset({Runtime.CPU, Runtime.TRTLLM}),
+            Shape.TREE,
+            weights="heads",
+            build_mode="medusa",
+            decoding_mode="medusa",
+            quantizations=("bf16", "fp16", "fp8"),
+            quantization_source="examples/medusa/README.md support matrix (FP16, BF16, FP8 base model)",
+            max_draft_len=4,
+            trainable=True,
+            flavours=("medusa",),
+            choices_key="medusa_choices",
+        ),
+        MethodSpec(
+            Method.LOOKAHEAD,
+            "lookahead decoding (Jacobi n-grams of the target itself)",
+            frozenset({Runtime.TRTLLM}),
+            Shape.CHAIN,
+            build_mode="lookahead_decoding",
+            decoding_mode="lookahead",
+            quantizations=("bf16", "fp16", "fp8"),
+            quantization_source="examples/lookahead/README.md support matrix (FP16/BF16/FP8)",
+        ),
+    )
+}
 
 
 #: Checkpoint flavours whose vLLM ``speculative_config.method`` is not their method's ``vllm_method``.
@@ -175,7 +221,8 @@ def entry_for(table: Mapping[Method, T], method: Method | str, table_name: str) 
     if method not in table:
         raise MethodTableError(
             f"method {method.value!r} has no entry in {table_name}: add one (docs/architecture.md, "
-            f"'Adding a speculative method'); it has entries for {names(table)}")
+            f"'Adding a speculative method'); it has entries for {names(table)}"
+        )
     return table[method]
 
 
@@ -185,10 +232,10 @@ def names(methods) -> str:
 
 
 #: Defaults that are not the preset's to choose (CPU runtime and LLM API details).
-NGRAM_MATCH_DEFAULT = 3          # max_matching_ngram_size, tokens
-DYNAMIC_TREE_DEFAULTS = (4, 4)   # EAGLE-2 dynamic tree: top-k per expansion, depth
+NGRAM_MATCH_DEFAULT = 3  # max_matching_ngram_size, tokens
+DYNAMIC_TREE_DEFAULTS = (4, 4)  # EAGLE-2 dynamic tree: top-k per expansion, depth
 ACCEPTANCE_RULES = ("exact", "typical")
-DRAFT_VOCAB_DEFAULT = True       # drafts score the heads' reduced vocabulary unless the settings say not
+DRAFT_VOCAB_DEFAULT = True  # drafts score the heads' reduced vocabulary unless the settings say not
 
 
 @dataclass(frozen=True)
@@ -278,5 +325,6 @@ class SpeculativeSettings:
             tree = Tree.parse(choices, what=f"{where} choices") if choices is not None else None
             return cls(method=method, max_draft_len=max_draft_len, tree=tree, **values)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{where}: speculative settings are not valid ({exc}): rebuild the engine with "
-                                f"'specpipe build --force'") from exc
+            raise ManifestError(
+                f"{where}: speculative settings are not valid ({exc}): rebuild the engine with 'specpipe build --force'"
+            ) from exc

@@ -32,12 +32,69 @@ from specpipe.errors import CompatibilityError
 Path = tuple[int, ...]
 
 MC_SIM_7B_63: tuple[Path, ...] = (
-    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0),
-    (0, 5), (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0),
-    (0, 9), (8,), (9,), (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5),
-    (0, 0, 0, 0), (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9),
-    (6, 0), (0, 4, 0), (1, 4), (7, 0), (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5),
-    (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0), (0, 0, 0, 1), (1, 6), (0, 7, 0),
+    (0,),
+    (0, 0),
+    (1,),
+    (0, 1),
+    (2,),
+    (0, 0, 0),
+    (1, 0),
+    (0, 2),
+    (3,),
+    (0, 3),
+    (4,),
+    (0, 4),
+    (2, 0),
+    (0, 5),
+    (0, 0, 1),
+    (5,),
+    (0, 6),
+    (6,),
+    (0, 7),
+    (0, 1, 0),
+    (1, 1),
+    (7,),
+    (0, 8),
+    (0, 0, 2),
+    (3, 0),
+    (0, 9),
+    (8,),
+    (9,),
+    (1, 0, 0),
+    (0, 2, 0),
+    (1, 2),
+    (0, 0, 3),
+    (4, 0),
+    (2, 1),
+    (0, 0, 4),
+    (0, 0, 5),
+    (0, 0, 0, 0),
+    (0, 1, 1),
+    (0, 0, 6),
+    (0, 3, 0),
+    (5, 0),
+    (1, 3),
+    (0, 0, 7),
+    (0, 0, 8),
+    (0, 0, 9),
+    (6, 0),
+    (0, 4, 0),
+    (1, 4),
+    (7, 0),
+    (0, 1, 2),
+    (2, 0, 0),
+    (3, 1),
+    (2, 2),
+    (8, 0),
+    (0, 5, 0),
+    (1, 5),
+    (1, 0, 1),
+    (0, 2, 1),
+    (9, 0),
+    (0, 6, 0),
+    (0, 0, 0, 1),
+    (1, 6),
+    (0, 7, 0),
 )
 
 NAMED_TREES: dict[str, tuple[Path, ...]] = {"mc_sim_7b_63": MC_SIM_7B_63}
@@ -81,8 +138,11 @@ class Tree:
             raise TreeError(f"{what} must be a non-empty list of paths such as {_EXAMPLE}, got {value!r}")
         paths: list[Path] = []
         for item in value:
-            if (not isinstance(item, (list, tuple)) or not item
-                    or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in item)):
+            if (
+                not isinstance(item, (list, tuple))
+                or not item
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in item)
+            ):
                 raise TreeError(f"{what}: path {item!r} is not a non-empty list of non-negative integers")
             paths.append(tuple(item))
         if len(set(paths)) != len(paths):
@@ -124,8 +184,15 @@ class Tree:
         index = {p: i for i, p in enumerate(self.paths)}
         return tuple(index[p[:-1]] if len(p) > 1 else -1 for p in self.paths)
 
-    def check(self, *, max_depth: int | None = None, max_nodes: int | None = None, what: str = "--choices",
-              depth_limit: str = "draft heads", fix_depth: str = "use paths of at most {limit} entries") -> "Tree":
+    def check(
+        self,
+        *,
+        max_depth: int | None = None,
+        max_nodes: int | None = None,
+        what: str = "--choices",
+        depth_limit: str = "draft heads",
+        fix_depth: str = "use paths of at most {limit} entries",
+    ) -> "Tree":
         """Refuse a tree deeper than ``max_depth`` or with more nodes than ``max_nodes``; return it.
 
         Args:
@@ -138,11 +205,15 @@ class Tree:
             TreeError: naming both numbers and the fix.
         """
         if max_depth is not None and self.depth > max_depth:
-            raise TreeError(f"the {what} tree is {self.depth} deep, the draft has {max_depth} {depth_limit} "
-                            f"(one level each): {fix_depth.format(limit=max_depth)}")
+            raise TreeError(
+                f"the {what} tree is {self.depth} deep, the draft has {max_depth} {depth_limit} "
+                f"(one level each): {fix_depth.format(limit=max_depth)}"
+            )
         if max_nodes is not None and self.nodes > max_nodes:
-            raise TreeError(f"the {what} tree has {self.nodes} nodes, max_draft_len is {max_nodes}: raise "
-                            f"--max-draft-len to {self.nodes} or give a smaller tree with --choices")
+            raise TreeError(
+                f"the {what} tree has {self.nodes} nodes, max_draft_len is {max_nodes}: raise "
+                f"--max-draft-len to {self.nodes} or give a smaller tree with --choices"
+            )
         return self
 
     def truncate(self, nodes: int) -> "Tree":

@@ -33,8 +33,16 @@ def tuned_path(engines_dir: Path, name: str) -> Path:
     return Path(engines_dir) / f"{name}{SUFFIX}"
 
 
-def write_tuned(path: Path, *, target: str | None, draft: str, method: str, best: dict[str, Any],
-                curve: list[dict[str, Any]], measured_with: dict[str, Any]) -> Path:
+def write_tuned(
+    path: Path,
+    *,
+    target: str | None,
+    draft: str,
+    method: str,
+    best: dict[str, Any],
+    curve: list[dict[str, Any]],
+    measured_with: dict[str, Any],
+) -> Path:
     """Write the record (through a temporary file, so a reader never sees half of it).
 
     Args:
@@ -71,11 +79,20 @@ def read_tuned(path: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecpipeError(f"cannot read the tuning record {path} ({exc}): delete it or rerun 'specpipe tune'") from exc
+        raise SpecpipeError(
+            f"cannot read the tuning record {path} ({exc}): delete it or rerun 'specpipe tune'"
+        ) from exc
     best = record.get("best") if isinstance(record, dict) else None
-    if (not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(best, dict)
-            or not isinstance(best.get("max_draft_len"), int) or best["max_draft_len"] <= 0):
-        raise SpecpipeError(f"{path} is not a specpipe tuning record (format {FORMAT} with best.max_draft_len): delete it or rerun 'specpipe tune'")
+    if (
+        not isinstance(record, dict)
+        or record.get("format") != FORMAT
+        or not isinstance(best, dict)
+        or not isinstance(best.get("max_draft_len"), int)
+        or best["max_draft_len"] <= 0
+    ):
+        raise SpecpipeError(
+            f"{path} is not a specpipe tuning record (format {FORMAT} with best.max_draft_len): delete it or rerun 'specpipe tune'"
+        )
     return record
 
 
@@ -96,14 +113,18 @@ def apply_tuned(request: BuildRequest, target_name: str, draft_name: str) -> Bui
     if record is None:
         return request
     if record.get("target") != target_name or record.get("draft") != draft_name:
-        warn(f"ignoring {path}: it was tuned for target {record.get('target')!r} and draft "
-             f"{record.get('draft')!r}, not {target_name!r} and {draft_name!r}")
+        warn(
+            f"ignoring {path}: it was tuned for target {record.get('target')!r} and draft "
+            f"{record.get('draft')!r}, not {target_name!r} and {draft_name!r}"
+        )
         return request
     best = record["best"]
     try:
         tree = Tree.parse(best["choices"], what=f"{path} choices") if best.get("choices") else None
     except TreeError as exc:
         raise SpecpipeError(f"{exc}: delete {path} or rerun 'specpipe tune'") from exc
-    done(f"using the tuned setting from {path}: max_draft_len={best['max_draft_len']}"
-         + (f", {tree.nodes}-node tree" if tree else ""))
+    done(
+        f"using the tuned setting from {path}: max_draft_len={best['max_draft_len']}"
+        + (f", {tree.nodes}-node tree" if tree else "")
+    )
     return dataclasses.replace(request, max_draft_len=best["max_draft_len"], choices=tree)

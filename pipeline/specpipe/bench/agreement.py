@@ -66,9 +66,12 @@ def compare(reference: dict[str, str], other: dict[str, str], name: str) -> Agre
     shared = [p for p in reference if p in other]
     if not shared:
         return None
-    return Agreement(identical=sum(reference[p] == other[p] for p in shared) / len(shared), prompts=len(shared),
-                     common_prefix=sum(prefix_share(reference[p], other[p]) for p in shared) / len(shared),
-                     reference=name)
+    return Agreement(
+        identical=sum(reference[p] == other[p] for p in shared) / len(shared),
+        prompts=len(shared),
+        common_prefix=sum(prefix_share(reference[p], other[p]) for p in shared) / len(shared),
+        reference=name,
+    )
 
 
 def reference_deployment(run) -> str | None:
@@ -82,7 +85,8 @@ def greedy_agreement(run) -> dict[tuple[str, tuple[int, float | None]], Agreemen
     """Per ``(deployment, level key)`` of ``run`` (a :class:`~specpipe.bench.runner.BenchRun`): its
     :class:`Agreement` with the reference, or ``None`` (the reference, a sampled run, nothing shared)."""
     found: dict[tuple[str, tuple[int, float | None]], Agreement | None] = {
-        (level.deployment, level.key): None for level in run.levels}
+        (level.deployment, level.key): None for level in run.levels
+    }
     reference = reference_deployment(run)
     if run.settings.sampled or reference is None:
         return found
@@ -110,7 +114,8 @@ def agreement_line(run, agreements: dict | None = None) -> str | None:
             reference = found.reference
             same = round(found.identical * found.prompts)
             by_deployment.setdefault(level.deployment, []).append(
-                f"{same}/{found.prompts} ({found.common_prefix:.0%}) {_at(level)}")
+                f"{same}/{found.prompts} ({found.common_prefix:.0%}) {_at(level)}"
+            )
     if not by_deployment:
         return None
     cells = "; ".join(f"{name} {', '.join(parts)}" for name, parts in by_deployment.items())

@@ -42,7 +42,9 @@ class TokenCounter:
         return len(self._tokenizer.encode(text, add_special_tokens=False))
 
 
-def output_count(result: GenerationResult, usage_tokens: int | None, counter: TokenCounter | None) -> tuple[int | None, str]:
+def output_count(
+    result: GenerationResult, usage_tokens: int | None, counter: TokenCounter | None
+) -> tuple[int | None, str]:
     """The output token count of one request and where it came from (see ``RequestRecord``)."""
     if "num_output_tokens" in result.perf:
         return int(result.perf["num_output_tokens"]), "server"
@@ -51,7 +53,6 @@ def output_count(result: GenerationResult, usage_tokens: int | None, counter: To
     if counter:
         return counter.count(result.text), "tokenizer"
     return len(result.chunks), "chunks"
-
 
 
 def short_error(exc: BaseException) -> str:

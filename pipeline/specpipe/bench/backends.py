@@ -47,8 +47,14 @@ REQUIRED_OUTPUTS = ("text_output",)
 class TritonBackend:
     """A Triton deployment of a TensorRT-LLM-style ensemble (gRPC)."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, chat: bool = False, tokenizer: str | None = None,
-                 sampling: Sampling = Sampling()):
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        timeout_s: float = 300.0,
+        chat: bool = False,
+        tokenizer: str | None = None,
+        sampling: Sampling = Sampling(),
+    ):
         self.endpoint, self.timeout_s, self.chat, self.sampling = endpoint, timeout_s, chat, sampling
         self.client = None
         self.info: dict[str, Any] = {}
@@ -86,8 +92,10 @@ class TritonBackend:
             hint = await asyncio.to_thread(not_grpc_hint, e.address)
             if hint:
                 raise SpecpipeError(f"deployment {e.name!r}: {hint} in --url {e.name}=HOST:GRPC_PORT") from exc
-            raise SpecpipeError(f"cannot reach deployment {e.name!r} at {e.address} ({short_error(exc)}): start it "
-                                f"(specpipe serve NAME) or fix --url {e.name}=HOST:GRPC_PORT") from exc
+            raise SpecpipeError(
+                f"cannot reach deployment {e.name!r} at {e.address} ({short_error(exc)}): start it "
+                f"(specpipe serve NAME) or fix --url {e.name}=HOST:GRPC_PORT"
+            ) from exc
         if not live:
             raise SpecpipeError(f"deployment {e.name!r} at {e.address} is not live: check its server log")
         try:
@@ -110,8 +118,10 @@ class TritonBackend:
                 f"bench needs text_input, max_tokens, stream -> text_output"
             )
         if self.sampling.ignore_eos and "min_tokens" not in inputs:
-            raise SpecpipeError(f"model {e.model!r} of deployment {e.name!r} has no min_tokens input, which --ignore-eos "
-                                "needs to generate every requested token: drop --ignore-eos for it")
+            raise SpecpipeError(
+                f"model {e.model!r} of deployment {e.name!r} has no min_tokens input, which --ignore-eos "
+                "needs to generate every requested token: drop --ignore-eos for it"
+            )
         self.info = {
             "kind": "triton",
             "model": e.model,
@@ -156,16 +166,21 @@ class TritonBackend:
         apply_chat_template("test", source)  # fails now, with a clear message, rather than per request
         return lambda prompt: apply_chat_template(prompt, source)
 
-    async def send(self, prompt: str, max_tokens: int, seed: int | None = None) -> tuple[GenerationResult, int | None, str]:
+    async def send(
+        self, prompt: str, max_tokens: int, seed: int | None = None
+    ) -> tuple[GenerationResult, int | None, str]:
         """Stream one request (greedy unless :class:`Sampling` says otherwise); returns (result, output
         tokens, their source)."""
         text = self._template(prompt) if self._template else prompt
         fields = sampling_fields(self.sampling.temperature, None, self.sampling.top_p, seed)
         request = GenerationRequest(
-            text, max_tokens=max_tokens, stream=True,
+            text,
+            max_tokens=max_tokens,
+            stream=True,
             return_perf_metrics=True if self.info.get("perf_outputs", True) else None,
             return_num_tokens=True if self.info.get("num_tokens_flags") else None,
-            min_tokens=max_tokens if self.sampling.ignore_eos else None, **fields,
+            min_tokens=max_tokens if self.sampling.ignore_eos else None,
+            **fields,
         )
         result = await self.client.generate(request)
         tokens, source = output_count(result, None, self.counter)
@@ -185,7 +200,9 @@ class TritonBackend:
         return spec_counters(samples) if samples else None
 
 
-def make_backend(endpoint: Endpoint, timeout_s: float, chat: bool, tokenizer: str | None, sampling: Sampling = Sampling()):
+def make_backend(
+    endpoint: Endpoint, timeout_s: float, chat: bool, tokenizer: str | None, sampling: Sampling = Sampling()
+):
     """The backend for ``endpoint``'s kind."""
     cls = TritonBackend if endpoint.kind == "triton" else OpenAIBackend
     return cls(endpoint, timeout_s=timeout_s, chat=chat, tokenizer=tokenizer, sampling=sampling)

@@ -55,13 +55,17 @@ def parse_endpoint(spec: str, triton_model: str = "ensemble") -> Endpoint:
     name, sep, address = spec.partition("=")
     name, address = name.strip(), address.strip()
     if not sep or not name or not address:
-        raise SpecpipeError(f"--url {spec!r} must be NAME=HOST:PORT or NAME=openai://HOST:PORT/v1, e.g. baseline=localhost:8001")
+        raise SpecpipeError(
+            f"--url {spec!r} must be NAME=HOST:PORT or NAME=openai://HOST:PORT/v1, e.g. baseline=localhost:8001"
+        )
     if not _NAME.match(name):
         raise SpecpipeError(f"deployment name {name!r} in --url must be letters, digits, '.', '_' or '-'")
     if address.startswith(("openai://", "openai+http://", "openai+https://")):
         return _openai(name, address)
     if "://" in address:
-        raise SpecpipeError(f"--url {spec!r}: use HOST:PORT for Triton gRPC or openai://HOST:PORT/v1 for an OpenAI-compatible server")
+        raise SpecpipeError(
+            f"--url {spec!r}: use HOST:PORT for Triton gRPC or openai://HOST:PORT/v1 for an OpenAI-compatible server"
+        )
     match = _HOSTPORT.match(address)
     if not match or not 0 < int(match["port"]) < 65535:
         raise SpecpipeError(f"--url {spec!r}: {address!r} is not HOST:PORT (Triton's gRPC port, e.g. localhost:8001)")
@@ -105,6 +109,8 @@ def parse_endpoints(specs: list[str], metrics: list[str] = (), triton_model: str
             raise SpecpipeError(f"--metrics {spec!r} must be NAME=URL for a NAME given with --url ({', '.join(names)})")
         overrides[name] = None if url.strip().lower() == "none" else url.strip()
     return [
-        Endpoint(e.name, e.kind, e.address, e.model, overrides.get(e.name, e.metrics_url), e.chat) if e.name in overrides else e
+        Endpoint(e.name, e.kind, e.address, e.model, overrides.get(e.name, e.metrics_url), e.chat)
+        if e.name in overrides
+        else e
         for e in endpoints
     ]

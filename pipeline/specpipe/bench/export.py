@@ -39,16 +39,24 @@ def _request(record: RequestRecord, origin_ns: int, prompt: str, max_tokens: int
     if not times or end > times[-1]:
         times.append(end)
         outputs.append({"text_output": ""})
-    return {"timestamp": sent, "request_inputs": {"text_input": prompt, "max_tokens": max_tokens, "stream": True},
-            "response_timestamps": times, "response_outputs": outputs}
+    return {
+        "timestamp": sent,
+        "request_inputs": {"text_input": prompt, "max_tokens": max_tokens, "stream": True},
+        "response_timestamps": times,
+        "response_outputs": outputs,
+    }
 
 
 def experiment(level: LevelResult, prompts: dict[str, str], max_tokens: int) -> dict[str, Any]:
     """One level as an experiment: ``mode`` ``request_rate`` (value: requests/s) or ``concurrency``."""
-    mode = ("request_rate", level.request_rate) if level.request_rate is not None else ("concurrency", level.concurrency)
+    mode = (
+        ("request_rate", level.request_rate) if level.request_rate is not None else ("concurrency", level.concurrency)
+    )
     origin = level.origin_unix_ns or 0
-    return {"experiment": {"mode": mode[0], "value": mode[1]},
-            "requests": [_request(r, origin, prompts.get(r.prompt_id, ""), max_tokens) for r in level.records if r.ok]}
+    return {
+        "experiment": {"mode": mode[0], "value": mode[1]},
+        "requests": [_request(r, origin, prompts.get(r.prompt_id, ""), max_tokens) for r in level.records if r.ok],
+    }
 
 
 def profile_export(run, deployment: dict[str, Any]) -> dict[str, Any]:
@@ -56,8 +64,12 @@ def profile_export(run, deployment: dict[str, Any]) -> dict[str, Any]:
     from specpipe import __version__
 
     levels = [level for level in run.levels if level.deployment == deployment["name"]]
-    return {"version": f"specpipe {__version__}", "service_kind": "triton", "endpoint": deployment.get("address", ""),
-            "experiments": [experiment(level, run.prompts, run.settings.max_tokens) for level in levels]}
+    return {
+        "version": f"specpipe {__version__}",
+        "service_kind": "triton",
+        "endpoint": deployment.get("address", ""),
+        "experiments": [experiment(level, run.prompts, run.settings.max_tokens) for level in levels],
+    }
 
 
 def write_profile_exports(run, out_dir: Path) -> list[Path]:

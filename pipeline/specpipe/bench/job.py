@@ -102,8 +102,10 @@ def check_output_folder(out_dir: Path) -> None:
     """
     existing = next(p for p in (out_dir.absolute(), *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
-        raise SpecpipeError(f"--out {out_dir}: {existing} is a file; pass a folder for the results "
-                            "(bench.json, bench.csv, requests.csv, bench.png)")
+        raise SpecpipeError(
+            f"--out {out_dir}: {existing} is a file; pass a folder for the results "
+            "(bench.json, bench.csv, requests.csv, bench.png)"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise SpecpipeError(f"--out {out_dir}: cannot write in {existing}; pass another folder with --out")
 
@@ -121,14 +123,26 @@ def run_benchmark(request: BenchRequest, show_progress: bool = True) -> BenchOut
     prompt_list, label = load_prompts(request.prompts)
     if request.input_len is not None:
         label = f"synthetic {request.input_len} tokens"
-    settings = BenchSettings(prompts=label, concurrencies=tuple(request.concurrency),
-                             max_tokens=request.output_len or request.max_tokens,
-                             num_requests=request.num_requests, duration_s=request.duration, warmup=request.warmup,
-                             chat=request.chat, timeout_s=request.timeout, baseline=request.baseline, tokenizer=request.tokenizer,
-                             rounds=request.rounds, request_rates=tuple(request.request_rate),
-                             max_concurrency=request.max_concurrency, input_len=request.input_len,
-                             ignore_eos=request.ignore_eos, temperature=request.temperature, top_p=request.top_p,
-                             seed=request.seed)
+    settings = BenchSettings(
+        prompts=label,
+        concurrencies=tuple(request.concurrency),
+        max_tokens=request.output_len or request.max_tokens,
+        num_requests=request.num_requests,
+        duration_s=request.duration,
+        warmup=request.warmup,
+        chat=request.chat,
+        timeout_s=request.timeout,
+        baseline=request.baseline,
+        tokenizer=request.tokenizer,
+        rounds=request.rounds,
+        request_rates=tuple(request.request_rate),
+        max_concurrency=request.max_concurrency,
+        input_len=request.input_len,
+        ignore_eos=request.ignore_eos,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+    )
     out_dir = Path(request.out) if request.out else default_out_dir()
     check_output_folder(out_dir)
     run = execute(endpoints, prompt_list, settings, show_progress)
@@ -146,17 +160,26 @@ def check_request(request: BenchRequest) -> None:
     if request.num_requests is not None and request.duration is not None:
         raise SpecpipeError("give --num-requests or --duration, not both")
     if request.max_concurrency is not None and not request.request_rate:
-        raise SpecpipeError("--max-concurrency caps open-loop load: give it with --request-rate (closed loop: --concurrency)")
+        raise SpecpipeError(
+            "--max-concurrency caps open-loop load: give it with --request-rate (closed loop: --concurrency)"
+        )
     bad_rate = [r for r in request.request_rate if not r > 0 or r == float("inf")]
     if bad_rate:
-        raise SpecpipeError(f"--request-rate {bad_rate[0]:g} must be a finite number of requests/s above 0, e.g. 0.5,1,2")
-    for name, value in (("--input-len", request.input_len), ("--output-len", request.output_len),
-                        ("--max-concurrency", request.max_concurrency)):
+        raise SpecpipeError(
+            f"--request-rate {bad_rate[0]:g} must be a finite number of requests/s above 0, e.g. 0.5,1,2"
+        )
+    for name, value in (
+        ("--input-len", request.input_len),
+        ("--output-len", request.output_len),
+        ("--max-concurrency", request.max_concurrency),
+    ):
         if value is not None and value < 1:
             raise SpecpipeError(f"{name} must be at least 1, got {value}")
     if request.input_len is not None and request.chat:
-        raise SpecpipeError("--input-len builds raw prompts of exactly that many tokens, which a chat template would "
-                            "lengthen: drop --chat")
+        raise SpecpipeError(
+            "--input-len builds raw prompts of exactly that many tokens, which a chat template would "
+            "lengthen: drop --chat"
+        )
     if request.temperature is not None and not 0 <= request.temperature < float("inf"):
         raise SpecpipeError(f"--temperature must be a finite number >= 0 (0: greedy), got {request.temperature:g}")
     if request.top_p is not None and not 0 < request.top_p <= 1:
@@ -188,15 +211,23 @@ def mark_unmeasured(run: BenchRun) -> None:
         run.mark_incomplete(reason)
 
 
-def execute(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, show_progress: bool = True) -> BenchRun:
+def execute(
+    endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, show_progress: bool = True
+) -> BenchRun:
     """Run the benchmark; Ctrl-C or a failure after measuring began leaves a run marked incomplete.
 
     Raises:
         SpecpipeError: a pre-flight check failed (nothing measured).
     """
     run = BenchRun(settings=settings)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, disable=not show_progress)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not show_progress,
+    )
     try:
         try:
             asyncio.run(run_bench(endpoints, prompts, settings, run, progress))

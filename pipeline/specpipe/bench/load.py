@@ -85,9 +85,18 @@ def one_line(error: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def make_record(deployment: str, concurrency: int, index: int, prompt: Prompt, start_s: float,
-                result: GenerationResult, tokens: int | None, source: str, seed: int | None = None,
-                scheduled_s: float | None = None) -> RequestRecord:
+def make_record(
+    deployment: str,
+    concurrency: int,
+    index: int,
+    prompt: Prompt,
+    start_s: float,
+    result: GenerationResult,
+    tokens: int | None,
+    source: str,
+    seed: int | None = None,
+    scheduled_s: float | None = None,
+) -> RequestRecord:
     """A :class:`RequestRecord` from one backend answer (draft counters from the perf outputs)."""
     perf = result.perf
     drafts = perf.get("total_draft_tokens")
@@ -121,13 +130,19 @@ def add_counters(total: CounterAcceptance | None, delta: CounterAcceptance | Non
     if total is None or delta is None:
         return None
     plus = lambda a, b: None if a is None or b is None else a + b  # noqa: E731
-    positions = {k: total.accepted_per_position.get(k, 0.0) + delta.accepted_per_position.get(k, 0.0)
-                 for k in set(total.accepted_per_position) | set(delta.accepted_per_position)}
-    return CounterAcceptance(draft_tokens=total.draft_tokens + delta.draft_tokens,
-                             accepted_draft_tokens=total.accepted_draft_tokens + delta.accepted_draft_tokens,
-                             output_tokens=plus(total.output_tokens, delta.output_tokens),
-                             requests=plus(total.requests, delta.requests), source=delta.source,
-                             drafts=plus(total.drafts, delta.drafts), accepted_per_position=positions)
+    positions = {
+        k: total.accepted_per_position.get(k, 0.0) + delta.accepted_per_position.get(k, 0.0)
+        for k in set(total.accepted_per_position) | set(delta.accepted_per_position)
+    }
+    return CounterAcceptance(
+        draft_tokens=total.draft_tokens + delta.draft_tokens,
+        accepted_draft_tokens=total.accepted_draft_tokens + delta.accepted_draft_tokens,
+        output_tokens=plus(total.output_tokens, delta.output_tokens),
+        requests=plus(total.requests, delta.requests),
+        source=delta.source,
+        drafts=plus(total.drafts, delta.drafts),
+        accepted_per_position=positions,
+    )
 
 
 def counter_delta(before: dict | None, after: dict | None) -> CounterAcceptance | None:
@@ -137,9 +152,15 @@ def counter_delta(before: dict | None, after: dict | None) -> CounterAcceptance 
     diff = lambda key: None if before.get(key) is None or after.get(key) is None else after[key] - before[key]  # noqa: E731
     old, new = before.get("accepted_per_position") or {}, after.get("accepted_per_position") or {}
     positions = {k: v - old.get(k, 0.0) for k, v in new.items()}
-    return CounterAcceptance(draft_tokens=diff("draft_tokens") or 0.0, accepted_draft_tokens=diff("accepted_draft_tokens") or 0.0,
-                             output_tokens=diff("output_tokens"), requests=diff("requests"), source=str(after["source"]),
-                             drafts=diff("drafts"), accepted_per_position=positions)
+    return CounterAcceptance(
+        draft_tokens=diff("draft_tokens") or 0.0,
+        accepted_draft_tokens=diff("accepted_draft_tokens") or 0.0,
+        output_tokens=diff("output_tokens"),
+        requests=diff("requests"),
+        source=str(after["source"]),
+        drafts=diff("drafts"),
+        accepted_per_position=positions,
+    )
 
 
 async def _memory_now(backend, pid: int | None, session, timeout_s: float) -> tuple[float, str] | None:
@@ -192,7 +213,9 @@ def _host_port(address: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
-async def _send(backend, prompt: Prompt, plan: LoadPlan, index: int) -> tuple[GenerationResult, int | None, str, int | None]:
+async def _send(
+    backend, prompt: Prompt, plan: LoadPlan, index: int
+) -> tuple[GenerationResult, int | None, str, int | None]:
     """Send one request (a client-side failure becomes an error result); also returns the seed sent."""
     seed = None if plan.seed is None else plan.seed + index
     sent = time.perf_counter()
@@ -207,8 +230,13 @@ async def _send(backend, prompt: Prompt, plan: LoadPlan, index: int) -> tuple[Ge
     return result, tokens, source, seed
 
 
-async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: LevelResult,
-                    on_record: Callable[[RequestRecord], None] = lambda record: None) -> LevelResult:
+async def run_level(
+    backend,
+    prompts: list[Prompt],
+    plan: LoadPlan,
+    level: LevelResult,
+    on_record: Callable[[RequestRecord], None] = lambda record: None,
+) -> LevelResult:
     """Apply ``plan`` to ``backend`` (closed or open loop, module doc), appending each request's record
     to ``level`` as it completes.
 
@@ -236,7 +264,9 @@ async def run_level(backend, prompts: list[Prompt], plan: LoadPlan, level: Level
         result, tokens, source, seed = await _send(backend, prompt, plan, index)
         start = sent - origin + time_offset_s
         scheduled = None if scheduled_s is None else scheduled_s + time_offset_s
-        record = make_record(level.deployment, plan.concurrency, index, prompt, start, result, tokens, source, seed, scheduled)
+        record = make_record(
+            level.deployment, plan.concurrency, index, prompt, start, result, tokens, source, seed, scheduled
+        )
         level.records.append(record)
         on_record(record)
         if record.error is not None and not stop.is_set() and not await backend.alive():

@@ -86,11 +86,17 @@ def versions() -> dict[str, str | None]:
 @lru_cache(maxsize=1)
 def _facts() -> tuple:
     memory = psutil.virtual_memory().total
-    return (("cpu_model", cpu_model()), ("cpu_logical_cores", psutil.cpu_count(logical=True)),
-            ("cpu_physical_cores", psutil.cpu_count(logical=False)), ("memory_bytes", int(memory)),
-            ("gpus", tuple(tuple(g.items()) for g in gpus())), ("os", platform.platform()),
-            ("python", sys.version.split()[0]), ("packages", tuple(versions().items())),
-            ("git", None if (g := git_commit()) is None else tuple(g.items())))
+    return (
+        ("cpu_model", cpu_model()),
+        ("cpu_logical_cores", psutil.cpu_count(logical=True)),
+        ("cpu_physical_cores", psutil.cpu_count(logical=False)),
+        ("memory_bytes", int(memory)),
+        ("gpus", tuple(tuple(g.items()) for g in gpus())),
+        ("os", platform.platform()),
+        ("python", sys.version.split()[0]),
+        ("packages", tuple(versions().items())),
+        ("git", None if (g := git_commit()) is None else tuple(g.items())),
+    )
 
 
 def machine_facts() -> dict[str, Any]:

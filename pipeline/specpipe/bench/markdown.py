@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 #: How ``memory_kind`` is shown (see ``memory_peak_bytes`` in :data:`specpipe.bench.report.METRIC_DEFINITIONS`).
 MEMORY_KINDS = {"gpu": "GPU", "cpu": "host-wide", "process": "process tree PSS"}
 
@@ -46,7 +45,9 @@ def throughput_table(bench: dict[str, Any]) -> str:
                 continue
             tps = level["aggregate"]["output_token_throughput"]
             gain = level.get("speedup_vs_baseline")
-            shown = "busy" if level.get("verdict") == "busy" else _fmt(gain, 2, "×")  # not a result (specpipe.bench.noise)
+            shown = (
+                "busy" if level.get("verdict") == "busy" else _fmt(gain, 2, "×")
+            )  # not a result (specpipe.bench.noise)
             cells.append(f"{_fmt(tps)} ({shown})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -59,8 +60,11 @@ def latency_table(bench: dict[str, Any]) -> str:
     levels = _by_level(bench["results"])
     concurrencies = sorted({c for _, c in levels})
     low, high = concurrencies[0], concurrencies[-1]
-    head = ("| deployment | " + " | ".join(f"TTFT p50 @{c} (ms)" for c in concurrencies)
-            + f" | tokens/step @{low} | tokens/step @{high} | peak memory (MiB) |")
+    head = (
+        "| deployment | "
+        + " | ".join(f"TTFT p50 @{c} (ms)" for c in concurrencies)
+        + f" | tokens/step @{low} | tokens/step @{high} | peak memory (MiB) |"
+    )
     lines = [head, "|---|" + "---|" * (len(concurrencies) + 3)]
     for d in bench["deployments"]:
         name = d["name"]
@@ -74,7 +78,9 @@ def latency_table(bench: dict[str, Any]) -> str:
         measured = [levels[(name, c)] for c in concurrencies if levels.get((name, c), {}).get("memory_peak_bytes")]
         if measured:
             peak = max(measured, key=lambda level: level["memory_peak_bytes"])
-            row.append(f"{_fmt(peak['memory_peak_bytes'] / 2**20, 0)} {MEMORY_KINDS.get(peak.get('memory_kind'), '')}".strip())
+            row.append(
+                f"{_fmt(peak['memory_peak_bytes'] / 2**20, 0)} {MEMORY_KINDS.get(peak.get('memory_kind'), '')}".strip()
+            )
         else:
             row.append("—")
         lines.append("| " + " | ".join(row) + " |")
@@ -93,11 +99,23 @@ def load_table(path: str | Path, *more: str | Path) -> str:
     bench = {**benches[0], "results": [r for b in benches for r in b["results"]]}
     settings = bench["settings"]
     commands = " and ".join(f"`{b.get('command') or 'specpipe bench'}`" for b in benches)
-    header = (f"{commands} ({settings['prompts']} prompts, "
-              f"{settings['max_tokens']} new tokens, greedy; measured {bench['started'][:10]}, "
-              f"specpipe {bench['specpipe_version']}):")
-    return "\n\n".join([header, "Output tokens/s (gain against the baseline at the same concurrency):",
-                        throughput_table(bench), "Time to first token and memory:", latency_table(bench)]) + "\n"
+    header = (
+        f"{commands} ({settings['prompts']} prompts, "
+        f"{settings['max_tokens']} new tokens, greedy; measured {bench['started'][:10]}, "
+        f"specpipe {bench['specpipe_version']}):"
+    )
+    return (
+        "\n\n".join(
+            [
+                header,
+                "Output tokens/s (gain against the baseline at the same concurrency):",
+                throughput_table(bench),
+                "Time to first token and memory:",
+                latency_table(bench),
+            ]
+        )
+        + "\n"
+    )
 
 
 def interleaved_table(path: str | Path) -> str:
@@ -111,9 +129,12 @@ def interleaved_table(path: str | Path) -> str:
     levels = sorted({row["concurrency"] for row in report["levels"]})
     names = list(dict.fromkeys(row["deployment"] for row in report["levels"]))
     cell = {(row["deployment"], row["concurrency"]): row for row in report["levels"]}
-    lines = [f"`{report['command']}` (measured {report['date']}, torch {report['torch']}):", "",
-             "| deployment | " + " | ".join(f"concurrency {c}" for c in levels) + " |",
-             "|---|" + "---|" * len(levels)]
+    lines = [
+        f"`{report['command']}` (measured {report['date']}, torch {report['torch']}):",
+        "",
+        "| deployment | " + " | ".join(f"concurrency {c}" for c in levels) + " |",
+        "|---|" + "---|" * len(levels),
+    ]
     for name in names:
         cells = []
         for c in levels:
@@ -140,12 +161,17 @@ def ngram_ceiling_table(path: str | Path) -> str:
     sets = list(dict.fromkeys(row["prompts"] for row in report["results"]))
     drafters = list(dict.fromkeys(row["drafter"] for row in report["results"]))
     cell = {(row["drafter"], row["prompts"]): row for row in report["results"]}
-    lines = [f"`{report['command']}` (measured {report['date']}; {report['answer_tokens']} greedy tokens per answer; "
-             "tokens per target forward, in brackets the predicted speed-up):", "",
-             "| drafter | " + " | ".join(f"{name} ({report['prompts_per_set'][name]} prompts)" for name in sets) + " |",
-             "|---|" + "---|" * len(sets)]
+    lines = [
+        f"`{report['command']}` (measured {report['date']}; {report['answer_tokens']} greedy tokens per answer; "
+        "tokens per target forward, in brackets the predicted speed-up):",
+        "",
+        "| drafter | " + " | ".join(f"{name} ({report['prompts_per_set'][name]} prompts)" for name in sets) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
     for drafter in drafters:
-        cells = [f"{cell[(drafter, s)]['tokens_per_forward']:.2f} ({cell[(drafter, s)]['predicted_speedup']:.2f}×)"
-                 for s in sets]
+        cells = [
+            f"{cell[(drafter, s)]['tokens_per_forward']:.2f} ({cell[(drafter, s)]['predicted_speedup']:.2f}×)"
+            for s in sets
+        ]
         lines.append(f"| {drafter} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

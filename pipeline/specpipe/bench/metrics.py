@@ -37,13 +37,30 @@ from collections import defaultdict
 #: Counter names per exporter: (draft tokens, accepted draft tokens, output tokens, requests, draft
 #: proposals, accepted tokens per position), ``None`` where the exporter has no such counter.
 COUNTER_SETS = {
-    "vllm": ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens", "vllm:generation_tokens",
-             "vllm:request_success", "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens_per_pos"),
-    "specpipe": ("specpipe_draft_tokens", "specpipe_accepted_draft_tokens", "specpipe_output_tokens", "specpipe_requests",
-                 None, None),
-    "specpipe-triton": ("specpipe:spec_decode_num_draft_tokens", "specpipe:spec_decode_num_accepted_tokens",
-                        "specpipe:generation_tokens", "specpipe:request_success", "specpipe:spec_decode_num_drafts",
-                        "specpipe:spec_decode_num_accepted_tokens_per_pos"),
+    "vllm": (
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:generation_tokens",
+        "vllm:request_success",
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+    ),
+    "specpipe": (
+        "specpipe_draft_tokens",
+        "specpipe_accepted_draft_tokens",
+        "specpipe_output_tokens",
+        "specpipe_requests",
+        None,
+        None,
+    ),
+    "specpipe-triton": (
+        "specpipe:spec_decode_num_draft_tokens",
+        "specpipe:spec_decode_num_accepted_tokens",
+        "specpipe:generation_tokens",
+        "specpipe:request_success",
+        "specpipe:spec_decode_num_drafts",
+        "specpipe:spec_decode_num_accepted_tokens_per_pos",
+    ),
 }
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -82,8 +99,11 @@ def _matching(samples: Samples, name: str | None, model: str | None) -> list[tup
         return []
     base = name.removesuffix("_total")
     found = samples.get(base + "_total") or samples.get(base) or []
-    return [(labels, value) for labels, value in found
-            if model is None or labels.get("model", labels.get("model_name", model)) == model]
+    return [
+        (labels, value)
+        for labels, value in found
+        if model is None or labels.get("model", labels.get("model_name", model)) == model
+    ]
 
 
 def _total(samples: Samples, name: str | None, model: str | None) -> float | None:
@@ -112,10 +132,15 @@ def spec_counters(samples: Samples, model: str | None = None) -> dict | None:
     for source, (draft, accepted, output, requests, drafts, per_position) in COUNTER_SETS.items():
         d, a = _total(samples, draft, model), _total(samples, accepted, model)
         if d is not None and a is not None:
-            return {"source": source, "draft_tokens": d, "accepted_draft_tokens": a,
-                    "output_tokens": _total(samples, output, model), "requests": _total(samples, requests, model),
-                    "drafts": _total(samples, drafts, model),
-                    "accepted_per_position": _per_position(samples, per_position, model)}
+            return {
+                "source": source,
+                "draft_tokens": d,
+                "accepted_draft_tokens": a,
+                "output_tokens": _total(samples, output, model),
+                "requests": _total(samples, requests, model),
+                "drafts": _total(samples, drafts, model),
+                "accepted_per_position": _per_position(samples, per_position, model),
+            }
     return None
 
 

@@ -145,9 +145,14 @@ class NoiseReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the limits used, and each level's finding keyed by concurrency."""
-        return {"baseline": self.baseline, "control": self.control, "busy_ratio": BUSY_RATIO,
-                "round_spread_limit": ROUND_SPREAD_LIMIT, "busy": self.busy,
-                "levels": [asdict(self.levels[c]) for c in sorted(self.levels)]}
+        return {
+            "baseline": self.baseline,
+            "control": self.control,
+            "busy_ratio": BUSY_RATIO,
+            "round_spread_limit": ROUND_SPREAD_LIMIT,
+            "busy": self.busy,
+            "levels": [asdict(self.levels[c]) for c in sorted(self.levels)],
+        }
 
 
 def assess(levels: list[LevelResult], baseline: str, control: str | None) -> NoiseReport:
@@ -163,7 +168,9 @@ def assess(levels: list[LevelResult], baseline: str, control: str | None) -> Noi
     by_level: dict[int, dict[str, LevelResult]] = {}
     for level in levels:
         by_level.setdefault(level.concurrency, {})[level.deployment] = level
-    return NoiseReport(baseline, control, {c: _assess_level(c, found, baseline, control) for c, found in sorted(by_level.items())})
+    return NoiseReport(
+        baseline, control, {c: _assess_level(c, found, baseline, control) for c, found in sorted(by_level.items())}
+    )
 
 
 def _assess_level(concurrency: int, levels: dict[str, LevelResult], baseline: str, control: str) -> LevelNoise:
@@ -172,20 +179,29 @@ def _assess_level(concurrency: int, levels: dict[str, LevelResult], baseline: st
     if base is None or ctrl is None:
         missing = [name for name, value in ((baseline, base), (control, ctrl)) if value is None]
         why = "; ".join(f"{name}: {_failure(levels.get(name))}" for name in missing)
-        return LevelNoise(concurrency, UNCHECKED, reasons=(f"{where}: speed-ups unchecked, no control to compare ({why})",))
+        return LevelNoise(
+            concurrency, UNCHECKED, reasons=(f"{where}: speed-ups unchecked, no control to compare ({why})",)
+        )
     ratio = ctrl / base
-    ratios = {name: round_ratios(level, levels[baseline]) for name, level in levels.items()
-              if name != baseline and not level.incomplete}
+    ratios = {
+        name: round_ratios(level, levels[baseline])
+        for name, level in levels.items()
+        if name != baseline and not level.incomplete
+    }
     spreads = {name: value for name, r in ratios.items() if (value := spread(r)) is not None}
     reasons, busy = [], []
     if abs(math.log(ratio)) > math.log(BUSY_RATIO):
-        reasons.append(f"{where}: the machine was too busy: the control (the baseline served twice) measured "
-                       f"{ratio:.2f}x the baseline (quiet: {1 / BUSY_RATIO:.2f}-{BUSY_RATIO:.2f}x)")
+        reasons.append(
+            f"{where}: the machine was too busy: the control (the baseline served twice) measured "
+            f"{ratio:.2f}x the baseline (quiet: {1 / BUSY_RATIO:.2f}-{BUSY_RATIO:.2f}x)"
+        )
     for name, value in spreads.items():
         if value > ROUND_SPREAD_LIMIT:
             low, high = min(ratios[name]), max(ratios[name])
-            reasons.append(f"{where}: the machine was busy during {name}'s turns: its rounds measured "
-                           f"{low:.2f}-{high:.2f}x the baseline's (quiet: within {ROUND_SPREAD_LIMIT:.0f}x of each other)")
+            reasons.append(
+                f"{where}: the machine was busy during {name}'s turns: its rounds measured "
+                f"{low:.2f}-{high:.2f}x the baseline's (quiet: within {ROUND_SPREAD_LIMIT:.0f}x of each other)"
+            )
             busy.append(name)
     level_busy = bool(reasons) and (abs(math.log(ratio)) > math.log(BUSY_RATIO) or control in busy)
     if level_busy:

@@ -19,8 +19,14 @@ from specpipe.errors import SpecpipeError
 class OpenAIBackend:
     """An OpenAI-compatible server (``/v1/completions`` or ``/v1/chat/completions``), streamed."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, chat: bool = False, tokenizer: str | None = None,
-                 sampling: Sampling = Sampling()):
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        timeout_s: float = 300.0,
+        chat: bool = False,
+        tokenizer: str | None = None,
+        sampling: Sampling = Sampling(),
+    ):
         self.endpoint, self.timeout_s, self.sampling = endpoint, timeout_s, sampling
         self.chat = chat or endpoint.chat
         self.model = endpoint.model
@@ -41,7 +47,9 @@ class OpenAIBackend:
     async def _models(self, timeout_s: float) -> list[str]:
         import aiohttp
 
-        async with self.session.get(f"{self.endpoint.address}/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+        async with self.session.get(
+            f"{self.endpoint.address}/models", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as reply:
             if reply.status != 200:
                 raise SpecpipeError(f"GET {self.endpoint.address}/models answered HTTP {reply.status}")
             body = await reply.json(content_type=None)
@@ -67,22 +75,33 @@ class OpenAIBackend:
             hint = await asyncio.to_thread(not_http_hint, e.address)
             if hint:
                 raise SpecpipeError(f"deployment {e.name!r} (--url {e.name}=openai://...): {hint}") from exc
-            raise SpecpipeError(f"cannot reach deployment {e.name!r} at {e.address} ({short_error(exc)}): start the server "
-                                f"or fix --url {e.name}=openai://HOST:PORT/v1") from exc
+            raise SpecpipeError(
+                f"cannot reach deployment {e.name!r} at {e.address} ({short_error(exc)}): start the server "
+                f"or fix --url {e.name}=openai://HOST:PORT/v1"
+            ) from exc
         if self.model is None:
             if len(models) != 1:
-                raise SpecpipeError(f"deployment {e.name!r} at {e.address} serves {len(models)} models ({', '.join(models) or 'none'}): "
-                                    f"pick one with --url {e.name}=openai://HOST:PORT/v1?model=ID")
+                raise SpecpipeError(
+                    f"deployment {e.name!r} at {e.address} serves {len(models)} models ({', '.join(models) or 'none'}): "
+                    f"pick one with --url {e.name}=openai://HOST:PORT/v1?model=ID"
+                )
             self.model = models[0]
         elif self.model not in models:
-            raise SpecpipeError(f"deployment {e.name!r} at {e.address} does not serve model {self.model!r} (it serves "
-                                f"{', '.join(models) or 'none'}): fix ?model=")
+            raise SpecpipeError(
+                f"deployment {e.name!r} at {e.address} does not serve model {self.model!r} (it serves "
+                f"{', '.join(models) or 'none'}): fix ?model="
+            )
         self.info = {"kind": "openai", "model": self.model, "api": "chat/completions" if self.chat else "completions"}
         return self.info
 
     def _body(self, prompt: str, max_tokens: int, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "stream": True,
-                                "temperature": self.sampling.temperature or 0.0, "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "temperature": self.sampling.temperature or 0.0,
+            "stream_options": {"include_usage": True},
+        }
         if self.sampling.top_p is not None:
             body["top_p"] = self.sampling.top_p
         if seed is not None:
@@ -93,7 +112,9 @@ class OpenAIBackend:
             return "chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
         return "completions", {**body, "prompt": prompt}
 
-    async def send(self, prompt: str, max_tokens: int, seed: int | None = None) -> tuple[GenerationResult, int | None, str]:
+    async def send(
+        self, prompt: str, max_tokens: int, seed: int | None = None
+    ) -> tuple[GenerationResult, int | None, str]:
         """Stream one request (greedy unless :class:`Sampling` says otherwise); returns (result, output
         tokens, their source)."""
         path, body = self._body(prompt, max_tokens, seed)
@@ -110,7 +131,11 @@ class OpenAIBackend:
                             break
                         data = json.loads(event)
                         if "error" in data:
-                            result.error = str(data["error"].get("message", data["error"]) if isinstance(data["error"], dict) else data["error"])
+                            result.error = str(
+                                data["error"].get("message", data["error"])
+                                if isinstance(data["error"], dict)
+                                else data["error"]
+                            )
                             break
                         text = _chunk_text(data)
                         if text:

@@ -41,10 +41,14 @@ def parse_prompts(lines: list[str], where: str) -> list[Prompt]:
     for number, item in json_objects(lines, where):
         text = nonempty_string(item, "prompt")
         if text is None:
-            raise SpecpipeError(f"{where} line {number} has no non-empty string \"prompt\": write {{\"prompt\": \"...\"}} on each line")
+            raise SpecpipeError(
+                f'{where} line {number} has no non-empty string "prompt": write {{"prompt": "..."}} on each line'
+            )
         prompts.append(Prompt(id=str(item.get("id", f"{number}")), text=text))
     if not prompts:
-        raise SpecpipeError(f"{where} holds no prompt: add lines like {{\"prompt\": \"...\"}} or use a built-in set ({', '.join(BUILTIN_SETS)})")
+        raise SpecpipeError(
+            f'{where} holds no prompt: add lines like {{"prompt": "..."}} or use a built-in set ({", ".join(BUILTIN_SETS)})'
+        )
     return prompts
 
 
@@ -59,7 +63,9 @@ def load_prompts(spec: str) -> tuple[list[Prompt], str]:
         return parse_prompts(path.read_text(encoding="utf-8").splitlines(), f"built-in prompt set {spec}"), spec
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise SpecpipeError(f"--prompts {spec!r} is neither a built-in set ({', '.join(BUILTIN_SETS)}) nor a file: check the path")
+        raise SpecpipeError(
+            f"--prompts {spec!r} is neither a built-in set ({', '.join(BUILTIN_SETS)}) nor a file: check the path"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -106,7 +106,12 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The record with its derived values (``end_s``, ``itl_s``, ``mean_accepted_length``)."""
-        return {**asdict(self), "end_s": self.end_s, "itl_s": self.itl_s, "mean_accepted_length": self.mean_accepted_length}
+        return {
+            **asdict(self),
+            "end_s": self.end_s,
+            "itl_s": self.itl_s,
+            "mean_accepted_length": self.mean_accepted_length,
+        }
 
 
 @dataclass
@@ -139,7 +144,9 @@ class CounterAcceptance:
         per-position acceptance rate); ``None`` without both counters."""
         if not self.accepted_per_position or not self.drafts:
             return None
-        return [self.accepted_per_position.get(k, 0.0) / self.drafts for k in range(max(self.accepted_per_position) + 1)]
+        return [
+            self.accepted_per_position.get(k, 0.0) / self.drafts for k in range(max(self.accepted_per_position) + 1)
+        ]
 
 
 @dataclass

@@ -46,43 +46,93 @@ METRIC_DEFINITIONS = {
     "end_to_end_latency_ms": "request sent -> final response (GenAI-Perf/AIPerf request latency)",
     "inter_token_latency_ms": "(end-to-end latency - TTFT) / (output tokens - 1), per request (GenAI-Perf/AIPerf ITL)",
     "benchmark_duration_s": "first request sent -> last response received, per deployment and concurrency (with "
-                            "rounds: the sum over the deployment's rounds; start_s runs on that summed timeline)",
+    "rounds: the sum over the deployment's rounds; start_s runs on that summed timeline)",
     "output_token_throughput": "output tokens of completed requests / benchmark duration, tokens/s",
     "request_throughput": "completed requests / benchmark duration, requests/s (open loop: the achieved request rate)",
     "request_rate": "open loop: the offered rate, requests/s, of the level's Poisson arrivals; null in closed loop",
     "thin": "the percentiles of a distribution computed from fewer requests than they need "
-            f"({', '.join(f'{k} {v}' for k, v in MIN_REQUESTS.items())}); shown with * in the table",
+    f"({', '.join(f'{k} {v}' for k, v in MIN_REQUESTS.items())}); shown with * in the table",
     "acceptance_by_position": "per draft position k: accepted tokens at k / draft proposals, from the server's counters",
     "percentiles": "numpy.percentile with linear interpolation",
     "acceptance_rate": "sum of accepted draft tokens / sum of proposed draft tokens (perf outputs or server counters)",
     "mean_accepted_length": "sum(N - 1) / sum(N - 1 - A): tokens per target decoding step after the first token",
     "speedup": "output token throughput / the baseline deployment's at the same concurrency (none where either level "
-               "is incomplete)",
+    "is incomplete)",
     "verdict": "with a control (a second server of the baseline): ok, noise (no farther from 1 than the control's ratio), "
-               "busy (not a result: the control beyond 10 % of the baseline, or the deployment's rounds spread beyond 4x), "
-               "unchecked (no usable control), control; null without a control (specpipe.bench.noise)",
+    "busy (not a result: the control beyond 10 % of the baseline, or the deployment's rounds spread beyond 4x), "
+    "unchecked (no usable control), control; null without a control (specpipe.bench.noise)",
     "memory_peak_bytes": "highest nv_gpu_memory_used_bytes (summed over GPUs); else, for a server on this machine, the PSS "
-                         "of its process tree (server + Python backend stubs; memory_kind 'process'); else "
-                         "nv_cpu_memory_used_bytes (host-wide); sampled every second during the level",
+    "of its process tree (server + Python backend stubs; memory_kind 'process'); else "
+    "nv_cpu_memory_used_bytes (host-wide); sampled every second during the level",
     "output_tokens": "num_output_tokens perf output, else OpenAI usage.completion_tokens, else re-tokenized text, else streamed chunks",
     "greedy_agreement": "greedy runs: over the prompts this deployment and the reference (the first deployment) both "
-                        "completed at the level, the share of identical texts and the mean common prefix (characters / the "
-                        "reference text's length); first completed text per prompt; null for the reference and sampled runs",
+    "completed at the level, the share of identical texts and the mean common prefix (characters / the "
+    "reference text's length); first completed text per prompt; null for the reference and sampled runs",
 }
 
 CSV_COLUMNS = (
-    "deployment", "concurrency", "request_rate", "requests", "completed", "errors", "duration_s", "output_tokens",
-    "output_token_throughput", "speedup_vs_baseline", "request_throughput",
-    "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "itl_ms_p99", "itl_ms_mean",
-    "e2e_ms_p50", "e2e_ms_p90", "e2e_ms_p99", "e2e_ms_mean", "output_tokens_mean",
-    "acceptance_rate", "acceptance_rate_mean", "mean_accepted_length", "mean_accepted_length_mean", "acceptance_source",
-    "memory_peak_bytes", "memory_kind", "incomplete", "reason", "verdict", "acceptance_by_position", "thin_percentiles",
-    "greedy_identical", "greedy_common_prefix", "greedy_prompts", "greedy_reference",
+    "deployment",
+    "concurrency",
+    "request_rate",
+    "requests",
+    "completed",
+    "errors",
+    "duration_s",
+    "output_tokens",
+    "output_token_throughput",
+    "speedup_vs_baseline",
+    "request_throughput",
+    "ttft_ms_p50",
+    "ttft_ms_p90",
+    "ttft_ms_p99",
+    "ttft_ms_mean",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "itl_ms_mean",
+    "e2e_ms_p50",
+    "e2e_ms_p90",
+    "e2e_ms_p99",
+    "e2e_ms_mean",
+    "output_tokens_mean",
+    "acceptance_rate",
+    "acceptance_rate_mean",
+    "mean_accepted_length",
+    "mean_accepted_length_mean",
+    "acceptance_source",
+    "memory_peak_bytes",
+    "memory_kind",
+    "incomplete",
+    "reason",
+    "verdict",
+    "acceptance_by_position",
+    "thin_percentiles",
+    "greedy_identical",
+    "greedy_common_prefix",
+    "greedy_prompts",
+    "greedy_reference",
 )
 REQUEST_COLUMNS = (
-    "deployment", "concurrency", "index", "round", "prompt_id", "scheduled_s", "start_s", "end_s", "latency_s", "ttft_s", "itl_s",
-    "output_tokens", "output_tokens_source", "input_tokens", "chunks", "acceptance_rate",
-    "accepted_draft_tokens", "draft_tokens", "mean_accepted_length", "seed", "error",
+    "deployment",
+    "concurrency",
+    "index",
+    "round",
+    "prompt_id",
+    "scheduled_s",
+    "start_s",
+    "end_s",
+    "latency_s",
+    "ttft_s",
+    "itl_s",
+    "output_tokens",
+    "output_tokens_source",
+    "input_tokens",
+    "chunks",
+    "acceptance_rate",
+    "accepted_draft_tokens",
+    "draft_tokens",
+    "mean_accepted_length",
+    "seed",
+    "error",
 )
 
 
@@ -98,38 +148,71 @@ def rows(run: BenchRun, noise: NoiseReport | None = None) -> list[dict[str, Any]
     noise = noise_report(run) if noise is None else noise
     agreements = greedy_agreement(run)
     aggregates = [(level, level_aggregate(level)) for level in run.levels]
-    base = {level.key: None if level.incomplete else agg.output_token_throughput
-            for level, agg in aggregates if level.deployment == run.settings.baseline}
+    base = {
+        level.key: None if level.incomplete else agg.output_token_throughput
+        for level, agg in aggregates
+        if level.deployment == run.settings.baseline
+    }
     found = []
     for level, agg in aggregates:
         gain = None if level.incomplete else speedup(agg.output_token_throughput, base.get(level.key))
-        found.append({"level": level, "aggregate": agg, "speedup": gain,
-                      "verdict": noise.figure(level.deployment, level.concurrency, gain),
-                      "agreement": agreements.get((level.deployment, level.key))})
+        found.append(
+            {
+                "level": level,
+                "aggregate": agg,
+                "speedup": gain,
+                "verdict": noise.figure(level.deployment, level.concurrency, gain),
+                "agreement": agreements.get((level.deployment, level.key)),
+            }
+        )
     return found
 
 
 def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
     level, agg = row["level"], row["aggregate"]
     return {
-        "deployment": level.deployment, "concurrency": level.concurrency, "request_rate": level.request_rate,
+        "deployment": level.deployment,
+        "concurrency": level.concurrency,
+        "request_rate": level.request_rate,
         "requests": agg.requests,
-        "completed": agg.completed, "errors": agg.errors, "duration_s": agg.duration_s, "output_tokens": agg.output_tokens,
-        "output_token_throughput": agg.output_token_throughput, "speedup_vs_baseline": row["speedup"],
+        "completed": agg.completed,
+        "errors": agg.errors,
+        "duration_s": agg.duration_s,
+        "output_tokens": agg.output_tokens,
+        "output_token_throughput": agg.output_token_throughput,
+        "speedup_vs_baseline": row["speedup"],
         "request_throughput": agg.request_throughput,
-        "ttft_ms_p50": agg.ttft_ms.p50, "ttft_ms_p90": agg.ttft_ms.p90, "ttft_ms_p99": agg.ttft_ms.p99, "ttft_ms_mean": agg.ttft_ms.mean,
-        "itl_ms_p50": agg.itl_ms.p50, "itl_ms_p99": agg.itl_ms.p99, "itl_ms_mean": agg.itl_ms.mean,
-        "e2e_ms_p50": agg.e2e_ms.p50, "e2e_ms_p90": agg.e2e_ms.p90, "e2e_ms_p99": agg.e2e_ms.p99, "e2e_ms_mean": agg.e2e_ms.mean,
+        "ttft_ms_p50": agg.ttft_ms.p50,
+        "ttft_ms_p90": agg.ttft_ms.p90,
+        "ttft_ms_p99": agg.ttft_ms.p99,
+        "ttft_ms_mean": agg.ttft_ms.mean,
+        "itl_ms_p50": agg.itl_ms.p50,
+        "itl_ms_p99": agg.itl_ms.p99,
+        "itl_ms_mean": agg.itl_ms.mean,
+        "e2e_ms_p50": agg.e2e_ms.p50,
+        "e2e_ms_p90": agg.e2e_ms.p90,
+        "e2e_ms_p99": agg.e2e_ms.p99,
+        "e2e_ms_mean": agg.e2e_ms.mean,
         "output_tokens_mean": agg.output_tokens_per_request.mean,
-        "acceptance_rate": agg.acceptance_rate, "acceptance_rate_mean": agg.acceptance_rate_mean,
-        "mean_accepted_length": agg.mean_accepted_length, "mean_accepted_length_mean": agg.mean_accepted_length_mean,
+        "acceptance_rate": agg.acceptance_rate,
+        "acceptance_rate_mean": agg.acceptance_rate_mean,
+        "mean_accepted_length": agg.mean_accepted_length,
+        "mean_accepted_length_mean": agg.mean_accepted_length_mean,
         "acceptance_source": agg.acceptance_source,
-        "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
-        "incomplete": level.incomplete, "reason": level.reason, "verdict": row["verdict"],
+        "memory_peak_bytes": level.memory_peak_bytes,
+        "memory_kind": level.memory_kind,
+        "incomplete": level.incomplete,
+        "reason": level.reason,
+        "verdict": row["verdict"],
         "acceptance_by_position": " ".join(f"{v:.4f}" for v in agg.acceptance_by_position or []) or None,
-        "thin_percentiles": " ".join(sorted({f"{m}:{p}" for m in ("ttft", "itl", "e2e")
-                                             for p in getattr(agg, f"{m}_ms").thin})) or None,
-        **{f"greedy_{k}": getattr(row["agreement"], k, None) for k in ("identical", "common_prefix", "prompts", "reference")},
+        "thin_percentiles": " ".join(
+            sorted({f"{m}:{p}" for m in ("ttft", "itl", "e2e") for p in getattr(agg, f"{m}_ms").thin})
+        )
+        or None,
+        **{
+            f"greedy_{k}": getattr(row["agreement"], k, None)
+            for k in ("identical", "common_prefix", "prompts", "reference")
+        },
     }
 
 
@@ -143,20 +226,30 @@ def to_json(run: BenchRun) -> dict[str, Any]:
     noise = noise_report(run)
     for row in rows(run, noise):
         level, agg = row["level"], row["aggregate"]
-        results.append({
-            "deployment": level.deployment, "concurrency": level.concurrency, "request_rate": level.request_rate,
-            "incomplete": level.incomplete, "reason": level.reason,
-            "memory_peak_bytes": level.memory_peak_bytes, "memory_kind": level.memory_kind,
-            "counters": asdict(level.counters) if level.counters else None,
-            "speedup_vs_baseline": row["speedup"], "verdict": row["verdict"], "aggregate": agg.to_dict(),
-            "greedy_agreement": row["agreement"].to_dict() if row["agreement"] else None,
-        })
+        results.append(
+            {
+                "deployment": level.deployment,
+                "concurrency": level.concurrency,
+                "request_rate": level.request_rate,
+                "incomplete": level.incomplete,
+                "reason": level.reason,
+                "memory_peak_bytes": level.memory_peak_bytes,
+                "memory_kind": level.memory_kind,
+                "counters": asdict(level.counters) if level.counters else None,
+                "speedup_vs_baseline": row["speedup"],
+                "verdict": row["verdict"],
+                "aggregate": agg.to_dict(),
+                "greedy_agreement": row["agreement"].to_dict() if row["agreement"] else None,
+            }
+        )
     return {
         "specpipe_version": __version__,
         "command": run.command,
-        "started": run.started, "finished": run.finished,
+        "started": run.started,
+        "finished": run.finished,
         "machine": machine_facts(),
-        "incomplete": run.incomplete, "reasons": run.reasons,
+        "incomplete": run.incomplete,
+        "reasons": run.reasons,
         "settings": asdict(run.settings),
         "metric_definitions": METRIC_DEFINITIONS,
         "deployments": run.deployments,
@@ -184,8 +277,10 @@ def plot_figure(run: BenchRun):
         by_deployment.setdefault(row["level"].deployment, []).append((x, row["aggregate"]))
     concurrencies = sorted({c for points in by_deployment.values() for c, _ in points})
     unit = "offered request rate, requests/s" if open_loop else "concurrency (requests in flight)"
-    metrics = ((throughput_ax, lambda a: a.output_token_throughput, "output tokens/s", "Output token throughput"),
-               (ttft_ax, lambda a: a.ttft_ms.p50, "TTFT p50, ms", "Time to first token (median)"))
+    metrics = (
+        (throughput_ax, lambda a: a.output_token_throughput, "output tokens/s", "Output token throughput"),
+        (ttft_ax, lambda a: a.ttft_ms.p50, "TTFT p50, ms", "Time to first token (median)"),
+    )
     for ax, value, ylabel, title in metrics:
         if len(concurrencies) == 1:
             _bars(ax, by_deployment, value, concurrencies[0], unit.split(",")[0].split(" (")[0])
@@ -196,7 +291,9 @@ def plot_figure(run: BenchRun):
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3, axis="y" if len(concurrencies) == 1 else "both")
     s = run.settings
-    figure.suptitle(f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens" + ("  [INCOMPLETE]" if run.incomplete else ""))
+    figure.suptitle(
+        f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens" + ("  [INCOMPLETE]" if run.incomplete else "")
+    )
     figure.tight_layout()
     return figure
 

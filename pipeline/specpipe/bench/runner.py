@@ -100,8 +100,14 @@ class BenchSettings:
 
     def plan(self, concurrency: int, rate: float | None = None, **load) -> LoadPlan:
         """The :class:`LoadPlan` of a level with this run's tokens, rate and seeds; ``load``: its size."""
-        return LoadPlan(concurrency=concurrency, max_tokens=self.max_tokens, request_rate=rate,
-                        arrival_seed=self.seed or 0, seed=self.seed if self.sampled else None, **load)
+        return LoadPlan(
+            concurrency=concurrency,
+            max_tokens=self.max_tokens,
+            request_rate=rate,
+            arrival_seed=self.seed or 0,
+            seed=self.seed if self.sampled else None,
+            **load,
+        )
 
     def round_plans(self, concurrency: int, rate: float | None = None) -> list[LoadPlan]:
         """The level's plan per round: its requests (or seconds) split as evenly as possible, earlier
@@ -165,12 +171,21 @@ async def _warm_up(backend, prompts: list[Prompt], settings: BenchSettings) -> t
 def first_request(ttft_s: float | None, latency_s: float, error: str | None) -> dict:
     """The first request the benchmark sent to a deployment: ``ttft_ms``, ``latency_ms``, ``error``. Right
     after the server became ready this is the cold request; the levels' TTFTs are the steady state."""
-    return {"ttft_ms": None if ttft_s is None else round(ttft_s * 1e3, 1), "latency_ms": round(latency_s * 1e3, 1),
-            "error": error}
+    return {
+        "ttft_ms": None if ttft_s is None else round(ttft_s * 1e3, 1),
+        "latency_ms": round(latency_s * 1e3, 1),
+        "error": error,
+    }
 
 
-async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
-                    progress=None, backends: list | None = None) -> BenchRun:
+async def run_bench(
+    endpoints: list[Endpoint],
+    prompts: list[Prompt],
+    settings: BenchSettings,
+    run: BenchRun,
+    progress=None,
+    backends: list | None = None,
+) -> BenchRun:
     """Measure every deployment at every concurrency, filling ``run`` as results arrive.
 
     Args:
@@ -190,8 +205,15 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
             await backend.open()
         for endpoint, backend in zip(endpoints, backends):
             info = await backend.preflight()
-            run.deployments.append({"name": endpoint.name, "kind": endpoint.kind, "address": endpoint.address,
-                                    "metrics_url": endpoint.metrics_url, **info})
+            run.deployments.append(
+                {
+                    "name": endpoint.name,
+                    "kind": endpoint.kind,
+                    "address": endpoint.address,
+                    "metrics_url": endpoint.metrics_url,
+                    **info,
+                }
+            )
         if settings.input_len is not None:
             prompts = synthetic_prompts(settings.input_len, _tokenizer_source(settings, backends), len(prompts))
         run.prompts = {p.id: p.text for p in prompts}
@@ -209,8 +231,9 @@ async def run_bench(endpoints: list[Endpoint], prompts: list[Prompt], settings: 
     return run
 
 
-async def _warm_up_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
-                              progress) -> bool:
+async def _warm_up_deployment(
+    endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun, progress
+) -> bool:
     """Warm ``backend`` up (recording its first request); ``False`` when its server stopped answering."""
     info = next((d for d in run.deployments if d["name"] == endpoint.name), {})
     if not settings.warmup:
@@ -233,8 +256,9 @@ def _note_first_request(run: BenchRun, endpoint: Endpoint, level: LevelResult) -
         info["first_request"] = first_request(first.ttft_s, first.latency_s, first.error)
 
 
-async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun,
-                            progress) -> None:
+async def _bench_deployment(
+    endpoint: Endpoint, backend, prompts: list[Prompt], settings: BenchSettings, run: BenchRun, progress
+) -> None:
     if not await _warm_up_deployment(endpoint, backend, prompts, settings, run, progress):
         return
     for concurrency, rate in settings.levels():
@@ -254,10 +278,13 @@ async def _bench_deployment(endpoint: Endpoint, backend, prompts: list[Prompt], 
             return
 
 
-async def _bench_in_rounds(endpoints: list[Endpoint], backends: list, prompts: list[Prompt], settings: BenchSettings,
-                           run: BenchRun, progress) -> None:
+async def _bench_in_rounds(
+    endpoints: list[Endpoint], backends: list, prompts: list[Prompt], settings: BenchSettings, run: BenchRun, progress
+) -> None:
     """Every level in ``settings.rounds`` rounds, the deployments taking turns within each round."""
-    live = [(e, b) for e, b in zip(endpoints, backends) if await _warm_up_deployment(e, b, prompts, settings, run, progress)]
+    live = [
+        (e, b) for e, b in zip(endpoints, backends) if await _warm_up_deployment(e, b, prompts, settings, run, progress)
+    ]
     for concurrency, rate in settings.levels():
         total = settings.requests_for(concurrency, rate)
         levels, tasks = {}, {}
@@ -292,14 +319,18 @@ def _tokenizer_source(settings: BenchSettings, backends: list) -> str:
         counter = getattr(backend, "counter", None)
         if counter:
             return counter.source
-    raise SpecpipeError(f"--input-len {settings.input_len} needs the deployments' tokenizer to build prompts of exactly "
-                        "that many tokens: pass --tokenizer DIR_OR_ID")
+    raise SpecpipeError(
+        f"--input-len {settings.input_len} needs the deployments' tokenizer to build prompts of exactly "
+        "that many tokens: pass --tokenizer DIR_OR_ID"
+    )
 
 
 def _round_marker(number: int, progress, task):
     """The ``on_record`` of round ``number``: stamps the record with its round and advances the progress bar."""
+
     def on_record(record) -> None:
         record.round = number
         if progress:
             progress.advance(task)
+
     return on_record

@@ -76,8 +76,16 @@ class Distribution:
         if not data:
             return cls(0, None, None, None, None, None, None)
         thin = tuple(name for name, least in MIN_REQUESTS.items() if len(data) < least)
-        return cls(len(data), float(np.mean(data)), min(data), max(data),
-                   percentile(data, 50), percentile(data, 90), percentile(data, 99), thin)
+        return cls(
+            len(data),
+            float(np.mean(data)),
+            min(data),
+            max(data),
+            percentile(data, 50),
+            percentile(data, 90),
+            percentile(data, 99),
+            thin,
+        )
 
 
 def _ms(seconds: Iterable[float | None]) -> list[float]:

@@ -46,7 +46,9 @@ def exact_length_text(tokenizer, stream: list[int], start: int, length: int) -> 
         take += 1 if count < length else -1
         if take < 1:
             break
-    raise SpecpipeError(f"could not build a prompt of exactly {length} tokens with this tokenizer: try another --input-len")
+    raise SpecpipeError(
+        f"could not build a prompt of exactly {length} tokens with this tokenizer: try another --input-len"
+    )
 
 
 def synthetic_prompts(length: int, tokenizer_source: str, count: int) -> list[Prompt]:
@@ -66,8 +68,12 @@ def synthetic_prompts(length: int, tokenizer_source: str, count: int) -> list[Pr
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
     except Exception as exc:  # missing folder, unknown id offline, no tokenizer files
-        raise SpecpipeError(f"cannot load tokenizer {tokenizer_source!r} to build --input-len prompts ({type(exc).__name__}): "
-                            "pass --tokenizer DIR_OR_ID of the deployments' model") from exc
+        raise SpecpipeError(
+            f"cannot load tokenizer {tokenizer_source!r} to build --input-len prompts ({type(exc).__name__}): "
+            "pass --tokenizer DIR_OR_ID of the deployments' model"
+        ) from exc
     stream = tokenizer.encode(_source_text(), add_special_tokens=False)
-    return [Prompt(id=f"synthetic-{i}", text=exact_length_text(tokenizer, stream, i * STRIDE, length))
-            for i in range(max(1, count))]
+    return [
+        Prompt(id=f"synthetic-{i}", text=exact_length_text(tokenizer, stream, i * STRIDE, length))
+        for i in range(max(1, count))
+    ]

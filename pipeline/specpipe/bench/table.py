@@ -31,8 +31,9 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def _percentiles(dist: Distribution, names: tuple[str, ...], digits: int = 0) -> str:
     """``p50 / p90 / p99`` cells of ``dist``, a percentile from too few requests marked ``*``."""
-    return " / ".join(_num(getattr(dist, n), digits) + ("*" if n in dist.thin and getattr(dist, n) is not None else "")
-                      for n in names)
+    return " / ".join(
+        _num(getattr(dist, n), digits) + ("*" if n in dist.thin and getattr(dist, n) is not None else "") for n in names
+    )
 
 
 def decoding_label(settings) -> str:
@@ -40,9 +41,11 @@ def decoding_label(settings) -> str:
     if not settings.sampled:
         text = "greedy"
     else:
-        parts = [f"temperature {settings.temperature:g}" if settings.temperature is not None else "temperature 1",
-                 *([f"top-p {settings.top_p:g}"] if settings.top_p is not None else []),
-                 *([f"seed {settings.seed}+i"] if settings.seed is not None else [])]
+        parts = [
+            f"temperature {settings.temperature:g}" if settings.temperature is not None else "temperature 1",
+            *([f"top-p {settings.top_p:g}"] if settings.top_p is not None else []),
+            *([f"seed {settings.seed}+i"] if settings.seed is not None else []),
+        ]
         text = ", ".join(parts)
     return text + (", ignore EOS" if settings.ignore_eos else "")
 
@@ -72,16 +75,29 @@ def comparison_table(run: BenchRun):
     by_position = any(r["aggregate"].acceptance_by_position for r in summary)
     title = f"specpipe bench: prompts {s.prompts}, max {s.max_tokens} tokens, {decoding_label(s)}, streamed"
     table = Table(title=title, caption=_caption(run, noise))
-    columns = (["deployment"] + (["offered req/s", "max conc."] if open_loop else ["conc."]) + ["ok/err", "out tok/s"]
-               + (["speed-up"] if has_baseline else []) + [
-        "req/s", "TTFT ms p50/p90/p99", "ITL ms p50/p99", "e2e ms p50/p99", "tok/req", "accept.", "acc. len", "memory"]
-               + (["accept. by pos"] if by_position else []))
+    columns = (
+        ["deployment"]
+        + (["offered req/s", "max conc."] if open_loop else ["conc."])
+        + ["ok/err", "out tok/s"]
+        + (["speed-up"] if has_baseline else [])
+        + [
+            "req/s",
+            "TTFT ms p50/p90/p99",
+            "ITL ms p50/p99",
+            "e2e ms p50/p99",
+            "tok/req",
+            "accept.",
+            "acc. len",
+            "memory",
+        ]
+        + (["accept. by pos"] if by_position else [])
+    )
     for column in columns:
         table.add_column(column, justify="left" if column == "deployment" else "right")
     for row in summary:
         level, agg = row["level"], row["aggregate"]
         name = level.deployment + (" [red](incomplete)[/red]" if level.incomplete else "")
-        load = ([_num(level.request_rate, 2), str(level.concurrency or "-")] if open_loop else [str(level.concurrency)])
+        load = [_num(level.request_rate, 2), str(level.concurrency or "-")] if open_loop else [str(level.concurrency)]
         cells = [name, *load, f"{agg.completed}/{agg.errors}", _num(agg.output_token_throughput)]
         if has_baseline:
             cells.append(format_speedup(row["speedup"], row["verdict"]))
@@ -104,8 +120,11 @@ def comparison_table(run: BenchRun):
 def first_ttft_line(run: BenchRun) -> str | None:
     """``first request TTFT ms: baseline 812, eagle 990`` (the first request each deployment got: the cold
     one right after ready), or ``None`` when none was recorded."""
-    cells = [f"{d['name']} {_num((d.get('first_request') or {}).get('ttft_ms'), 0)}" for d in run.deployments
-             if d.get("first_request")]
+    cells = [
+        f"{d['name']} {_num((d.get('first_request') or {}).get('ttft_ms'), 0)}"
+        for d in run.deployments
+        if d.get("first_request")
+    ]
     return "first request TTFT ms (table: steady state): " + ", ".join(cells) if cells else None
 
 
@@ -113,7 +132,9 @@ def control_line(run: BenchRun, noise: NoiseReport) -> str | None:
     """``control/baseline tok/s: 1.02x @1, 0.97x @4 (~: within that spread)``, or ``None`` without a control."""
     if noise.control is None:
         return None
-    cells = [f"{'-' if n.control_ratio is None else f'{n.control_ratio:.2f}x'} @{c}" for c, n in sorted(noise.levels.items())]
+    cells = [
+        f"{'-' if n.control_ratio is None else f'{n.control_ratio:.2f}x'} @{c}" for c, n in sorted(noise.levels.items())
+    ]
     return f"{noise.control}/{noise.baseline} tok/s: {', '.join(cells)} (~: a speed-up within that spread)"
 
 
@@ -124,8 +145,14 @@ def _caption(run: BenchRun, noise: NoiseReport) -> str:
     if line := agreement_line(run):
         parts.append(line)
     parts += noise.messages()
-    if any(d.thin for r in rows(run, noise) for d in (r["aggregate"].ttft_ms, r["aggregate"].itl_ms, r["aggregate"].e2e_ms)):
-        parts.append("*: from fewer requests than the percentile needs (" + ", ".join(f"{k} {v}" for k, v in MIN_REQUESTS.items()) + ")")
+    if any(
+        d.thin for r in rows(run, noise) for d in (r["aggregate"].ttft_ms, r["aggregate"].itl_ms, r["aggregate"].e2e_ms)
+    ):
+        parts.append(
+            "*: from fewer requests than the percentile needs ("
+            + ", ".join(f"{k} {v}" for k, v in MIN_REQUESTS.items())
+            + ")"
+        )
     if run.incomplete:
         parts.append("INCOMPLETE: " + "; ".join(run.reasons))
     if not any(level.deployment == run.settings.baseline for level in run.levels):

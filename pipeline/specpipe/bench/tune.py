@@ -104,7 +104,9 @@ def candidates_for(speculative: SpeculativeSettings, lengths: tuple[int, ...]) -
     """
     method = speculative.method
     if method is Method.NONE:
-        raise SpecpipeError("this engine is a baseline (--draft none): it has no draft length to tune; tune a speculative engine")
+        raise SpecpipeError(
+            "this engine is a baseline (--draft none): it has no draft length to tune; tune a speculative engine"
+        )
     if method not in methods_for(Runtime.CPU):
         tunable = ", ".join(m.value for m in methods_for(Runtime.CPU) if m is not Method.NONE)
         raise SpecpipeError(f"cannot tune method {method.value!r}: tune runs {tunable} engines of the CPU runtime")
@@ -136,21 +138,37 @@ def cpu_builder(target: str, draft: str, name: str, work_dir: Path) -> Callable[
     """Builds each candidate with ``build_cpu`` into ``work_dir`` as ``NAME-tune-LABEL``."""
 
     def build(candidate: Candidate) -> Path:
-        return build_cpu(BuildRequest(target=target, draft=draft, name=f"{name}-tune-{candidate.label}", engines_dir=work_dir,
-                                      max_draft_len=candidate.max_draft_len, choices=candidate.tree))
+        return build_cpu(
+            BuildRequest(
+                target=target,
+                draft=draft,
+                name=f"{name}-tune-{candidate.label}",
+                engines_dir=work_dir,
+                max_draft_len=candidate.max_draft_len,
+                choices=candidate.tree,
+            )
+        )
 
     return build
 
 
-def measure(engine_dir: Path, label: str, work_dir: Path, prompts: list[Prompt], settings: BenchSettings, progress=None) -> Aggregate:
+def measure(
+    engine_dir: Path, label: str, work_dir: Path, prompts: list[Prompt], settings: BenchSettings, progress=None
+) -> Aggregate:
     """Package ``engine_dir``, serve it, benchmark it with ``settings`` (one concurrency), stop it.
 
     Raises:
         SpecpipeError: packaging or serving failed, or the server died during the benchmark.
     """
     repo = package_engine(engine_dir, work_dir / "repo" / Path(engine_dir).name)
-    server = LocalTritonServer(repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
-                               log_path=work_dir / "logs" / f"{label}.log", ready_timeout_s=600)
+    server = LocalTritonServer(
+        repo,
+        grpc_port=free_port(),
+        http_port=free_port(),
+        metrics_port=free_port(),
+        log_path=work_dir / "logs" / f"{label}.log",
+        ready_timeout_s=600,
+    )
     run = BenchRun(settings=settings)
     with server:
         endpoint = Endpoint(label, "triton", server.grpc_url, "ensemble", server.metrics_url)
@@ -164,9 +182,15 @@ def point(candidate: Candidate, aggregate: Aggregate | None, error: str | None =
     """One entry of the curve (JSON-ready)."""
     entry: dict[str, Any] = {"label": candidate.label, **candidate.setting(), "error": error}
     if aggregate is not None:
-        entry.update(output_token_throughput=aggregate.output_token_throughput, acceptance_rate=aggregate.acceptance_rate,
-                     mean_accepted_length=aggregate.mean_accepted_length, ttft_ms_p50=aggregate.ttft_ms.p50,
-                     e2e_ms_p50=aggregate.e2e_ms.p50, completed=aggregate.completed, errors=aggregate.errors)
+        entry.update(
+            output_token_throughput=aggregate.output_token_throughput,
+            acceptance_rate=aggregate.acceptance_rate,
+            mean_accepted_length=aggregate.mean_accepted_length,
+            ttft_ms_p50=aggregate.ttft_ms.p50,
+            e2e_ms_p50=aggregate.e2e_ms.p50,
+            completed=aggregate.completed,
+            errors=aggregate.errors,
+        )
     return entry
 
 
@@ -186,7 +210,9 @@ class TuneResult:
     record: Path | None
 
 
-def tune(request: TuneRequest, builder: Callable[[Candidate], Path] | None = None, show_progress: bool = True) -> TuneResult:
+def tune(
+    request: TuneRequest, builder: Callable[[Candidate], Path] | None = None, show_progress: bool = True
+) -> TuneResult:
     """Measure every candidate of engine ``request.engines_dir/request.name`` and record the best (see the module doc).
 
     Args:
@@ -197,12 +223,20 @@ def tune(request: TuneRequest, builder: Callable[[Candidate], Path] | None = Non
     """
     name, engines_dir = request.name, Path(request.engines_dir)
     prompts, label = load_prompts(request.prompts)
-    settings = BenchSettings(prompts=label, concurrencies=(request.concurrency,), max_tokens=request.max_tokens,
-                             num_requests=request.num_requests, warmup=request.warmup, chat=request.chat)
+    settings = BenchSettings(
+        prompts=label,
+        concurrencies=(request.concurrency,),
+        max_tokens=request.max_tokens,
+        num_requests=request.num_requests,
+        warmup=request.warmup,
+        chat=request.chat,
+    )
     manifest = read_manifest(engines_dir / name)
     if manifest.runtime is not Runtime.CPU:
-        raise SpecpipeError(f"engine {name} is for the {manifest.runtime.value} runtime: tune measures CPU engines "
-                            f"(tune TensorRT-LLM deployments with specpipe bench, one deployment per setting)")
+        raise SpecpipeError(
+            f"engine {name} is for the {manifest.runtime.value} runtime: tune measures CPU engines "
+            f"(tune TensorRT-LLM deployments with specpipe bench, one deployment per setting)"
+        )
     speculative = manifest.speculative
     candidates = candidates_for(speculative, request.lengths)
     target = manifest.target.preset
@@ -210,7 +244,9 @@ def tune(request: TuneRequest, builder: Callable[[Candidate], Path] | None = Non
     work_dir = engines_dir / f".tune-{name}"
     if builder is None:
         if not target:
-            raise SpecpipeError(f"engine {name} was not built from a target preset: rebuild it with 'specpipe build --target ...' to tune it")
+            raise SpecpipeError(
+                f"engine {name} was not built from a target preset: rebuild it with 'specpipe build --target ...' to tune it"
+            )
         builder = cpu_builder(target, draft, name, work_dir)
     curve: list[dict[str, Any]] = []
     try:
@@ -218,8 +254,14 @@ def tune(request: TuneRequest, builder: Callable[[Candidate], Path] | None = Non
             console.rule(f"{name}: {candidate.label} (max_draft_len={candidate.max_draft_len})")
             try:
                 engine = builder(candidate)
-                progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                    console=console, disable=not show_progress)
+                progress = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=console,
+                    disable=not show_progress,
+                )
                 try:
                     aggregate = measure(engine, candidate.label, work_dir, prompts, settings, progress)
                 finally:
@@ -235,22 +277,53 @@ def tune(request: TuneRequest, builder: Callable[[Candidate], Path] | None = Non
     record = None
     if best is not None:
         setting = {k: best[k] for k in ("max_draft_len", "choices") if k in best}
-        record = write_tuned(tuned_path(engines_dir, name), target=target, draft=draft, method=speculative.method.value, best=setting,
-                             curve=curve, measured_with={"prompts": settings.prompts, "concurrency": request.concurrency,
-                                                         "max_tokens": settings.max_tokens, "num_requests": settings.requests_for(request.concurrency),
-                                                         "warmup": settings.warmup})
+        record = write_tuned(
+            tuned_path(engines_dir, name),
+            target=target,
+            draft=draft,
+            method=speculative.method.value,
+            best=setting,
+            curve=curve,
+            measured_with={
+                "prompts": settings.prompts,
+                "concurrency": request.concurrency,
+                "max_tokens": settings.max_tokens,
+                "num_requests": settings.requests_for(request.concurrency),
+                "warmup": settings.warmup,
+            },
+        )
     return TuneResult(name=name, curve=curve, best=best, record=record)
 
 
 def curve_table(result: TuneResult):
     """The rich table of the curve, best row marked."""
     table = Table(title=f"specpipe tune {result.name}: output tokens/s and acceptance per setting")
-    for column in ("setting", "max_draft_len", "out tok/s", "accept.", "acc. len", "TTFT ms p50", "e2e ms p50", "ok/err", ""):
+    for column in (
+        "setting",
+        "max_draft_len",
+        "out tok/s",
+        "accept.",
+        "acc. len",
+        "TTFT ms p50",
+        "e2e ms p50",
+        "ok/err",
+        "",
+    ):
         table.add_column(column, justify="left" if column in ("setting", "") else "right")
     fmt = lambda v, d=1: "-" if v is None else f"{v:,.{d}f}"  # noqa: E731
     for p in result.curve:
-        mark = "[green]best[/green]" if p is result.best else (f"[red]{p['error'][:60]}[/red]" if p.get("error") else "")
-        table.add_row(p["label"], str(p["max_draft_len"]), fmt(p.get("output_token_throughput")), fmt(p.get("acceptance_rate"), 2),
-                      fmt(p.get("mean_accepted_length"), 2), fmt(p.get("ttft_ms_p50"), 0), fmt(p.get("e2e_ms_p50"), 0),
-                      f"{p.get('completed', 0)}/{p.get('errors', 0)}" if p.get("error") is None else "-", mark)
+        mark = (
+            "[green]best[/green]" if p is result.best else (f"[red]{p['error'][:60]}[/red]" if p.get("error") else "")
+        )
+        table.add_row(
+            p["label"],
+            str(p["max_draft_len"]),
+            fmt(p.get("output_token_throughput")),
+            fmt(p.get("acceptance_rate"), 2),
+            fmt(p.get("mean_accepted_length"), 2),
+            fmt(p.get("ttft_ms_p50"), 0),
+            fmt(p.get("e2e_ms_p50"), 0),
+            f"{p.get('completed', 0)}/{p.get('errors', 0)}" if p.get("error") is None else "-",
+            mark,
+        )
     return table

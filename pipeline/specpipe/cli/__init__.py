@@ -50,8 +50,20 @@ def main() -> None:
     quiet_library_bars()
 
 
-for command in (build.build, package.package, serve.serve, client.generate, client.validate, demo.demo,
-                train.train_draft, deploy.deploy, bench.bench, bench.tune, doctor.doctor, gateway.gateway):
+for command in (
+    build.build,
+    package.package,
+    serve.serve,
+    client.generate,
+    client.validate,
+    demo.demo,
+    train.train_draft,
+    deploy.deploy,
+    bench.bench,
+    bench.tune,
+    doctor.doctor,
+    gateway.gateway,
+):
     main.add_command(command)
 
 

@@ -22,24 +22,56 @@ def deploy() -> None:
 @click.option("--out-dir", type=click.Path(path_type=Path), default=None, help="Output folder (default k8s/NAME).")
 @click.option("--replicas", type=POSITIVE, default=1, show_default=True, help="Pods, each with TP x PP GPUs.")
 @click.option("--container", default=None, help="Triton TensorRT-LLM image (default: the engine's).")
-@click.option("--pvc", default=None, metavar="CLAIM",
-              help="Read the repository and engines from this existing PersistentVolumeClaim (default: a claim the output defines).")
-@click.option("--storage-size", default=None, metavar="SIZE",
-              help="Size of the claim the output defines, a Kubernetes quantity such as 200Gi or 1.5Ti; at least the data "
-                   "on disk (default: measured on disk plus 20%).")
-@click.option("--storage-class", default=None, help="Storage class of the claim the output defines (default: the cluster's).")
-@click.option("--image", default=None, metavar="REGISTRY/NAME:TAG",
-              help="Bake the repository and engines into this image instead of a claim (writes its Dockerfile and build-image.sh).")
-@click.option("--host-path", is_flag=True, help="Mount the build host's folders from every node (hostPath) instead of a claim.")
-@click.option("--serving-image", default=None, metavar="REGISTRY/NAME:TAG",
-              help="The pushed serving image of docker/Dockerfile (default: its local tag, which a cluster cannot pull).")
-@click.option("--gateway/--no-gateway", default=None,
-              help="Run the OpenAI-compatible gateway as a sidecar (default: on for engine-flow repositories).")
-@click.option("--api-key-secret", default=None, metavar="SECRET",
-              help="Existing Secret holding the gateway's API key (clients send 'Authorization: Bearer KEY').")
-@click.option("--api-key-secret-key", default="api-key", show_default=True, metavar="KEY", help="The key of that Secret.")
-@click.option("--expose-triton", is_flag=True,
-              help="Keep Triton's HTTP and gRPC ports in the Service when the gateway has an API key (they have no authentication).")
+@click.option(
+    "--pvc",
+    default=None,
+    metavar="CLAIM",
+    help="Read the repository and engines from this existing PersistentVolumeClaim (default: a claim the output defines).",
+)
+@click.option(
+    "--storage-size",
+    default=None,
+    metavar="SIZE",
+    help="Size of the claim the output defines, a Kubernetes quantity such as 200Gi or 1.5Ti; at least the data "
+    "on disk (default: measured on disk plus 20%).",
+)
+@click.option(
+    "--storage-class", default=None, help="Storage class of the claim the output defines (default: the cluster's)."
+)
+@click.option(
+    "--image",
+    default=None,
+    metavar="REGISTRY/NAME:TAG",
+    help="Bake the repository and engines into this image instead of a claim (writes its Dockerfile and build-image.sh).",
+)
+@click.option(
+    "--host-path", is_flag=True, help="Mount the build host's folders from every node (hostPath) instead of a claim."
+)
+@click.option(
+    "--serving-image",
+    default=None,
+    metavar="REGISTRY/NAME:TAG",
+    help="The pushed serving image of docker/Dockerfile (default: its local tag, which a cluster cannot pull).",
+)
+@click.option(
+    "--gateway/--no-gateway",
+    default=None,
+    help="Run the OpenAI-compatible gateway as a sidecar (default: on for engine-flow repositories).",
+)
+@click.option(
+    "--api-key-secret",
+    default=None,
+    metavar="SECRET",
+    help="Existing Secret holding the gateway's API key (clients send 'Authorization: Bearer KEY').",
+)
+@click.option(
+    "--api-key-secret-key", default="api-key", show_default=True, metavar="KEY", help="The key of that Secret."
+)
+@click.option(
+    "--expose-triton",
+    is_flag=True,
+    help="Keep Triton's HTTP and gRPC ports in the Service when the gateway has an API key (they have no authentication).",
+)
 @click.option("--node-selector", multiple=True, metavar="KEY=VALUE", help="Node label the pods need (repeatable).")
 def deploy_k8s(name, repo_dir, engines_dir, out_dir, **options) -> None:
     """Write Kubernetes manifests (Deployment, Service, storage) for triton_repo/NAME (vLLM: engines/NAME)."""

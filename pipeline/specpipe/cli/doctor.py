@@ -12,14 +12,28 @@ from specpipe.trtllm.doctor import doctor as run_doctor
 
 
 @click.command()
-@click.option("--container", metavar="IMAGE", default=None,
-              help=f"Run the check in this container image (docker), [REGISTRY/]NAME[:TAG][@DIGEST], e.g. the pinned "
-                   f"{release.CONTAINER_IMAGE}.")
+@click.option(
+    "--container",
+    metavar="IMAGE",
+    default=None,
+    help=f"Run the check in this container image (docker), [REGISTRY/]NAME[:TAG][@DIGEST], e.g. the pinned "
+    f"{release.CONTAINER_IMAGE}.",
+)
 @click.option("--local", is_flag=True, help="Run the check here (tensorrt_llm importable in this Python).")
-@click.option("--plan", "plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Also check a plan's commands and model.yaml: the JSON of 'specpipe build ... --dry-run --json'.")
-@click.option("--runtime", type=click.Choice(["trtllm", "trtllm-llmapi"]), default="trtllm", show_default=True,
-              help="Without --plan: whose Triton backends must exist (trtllm: tensorrtllm and python).")
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Also check a plan's commands and model.yaml: the JSON of 'specpipe build ... --dry-run --json'.",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice(["trtllm", "trtllm-llmapi"]),
+    default="trtllm",
+    show_default=True,
+    help="Without --plan: whose Triton backends must exist (trtllm: tensorrtllm and python).",
+)
 def doctor(container: str | None, local: bool, plan_file: Path | None, runtime: str) -> None:
     """Check the TensorRT-LLM a build would use: its version against the pin, every planned command against
     its own parsers, the LLM API model.yaml (the one 'specpipe package' writes) against its argument classes,

@@ -11,6 +11,7 @@ from specpipe.build_request import AUTO
 from specpipe.paths import default_engines_dir, default_repo_dir
 from specpipe.speculative import ALL_QUANTIZATIONS, METHODS
 
+
 class PositiveInt(click.IntRange):
     """An integer of at least 1 (requests, tokens, steps ...); refused as "must be a positive integer, got N",
     or above ``max_value`` as "must be at most M (why), got N"."""
@@ -51,6 +52,8 @@ PARALLEL_SIZE = AutoOrPositiveInt()
 TOKEN_COUNT = PositiveInt(2**31 - 1, "a 32-bit count")
 #: A sampling seed (the ensemble's UINT64 ``seed``).
 SEED = click.IntRange(0, 2**64 - 1)
+
+
 class PositiveFloat(click.FloatRange):
     """A number above zero in ``unit`` (seconds, minutes); refused as "must be a positive number of UNIT"."""
 
@@ -118,11 +121,13 @@ class LookaheadType(click.ParamType):
 
 def engines_dir_option(help: str = "Root of the engine directories (engines/NAME).") -> click.Option:
     """``--engines-dir`` (default ``engines``)."""
-    return click.option("--engines-dir", type=click.Path(path_type=Path), default=default_engines_dir(),
-                        show_default=True, help=help)
+    return click.option(
+        "--engines-dir", type=click.Path(path_type=Path), default=default_engines_dir(), show_default=True, help=help
+    )
 
 
 def repo_dir_option(help: str = "Root of the Triton model repositories (triton_repo/NAME).") -> click.Option:
     """``--repo-dir`` (default ``triton_repo``)."""
-    return click.option("--repo-dir", type=click.Path(path_type=Path), default=default_repo_dir(),
-                        show_default=True, help=help)
+    return click.option(
+        "--repo-dir", type=click.Path(path_type=Path), default=default_repo_dir(), show_default=True, help=help
+    )

@@ -14,13 +14,22 @@ from specpipe.progress import result
 @click.argument("name", required=False)
 @engines_dir_option()
 @repo_dir_option()
-@click.option("--from-plan", type=click.Path(path_type=Path, exists=True), default=None,
-              help="Package a plan (build --dry-run --json) instead of a built engine.")
+@click.option(
+    "--from-plan",
+    type=click.Path(path_type=Path, exists=True),
+    default=None,
+    help="Package a plan (build --dry-run --json) instead of a built engine.",
+)
 @click.option("--name", "plan_name", default=None, help="Repository name with --from-plan.")
-@click.option("--dense-rows", default="auto", show_default=True, callback=lambda ctx, param, value: _dense_rows(value),
-              help="CPU runtime: inputs of at most this many rows use dense weight copies instead of the packed "
-                   "kernels ('auto': packed only with MKL's packed GEMM, else measured at load; 'all': dense weights "
-                   "only; 0: packed only; 'all' and 0 keep one copy of the weights).")
+@click.option(
+    "--dense-rows",
+    default="auto",
+    show_default=True,
+    callback=lambda ctx, param, value: _dense_rows(value),
+    help="CPU runtime: inputs of at most this many rows use dense weight copies instead of the packed "
+    "kernels ('auto': packed only with MKL's packed GEMM, else measured at load; 'all': dense weights "
+    "only; 0: packed only; 'all' and 0 keep one copy of the weights).",
+)
 def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> None:
     """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
     from specpipe.build_common import is_engine_name
@@ -31,7 +40,8 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> No
             raise click.BadParameter(
                 f"{given!r} is not an engine name (letters, digits, '.', '_' or '-', no paths): the engine is read "
                 f"from --engines-dir and the repository written to --repo-dir; give those for other folders",
-                param_hint="NAME")
+                param_hint="NAME",
+            )
     if from_plan is not None:
         out = package_plan(from_plan, plan_name or name, repo_dir)
     else:
@@ -50,6 +60,8 @@ def _dense_rows(value: str) -> str:
             raise ValueError("empty")
         rows = parse_dense_rows(value)
     except ValueError:
-        raise click.BadParameter(f"expected 'auto', 'all' (dense weights only) or a row count 0-{MAX_ROW_COUNT} (0: "
-                                 f"packed kernels only), got {value!r}") from None
+        raise click.BadParameter(
+            f"expected 'auto', 'all' (dense weights only) or a row count 0-{MAX_ROW_COUNT} (0: "
+            f"packed kernels only), got {value!r}"
+        ) from None
     return "auto" if rows is None else "all" if rows >= ALL_ROWS else str(rows)

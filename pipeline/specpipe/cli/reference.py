@@ -11,7 +11,9 @@ from click.testing import CliRunner
 WIDTH = 110
 
 
-def iter_commands(group: click.Group | None = None, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+def iter_commands(
+    group: click.Group | None = None, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     """Every command below ``group`` (default: ``specpipe``), groups first, as (``("deploy", "k8s")``, command)."""
     if group is None:
         from specpipe.cli import main as group

@@ -38,7 +38,9 @@ def apply_chat_template(prompt: str, tokenizer_source: str) -> str:
     tokenizer = _tokenizer(tokenizer_source)
     if not tokenizer.chat_template:
         raise SpecpipeError(f"the tokenizer at {tokenizer_source} has no chat template: drop --chat")
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def is_local_dir(path: str | None) -> bool:

@@ -56,8 +56,10 @@ def generate(job: GenerateJob, on_text: Callable[[str], None] | None = None) -> 
     if result.connection_lost:
         count = len(result.chunks)
         received = f" after {count} chunk{'s' if count != 1 else ''} of text" if count else ""
-        raise SpecpipeError(f"lost the connection to {job.url}{received} ({result.error}): the server stopped or "
-                            f"cannot be reached; check that it is running (`specpipe serve` prints its log's path)")
+        raise SpecpipeError(
+            f"lost the connection to {job.url}{received} ({result.error}): the server stopped or "
+            f"cannot be reached; check that it is running (`specpipe serve` prints its log's path)"
+        )
     if result.error:
         raise SpecpipeError(f"the server rejected the request: {result.error}")
     return result

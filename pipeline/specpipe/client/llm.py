@@ -29,8 +29,15 @@ logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0
 
 #: Per-request counters read from a response when present (``draft_length``, ``target_forwards``: CPU runtime only).
-PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-                "num_output_tokens", "draft_length", "target_forwards")
+PERF_OUTPUTS = (
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "num_input_tokens",
+    "num_output_tokens",
+    "draft_length",
+    "target_forwards",
+)
 
 
 @dataclass
@@ -81,7 +88,9 @@ def _text_of(result) -> str:
     array = result.as_numpy("text_output")
     if array is None:
         return ""
-    return "".join(item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item) for item in array.reshape(-1))
+    return "".join(
+        item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item) for item in array.reshape(-1)
+    )
 
 
 def _perf_of(result) -> dict[str, float]:
@@ -151,7 +160,9 @@ class LLMClient:
             response = await self._client.get_model_config(model or self.model, as_json=True)
         except InferenceServerException as exc:
             hint = await asyncio.to_thread(not_grpc_hint, self.url) if "UNAVAILABLE" in str(exc.status()) else ""
-            raise SpecpipeError(f"cannot read the config of model '{model or self.model}' at {self.url}: {hint or exc.message()}") from exc
+            raise SpecpipeError(
+                f"cannot read the config of model '{model or self.model}' at {self.url}: {hint or exc.message()}"
+            ) from exc
         return response["config"]
 
     async def _is_batched(self) -> bool:
@@ -160,7 +171,9 @@ class LLMClient:
             self._batched = int(config.get("max_batch_size", 0)) > 0
         return self._batched
 
-    async def generate(self, request: GenerationRequest, on_text: Callable[[str], None] | None = None) -> GenerationResult:
+    async def generate(
+        self, request: GenerationRequest, on_text: Callable[[str], None] | None = None
+    ) -> GenerationResult:
         """Run one request; ``on_text`` is called with each non-empty text chunk as it arrives.
 
         ``on_text`` returning ``True`` ends the request there: the gRPC stream is cancelled, which
@@ -179,8 +192,12 @@ class LLMClient:
         request_id = uuid.uuid4().hex
 
         async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id,
-                   "enable_empty_final_response": True}
+            yield {
+                "model_name": self.model,
+                "inputs": inputs,
+                "request_id": request_id,
+                "enable_empty_final_response": True,
+            }
 
         start = time.perf_counter()
         stream = self._client.stream_infer(requests(), stream_timeout=self.timeout_s)

@@ -49,8 +49,10 @@ def not_grpc_hint(address: str) -> str:
     target = split_host_port(address)
     if target is None or port_protocol(*target) != "http/1":
         return ""
-    return (f"{address} answers plain HTTP, not gRPC (it is Triton's HTTP or metrics port, or an OpenAI gateway): "
-            f"give the deployment's gRPC port (specpipe serve prints it; Triton's default is 8001)")
+    return (
+        f"{address} answers plain HTTP, not gRPC (it is Triton's HTTP or metrics port, or an OpenAI gateway): "
+        f"give the deployment's gRPC port (specpipe serve prints it; Triton's default is 8001)"
+    )
 
 
 def not_http_hint(address: str) -> str:
@@ -60,6 +62,8 @@ def not_http_hint(address: str) -> str:
     if target is None or port_protocol(*target) != "http/2":
         return ""
     host, port = target
-    return (f"{host}:{port} answers HTTP/2 as gRPC servers do (Triton's gRPC port), not an OpenAI-compatible HTTP "
-            f"API: give it without openai:// to talk to Triton, or give the gateway's port "
-            f"(specpipe serve --openai-port)")
+    return (
+        f"{host}:{port} answers HTTP/2 as gRPC servers do (Triton's gRPC port), not an OpenAI-compatible HTTP "
+        f"API: give it without openai:// to talk to Triton, or give the gateway's port "
+        f"(specpipe serve --openai-port)"
+    )

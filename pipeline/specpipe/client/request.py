@@ -56,8 +56,9 @@ INT32_MAX = 2**31 - 1
 SEED_MAX = 2**64 - 1
 
 
-def sampling_fields(temperature: float | None, top_k: int | None, top_p: float | None,
-                    seed: int | None) -> dict[str, float | int | None]:
+def sampling_fields(
+    temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None
+) -> dict[str, float | int | None]:
     """The sampling fields of a :class:`GenerationRequest` for what a user asked, as TensorRT-LLM reads
     them: a request samples only when ``top_k`` > 1 or ``top_p`` > 0 reaches the server, so a temperature
     alone would decode greedily. Greedy (every field ``None``) for ``temperature`` 0, or when nothing is
@@ -106,7 +107,9 @@ def build_inputs(request: GenerationRequest, batched: bool) -> list:
         tensor_input("exclude_input_in_output", np.array([request.exclude_input_in_output], dtype=bool), batched),
     ]
     if request.return_perf_metrics is not None:
-        tensors.append(tensor_input("return_perf_metrics", np.array([request.return_perf_metrics], dtype=bool), batched))
+        tensors.append(
+            tensor_input("return_perf_metrics", np.array([request.return_perf_metrics], dtype=bool), batched)
+        )
     if request.return_num_tokens is not None:
         for name in ("return_num_input_tokens", "return_num_output_tokens"):
             tensors.append(tensor_input(name, np.array([request.return_num_tokens], dtype=bool), batched))
@@ -124,8 +127,11 @@ def build_inputs(request: GenerationRequest, batched: bool) -> list:
     for name, (value, dtype) in optional.items():
         if value is not None:
             tensors.append(tensor_input(name, np.array([value], dtype=dtype), batched))
-    for name, words in (("stop_words", request.stop_words), ("bad_words", request.bad_words),
-                        ("text_segments", request.text_segments)):
+    for name, words in (
+        ("stop_words", request.stop_words),
+        ("bad_words", request.bad_words),
+        ("text_segments", request.text_segments),
+    ):
         if words:
             tensors.append(tensor_input(name, np.array([w.encode() for w in words], dtype=object), batched))
     if request.text_segments and "".join(request.text_segments) != request.prompt:

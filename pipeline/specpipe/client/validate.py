@@ -26,7 +26,7 @@ from specpipe.client.request import GenerationRequest
 
 DEFAULT_PROMPTS = (
     "The three most important inventions of the nineteenth century were",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Countries and their capitals:\n1. France - Paris\n2. Germany - Berlin\n3. Italy - Rome\n4.",
 )
 
@@ -120,7 +120,9 @@ async def _run(url: str, baseline_url: str | None, model: str, max_tokens: int, 
         try:
             live = await raw.is_server_live()
         except Exception as exc:
-            report.add("server live", False, await asyncio.to_thread(not_grpc_hint, url) or f"cannot reach {url}: {exc}")
+            report.add(
+                "server live", False, await asyncio.to_thread(not_grpc_hint, url) or f"cannot reach {url}: {exc}"
+            )
             return report
         report.add("server live", live)
         report.add("server ready", await raw.is_server_ready())
@@ -138,8 +140,13 @@ async def _run(url: str, baseline_url: str | None, model: str, max_tokens: int, 
                 report.add(f"generate: {short!r}", False, plain.error or streamed.error)
                 continue
             greedy[prompt] = plain.text
-            report.add(f"streamed == non-streamed: {short!r}", streamed.text == plain.text,
-                       f"{len(streamed.chunks)} chunks" if streamed.text == plain.text else f"{streamed.text!r} != {plain.text!r}")
+            report.add(
+                f"streamed == non-streamed: {short!r}",
+                streamed.text == plain.text,
+                f"{len(streamed.chunks)} chunks"
+                if streamed.text == plain.text
+                else f"{streamed.text!r} != {plain.text!r}",
+            )
             perf = plain.perf
             consistent = (
                 {"acceptance_rate", "total_draft_tokens", "total_accepted_draft_tokens"} <= perf.keys()
@@ -156,7 +163,11 @@ async def _run(url: str, baseline_url: str | None, model: str, max_tokens: int, 
                     base = await baseline.generate(GenerationRequest(prompt, max_tokens=max_tokens))
                     short = prompt[:30].replace("\n", " ")
                     same = base.error is None and base.text == text
-                    report.add(f"greedy == baseline: {short!r}", same, base.error or ("identical" if same else f"{text!r} != {base.text!r}"))
+                    report.add(
+                        f"greedy == baseline: {short!r}",
+                        same,
+                        base.error or ("identical" if same else f"{text!r} != {base.text!r}"),
+                    )
 
         if greedy:
             prompt, text = next(iter(greedy.items()))
@@ -165,25 +176,35 @@ async def _run(url: str, baseline_url: str | None, model: str, max_tokens: int, 
                 stop, end = found
                 stopped = await client.generate(GenerationRequest(prompt, max_tokens=max_tokens, stop_words=(stop,)))
                 ok = stopped.error is None and stopped.text == text[:end]
-                report.add("stop word ends the output before it", ok,
-                           f"stop {stop!r}: {stopped.error or repr(stopped.text[-40:])}")
+                report.add(
+                    "stop word ends the output before it",
+                    ok,
+                    f"stop {stop!r}: {stopped.error or repr(stopped.text[-40:])}",
+                )
 
         sampled = [
             await client.generate(GenerationRequest(prompts[0], max_tokens=16, temperature=0.8, top_p=0.9, seed=1234))
             for _ in range(2)
         ]
-        report.add("seeded sampling reproducible", all(s.error is None for s in sampled) and sampled[0].text == sampled[1].text,
-                   sampled[0].error or repr(sampled[0].text[:40]))
+        report.add(
+            "seeded sampling reproducible",
+            all(s.error is None for s in sampled) and sampled[0].text == sampled[1].text,
+            sampled[0].error or repr(sampled[0].text[:40]),
+        )
 
         bad = await client.generate(GenerationRequest(prompts[0], max_tokens=4, top_p=1.5))
         after = await client.generate(GenerationRequest(prompts[0], max_tokens=4))
-        report.add("bad request rejected, server keeps serving", bad.error is not None and after.error is None,
-                   f"top_p=1.5 -> {bad.error!r}; next request {'ok' if after.error is None else after.error}")
+        report.add(
+            "bad request rejected, server keeps serving",
+            bad.error is not None and after.error is None,
+            f"top_p=1.5 -> {bad.error!r}; next request {'ok' if after.error is None else after.error}",
+        )
     return report
 
 
-def validate(url: str, baseline_url: str | None = None, model: str = "ensemble", max_tokens: int = 48,
-             prompts=DEFAULT_PROMPTS) -> ValidationReport:
+def validate(
+    url: str, baseline_url: str | None = None, model: str = "ensemble", max_tokens: int = 48, prompts=DEFAULT_PROMPTS
+) -> ValidationReport:
     """Run every check against the deployment at ``url`` (gRPC HOST:PORT); never raises for a failed check."""
     return run_sync(_run(url, baseline_url, model, max_tokens, tuple(prompts)))
 
@@ -193,7 +214,10 @@ def report_tables(report: ValidationReport) -> list:
     from rich.table import Table
     from rich.text import Text
 
-    checks = Table(title=f"validation of {report.url}" + (f" against baseline {report.baseline_url}" if report.baseline_url else ""))
+    checks = Table(
+        title=f"validation of {report.url}"
+        + (f" against baseline {report.baseline_url}" if report.baseline_url else "")
+    )
     checks.add_column("check")
     checks.add_column("result")
     checks.add_column("detail", overflow="fold", max_width=70)
@@ -206,8 +230,14 @@ def report_tables(report: ValidationReport) -> list:
         for column in ("tokens", "accept", "acc/draft", "acc.len", "ms"):
             figures.add_column(column, justify="right", no_wrap=True)
         for r in report.requests:
-            figures.add_row(r.prompt, str(r.output_tokens), f"{r.acceptance_rate:.2f}",
-                            f"{r.accepted_draft_tokens}/{r.draft_tokens}", f"{r.mean_accepted_length:.2f}", f"{r.latency_ms:.0f}")
+            figures.add_row(
+                r.prompt,
+                str(r.output_tokens),
+                f"{r.acceptance_rate:.2f}",
+                f"{r.accepted_draft_tokens}/{r.draft_tokens}",
+                f"{r.mean_accepted_length:.2f}",
+                f"{r.latency_ms:.0f}",
+            )
         tables.append(figures)
     tables.append(Text.from_markup("[green]PASSED[/green]" if report.passed else "[red]FAILED[/red]"))
     return tables

@@ -36,7 +36,12 @@ def claim_manifest(claim: str, size: str, options: K8sOptions, labels: dict[str,
     spec: dict[str, Any] = {"accessModes": access_modes(options.replicas), "resources": {"requests": {"storage": size}}}
     if options.storage_class:
         spec["storageClassName"] = options.storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "labels": labels}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "labels": labels},
+        "spec": spec,
+    }
 
 
 def loader_name(name: str) -> str:
@@ -56,8 +61,14 @@ def loader_manifest(name: str, claim: str, image: str, options: K8sOptions, labe
         "metadata": {"name": loader_name(name), "labels": {**labels, "app.kubernetes.io/component": "loader"}},
         "spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "loader", "image": image, "command": ["sleep", "infinity"],
-                            "volumeMounts": [{"name": "data", "mountPath": LOADER_MOUNT}]}],
+            "containers": [
+                {
+                    "name": "loader",
+                    "image": image,
+                    "command": ["sleep", "infinity"],
+                    "volumeMounts": [{"name": "data", "mountPath": LOADER_MOUNT}],
+                }
+            ],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
             **scheduling(options),
         },
@@ -69,8 +80,14 @@ def load_script(name: str, data: PodData, defines_claim: bool) -> str:
     engine paths onto it through the loader pod, delete the pod."""
     pod = loader_name(name)
     q = shlex.quote
-    lines = ["#!/bin/sh", f"# Copy {data.repo_dir.name}'s repository and engine files onto its claim (kubectl's current "
-             "context and namespace).", "set -eu", 'here=$(cd "$(dirname "$0")" && pwd)', *data.check_script()]
+    lines = [
+        "#!/bin/sh",
+        f"# Copy {data.repo_dir.name}'s repository and engine files onto its claim (kubectl's current "
+        "context and namespace).",
+        "set -eu",
+        'here=$(cd "$(dirname "$0")" && pwd)',
+        *data.check_script(),
+    ]
     if defines_claim:
         lines.append('kubectl apply -f "$here/pvc.yaml"')
     lines += ['kubectl apply -f "$here/loader.yaml"', f"kubectl wait --for=condition=Ready pod/{pod} --timeout=15m"]
@@ -80,5 +97,8 @@ def load_script(name: str, data: PodData, defines_claim: bool) -> str:
     lines.append(f"kubectl exec {pod} -- rm -rf {' '.join(q(dest) for _, dest in targets)}")
     lines.append(f"kubectl exec {pod} -- mkdir -p {' '.join(q(p) for p in parents)}")
     lines += [f"kubectl cp {q(str(source))} {q(f'{pod}:{dest}')}" for source, dest in targets]
-    lines += [f"kubectl delete pod {pod}", 'echo "data loaded: kubectl apply -f $here/deployment.yaml -f $here/service.yaml"']
+    lines += [
+        f"kubectl delete pod {pod}",
+        'echo "data loaded: kubectl apply -f $here/deployment.yaml -f $here/service.yaml"',
+    ]
     return "\n".join(lines) + "\n"

@@ -34,10 +34,13 @@ def _contexts(data: PodData) -> list[tuple[str, Path, str, str]]:
 
 def dockerfile(name: str, data: PodData, serving_image: str) -> str:
     """The baked image's Dockerfile (build it with :func:`build_script`)."""
-    lines = ["# syntax=docker/dockerfile:1",
-             f"# The serving image with {name}'s repository and engine files baked in (specpipe deploy k8s --image).",
-             "# Build and push it with build-image.sh (named build contexts: BuildKit).",
-             f"ARG SERVING_IMAGE={serving_image}", "FROM ${SERVING_IMAGE}"]
+    lines = [
+        "# syntax=docker/dockerfile:1",
+        f"# The serving image with {name}'s repository and engine files baked in (specpipe deploy k8s --image).",
+        "# Build and push it with build-image.sh (named build contexts: BuildKit).",
+        f"ARG SERVING_IMAGE={serving_image}",
+        "FROM ${SERVING_IMAGE}",
+    ]
     lines += [f"COPY --from={ctx} {source} {dest}" for ctx, _, source, dest in _contexts(data)]
     return "\n".join(lines) + "\n"
 
@@ -46,8 +49,13 @@ def build_script(image: str, data: PodData, serving_image: str, serving_build: l
     """``build-image.sh``: build the serving image if missing (``serving_build``, when it is a local
     build), build ``image`` from the output folder's Dockerfile, push it."""
     q = shlex.quote
-    lines = ["#!/bin/sh", f"# Build and push {image}: the serving image with the deployment's data baked in.", "set -eu",
-             'here=$(cd "$(dirname "$0")" && pwd)', *data.check_script()]
+    lines = [
+        "#!/bin/sh",
+        f"# Build and push {image}: the serving image with the deployment's data baked in.",
+        "set -eu",
+        'here=$(cd "$(dirname "$0")" && pwd)',
+        *data.check_script(),
+    ]
     if serving_build:
         lines.append(f"docker image inspect {q(serving_image)} >/dev/null 2>&1 || {shlex.join(serving_build)}")
     build = ["docker", "build", "-f", '"$here/Dockerfile"', "--build-arg", q(f"SERVING_IMAGE={serving_image}")]

@@ -34,8 +34,8 @@ from specpipe.deploy.readme import readme
 from specpipe.deploy.storage import check_size_fits, claim_size, pod_data
 from specpipe.errors import SpecpipeError
 from specpipe.fsutil import write_dir_atomically
-from specpipe.progress import warn
 from specpipe.openai import CONTAINER_PORT
+from specpipe.progress import warn
 from specpipe.serve.trtllm import CONTAINER_PORTS, container_launch, serving_image
 from specpipe.triton.repo_meta import read_meta
 from specpipe.trtllm import release
@@ -51,8 +51,9 @@ def _labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specpipe"}
 
 
-def deployment_manifest(name: str, containers: list[dict[str, Any]], pod_volumes: list[dict[str, Any]],
-                        options: K8sOptions) -> dict[str, Any]:
+def deployment_manifest(
+    name: str, containers: list[dict[str, Any]], pod_volumes: list[dict[str, Any]], options: K8sOptions
+) -> dict[str, Any]:
     """The ``apps/v1`` Deployment; its rollouts never need spare GPUs (:func:`specpipe.deploy.pod.rollout_strategy`)."""
     return {
         "apiVersion": "apps/v1",
@@ -65,8 +66,11 @@ def deployment_manifest(name: str, containers: list[dict[str, Any]], pod_volumes
             "template": {
                 "metadata": {
                     "labels": _labels(name),
-                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(CONTAINER_PORTS["metrics"]),
-                                    "prometheus.io/path": "/metrics"},
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(CONTAINER_PORTS["metrics"]),
+                        "prometheus.io/path": "/metrics",
+                    },
                 },
                 "spec": {"containers": containers, "volumes": pod_volumes, **scheduling(options)},
             },
@@ -95,8 +99,10 @@ def _wants_gateway(options: K8sOptions, meta: dict[str, Any], repo_name: str) ->
     if meta["runtime"] == "trtllm":
         return options.gateway is not False
     if options.gateway or options.api_key_secret:
-        raise DeployOptionError(f"the gateway talks to an ensemble and its preprocessing model, which the LLM API repository "
-                                f"{repo_name} does not have: deploy it without --gateway and --api-key-secret")
+        raise DeployOptionError(
+            f"the gateway talks to an ensemble and its preprocessing model, which the LLM API repository "
+            f"{repo_name} does not have: deploy it without --gateway and --api-key-secret"
+        )
     return False
 
 
@@ -113,7 +119,9 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
     repo_dir = Path(repo_dir).absolute()
     meta = read_meta(repo_dir) if repo_dir.is_dir() else None
     if meta is None:
-        raise SpecpipeError(f"no TensorRT-LLM repository at {repo_dir}: run 'specpipe package NAME' for a --runtime trtllm engine first")
+        raise SpecpipeError(
+            f"no TensorRT-LLM repository at {repo_dir}: run 'specpipe package NAME' for a --runtime trtllm engine first"
+        )
     options.check()
     container = options.container or meta["container_image"]
     release.check_container_for_engine(container, meta["tensorrt_llm"], meta["engine"])
@@ -128,13 +136,17 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
         if options.storage_size is not None:
             check_size_fits(options.storage_size, data)
         size = options.storage_size if options.storage_size is not None else claim_size(data)
-        files["pvc.yaml"] = yaml.safe_dump(claim_files.claim_manifest(claim, size, options, _labels(name)), sort_keys=False)
+        files["pvc.yaml"] = yaml.safe_dump(
+            claim_files.claim_manifest(claim, size, options, _labels(name)), sort_keys=False
+        )
     if storage == STORAGE_PVC:
         loader = claim_files.loader_manifest(name, claim, serving, options, _labels(name))
         files["loader.yaml"] = yaml.safe_dump(loader, sort_keys=False)
         files["load-data.sh"] = claim_files.load_script(name, data, defines_claim=not options.pvc)
     if storage == STORAGE_IMAGE:
-        local_build = None if options.serving_image else container_launch(repo_dir, meta, container=container).build_argv
+        local_build = (
+            None if options.serving_image else container_launch(repo_dir, meta, container=container).build_argv
+        )
         files["Dockerfile"] = image_files.dockerfile(repo_dir.name, data, serving)
         files["build-image.sh"] = image_files.build_script(image, data, serving, local_build)
     containers = [triton_container(meta, image, storage)]
@@ -154,6 +166,8 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
 
     written = write_dir_atomically(out_dir, fill)
     if not options.serving_image and storage != STORAGE_IMAGE:  # a baked image is pushed by build-image.sh
-        warn(f"the pods run {serving}, a local tag a cluster cannot pull: push it and write the manifests again with "
-             f"--serving-image REGISTRY/{serving} (steps: {written / 'README.md'})")
+        warn(
+            f"the pods run {serving}, a local tag a cluster cannot pull: push it and write the manifests again with "
+            f"--serving-image REGISTRY/{serving} (steps: {written / 'README.md'})"
+        )
     return written

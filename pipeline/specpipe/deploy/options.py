@@ -70,27 +70,50 @@ class K8sOptions:
         """Raises :class:`DeployOptionError` for options that contradict each other or are malformed."""
         if self.replicas < 1:
             raise DeployOptionError(f"--replicas must be >= 1, got {self.replicas}")
-        claim = [f for f, v in (("--pvc", self.pvc), ("--storage-size", self.storage_size),
-                                ("--storage-class", self.storage_class)) if v is not None and v is not False]
+        claim = [
+            f
+            for f, v in (
+                ("--pvc", self.pvc),
+                ("--storage-size", self.storage_size),
+                ("--storage-class", self.storage_class),
+            )
+            if v is not None and v is not False
+        ]
         chosen = [f for f, v in (("--image", self.image), ("--host-path", self.host_path)) if v] + claim[:1]
         if len(chosen) > 1:
-            raise DeployOptionError(f"{chosen[0]} and {chosen[1]} choose different storage: give one of --pvc (the default), "
-                                    f"--image and --host-path")
+            raise DeployOptionError(
+                f"{chosen[0]} and {chosen[1]} choose different storage: give one of --pvc (the default), "
+                f"--image and --host-path"
+            )
         if self.pvc and (self.storage_size is not None or self.storage_class):
-            raise DeployOptionError("--storage-size and --storage-class describe the claim the output defines; "
-                                    f"--pvc {self.pvc} names an existing one: drop them")
+            raise DeployOptionError(
+                "--storage-size and --storage-class describe the claim the output defines; "
+                f"--pvc {self.pvc} names an existing one: drop them"
+            )
         if self.storage_size is not None:  # "" is a wrong size, not no size
             check_quantity(self.storage_size)
-        for flag, name in (("--pvc", self.pvc), ("--storage-class", self.storage_class), ("--api-key-secret", self.api_key_secret)):
+        for flag, name in (
+            ("--pvc", self.pvc),
+            ("--storage-class", self.storage_class),
+            ("--api-key-secret", self.api_key_secret),
+        ):
             if name and not _DNS_NAME.match(name):
-                raise DeployOptionError(f"{flag} {name!r} is not a Kubernetes object name: lower-case letters, digits, '-' and '.'")
+                raise DeployOptionError(
+                    f"{flag} {name!r} is not a Kubernetes object name: lower-case letters, digits, '-' and '.'"
+                )
         if self.api_key_secret_key and not re.match(r"^[-._A-Za-z0-9]+$", self.api_key_secret_key):
-            raise DeployOptionError(f"--api-key-secret-key {self.api_key_secret_key!r} is not a Secret key: letters, digits, '-', '_', '.'")
+            raise DeployOptionError(
+                f"--api-key-secret-key {self.api_key_secret_key!r} is not a Secret key: letters, digits, '-', '_', '.'"
+            )
         for flag, ref in (("--image", self.image), ("--serving-image", self.serving_image)):
             if ref and not _IMAGE.match(ref):
-                raise DeployOptionError(f"{flag} {ref!r} is not an image reference such as registry.example.com/team/name:tag")
+                raise DeployOptionError(
+                    f"{flag} {ref!r} is not an image reference such as registry.example.com/team/name:tag"
+                )
         if self.api_key_secret and self.gateway is False:
-            raise DeployOptionError("--api-key-secret is the gateway's key, and --no-gateway leaves the gateway out: drop one")
+            raise DeployOptionError(
+                "--api-key-secret is the gateway's key, and --no-gateway leaves the gateway out: drop one"
+            )
         self.node_labels()
 
     def node_labels(self) -> dict[str, str]:
@@ -103,8 +126,10 @@ class K8sOptions:
         for item in self.node_selector:
             key, sep, value = item.partition("=")
             if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
-                raise DeployOptionError(f"--node-selector {item!r} is not a node label KEY=VALUE such as "
-                                        f"nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
+                raise DeployOptionError(
+                    f"--node-selector {item!r} is not a node label KEY=VALUE such as "
+                    f"nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+                )
             if key in labels:
                 raise DeployOptionError(f"--node-selector names {key} twice: give each label once")
             labels[key] = value

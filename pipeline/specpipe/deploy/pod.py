@@ -59,8 +59,12 @@ def rollout_strategy(replicas: int) -> dict[str, Any]:
 
 
 def _probe(path: str, port: str, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5,
-            "failureThreshold": failures}
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": PROBE_PERIOD_S,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
 
 
 def triton_container(meta: dict[str, Any], image: str, storage: str) -> dict[str, Any]:
@@ -83,17 +87,31 @@ def triton_container(meta: dict[str, Any], image: str, storage: str) -> dict[str
 
 def gateway_container(name: str, image: str, storage: str, options: K8sOptions) -> dict[str, Any]:
     """The gateway sidecar for deployment ``name`` (the model id it serves)."""
-    command = ["python3", "-m", "specpipe.cli", "gateway", "--triton-url", f"localhost:{CONTAINER_PORTS['grpc']}",
-               "--name", name, "--host", CONTAINER_HOST, "--port", str(CONTAINER_PORT)]
+    command = [
+        "python3",
+        "-m",
+        "specpipe.cli",
+        "gateway",
+        "--triton-url",
+        f"localhost:{CONTAINER_PORTS['grpc']}",
+        "--name",
+        name,
+        "--host",
+        CONTAINER_HOST,
+        "--port",
+        str(CONTAINER_PORT),
+    ]
     if options.api_key_secret:
         command += ["--api-key-file", API_KEY_FILE]
     container: dict[str, Any] = {"name": "openai", "image": image, "command": command}
-    container.update({
-        "ports": [{"name": "openai", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
-        "resources": GATEWAY_RESOURCES,
-        "readinessProbe": _probe("/health", "openai", 3),
-        "livenessProbe": _probe("/metrics", "openai", 3),
-    })
+    container.update(
+        {
+            "ports": [{"name": "openai", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+            "resources": GATEWAY_RESOURCES,
+            "readinessProbe": _probe("/health", "openai", 3),
+            "livenessProbe": _probe("/metrics", "openai", 3),
+        }
+    )
     mounts = _data_mounts(storage, repository=False)
     if options.api_key_secret:
         mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
@@ -110,25 +128,39 @@ def _data_mounts(storage: str, repository: bool) -> list[dict[str, Any]]:
         mounts = [("data", CONTAINER_REPO, CLAIM_REPOSITORY), ("data", CONTAINER_ENGINES, CLAIM_ENGINES)]
     else:
         mounts = [("model-repository", CONTAINER_REPO, None), ("engines", CONTAINER_ENGINES, None)]
-    return [{"name": v, "mountPath": path, "readOnly": True, **({"subPath": sub} if sub else {})}
-            for v, path, sub in mounts if repository or path != CONTAINER_REPO]
+    return [
+        {"name": v, "mountPath": path, "readOnly": True, **({"subPath": sub} if sub else {})}
+        for v, path, sub in mounts
+        if repository or path != CONTAINER_REPO
+    ]
 
 
-def volumes(storage: str, repo_dir: Path, meta: dict[str, Any], claim: str | None,
-            options: K8sOptions | None = None) -> list[dict[str, Any]]:
+def volumes(
+    storage: str, repo_dir: Path, meta: dict[str, Any], claim: str | None, options: K8sOptions | None = None
+) -> list[dict[str, Any]]:
     """The pod's volumes: the data (claim, host folders or none for a baked image), ``/dev/shm`` and
     the API-key Secret (its one key as the file ``api-key``) when ``options`` names one."""
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE.upper().replace("G", "Gi")}}
     if storage == STORAGE_PVC:
         found = [{"name": "data", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, shm]
     elif storage == STORAGE_HOST_PATH:
-        found = [{"name": "model-repository", "hostPath": {"path": str(Path(repo_dir).absolute()), "type": "Directory"}},
-                 {"name": "engines", "hostPath": {"path": str(Path(meta["engines_root"]).absolute()), "type": "Directory"}}, shm]
+        found = [
+            {"name": "model-repository", "hostPath": {"path": str(Path(repo_dir).absolute()), "type": "Directory"}},
+            {"name": "engines", "hostPath": {"path": str(Path(meta["engines_root"]).absolute()), "type": "Directory"}},
+            shm,
+        ]
     else:
         found = [shm]
     if options is not None and options.api_key_secret:
-        found.append({"name": "api-key", "secret": {"secretName": options.api_key_secret, "items": [
-            {"key": options.api_key_secret_key, "path": API_KEY_FILE.rsplit("/", 1)[1]}]}})
+        found.append(
+            {
+                "name": "api-key",
+                "secret": {
+                    "secretName": options.api_key_secret,
+                    "items": [{"key": options.api_key_secret_key, "path": API_KEY_FILE.rsplit("/", 1)[1]}],
+                },
+            }
+        )
     return found
 
 

@@ -56,9 +56,11 @@ class PodData:
     def check_script(self) -> list[str]:
         """``sh`` lines that stop a generated script, before it touches anything, when a source is missing."""
         quoted = " ".join(shlex.quote(str(p)) for p in self.sources())
-        return [f"for source in {quoted}; do",
-                '    [ -e "$source" ] || { echo "$source is missing (is the engine built on this host?): nothing done" >&2; exit 1; }',
-                "done"]
+        return [
+            f"for source in {quoted}; do",
+            '    [ -e "$source" ] || { echo "$source is missing (is the engine built on this host?): nothing done" >&2; exit 1; }',
+            "done",
+        ]
 
     def missing(self) -> list[Path]:
         """The host paths of :attr:`paths` that do not exist (an engine not built yet)."""
@@ -78,7 +80,9 @@ def pod_data(repo_dir: Path, engines_root: Path) -> PodData:
             for match in _CONTAINER_PATH.findall(path.read_text(errors="replace")):
                 rel = PurePosixPath(match).relative_to(CONTAINER_ENGINES)
                 if ".." in rel.parts:
-                    raise SpecpipeError(f"{path} names {match}, outside {CONTAINER_ENGINES}: repackage it with 'specpipe package'")
+                    raise SpecpipeError(
+                        f"{path} names {match}, outside {CONTAINER_ENGINES}: repackage it with 'specpipe package'"
+                    )
                 found.add(rel)
     outer = sorted(p for p in found if not any(q != p and q in p.parents for q in found))
     return PodData(repo_dir, Path(engines_root).absolute(), tuple(p.as_posix() for p in outer))
@@ -107,8 +111,10 @@ def claim_size(data: PodData) -> str:
     """
     total = data_bytes(data)
     if total is None:
-        raise SpecpipeError(f"{data.missing()[0]} is not on disk (the engine is not built yet), so the claim's size cannot be "
-                            f"measured: build the engine first, or give --storage-size (e.g. 200Gi)")
+        raise SpecpipeError(
+            f"{data.missing()[0]} is not on disk (the engine is not built yet), so the claim's size cannot be "
+            f"measured: build the engine first, or give --storage-size (e.g. 200Gi)"
+        )
     return f"{max(1, math.ceil(total * HEADROOM / 2**30))}Gi"
 
 
@@ -116,8 +122,21 @@ def claim_size(data: PodData) -> str:
 # is bytes (k8s.io/apimachinery pkg/api/resource/quantity.go, the grammar in Quantity's doc comment;
 # the decimal kilo is a lower-case k). Exponent and milli forms make no sense for a volume.
 _QUANTITY = re.compile(r"^(?P<number>[0-9]+(\.[0-9]+)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_FACTORS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-            "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_FACTORS = {
+    None: 1,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
 
 
 def quantity_bytes(text: str) -> int:
@@ -132,10 +151,11 @@ def quantity_bytes(text: str) -> int:
         raise SpecpipeError(f"--storage-size {text!r} is not a storage quantity: write it as e.g. 200Gi, 1.5Ti or 500G")
     number, suffix = match["number"], match["suffix"]
     whole, _, fraction = number.partition(".")
-    value = (int(whole or 0) * 10**len(fraction) + int(fraction or 0)) * _FACTORS[suffix] // 10**len(fraction)
+    value = (int(whole or 0) * 10 ** len(fraction) + int(fraction or 0)) * _FACTORS[suffix] // 10 ** len(fraction)
     if suffix is None and value < 2**30:
-        raise SpecpipeError(f"--storage-size {text} has no unit, so Kubernetes reads it as {value} bytes: "
-                            f"add one, e.g. {text}Gi")
+        raise SpecpipeError(
+            f"--storage-size {text} has no unit, so Kubernetes reads it as {value} bytes: add one, e.g. {text}Gi"
+        )
     return value
 
 
@@ -164,5 +184,7 @@ def check_size_fits(size: str, data: PodData) -> None:
     """
     needed = data_bytes(data)
     if needed is not None and quantity_bytes(size) < needed:
-        raise SpecpipeError(f"--storage-size {size} ({quantity_bytes(size) / 2**30:.2f} GiB) is smaller than the data on disk "
-                            f"({needed / 2**30:.2f} GiB): give at least {claim_size(data)} or leave it out (measured plus 20 %)")
+        raise SpecpipeError(
+            f"--storage-size {size} ({quantity_bytes(size) / 2**30:.2f} GiB) is smaller than the data on disk "
+            f"({needed / 2**30:.2f} GiB): give at least {claim_size(data)} or leave it out (measured plus 20 %)"
+        )

@@ -29,14 +29,26 @@ SHM_SIZE = "16Gi"
 
 
 def _refuse_triton_options(options: K8sOptions) -> None:
-    given = [flag for flag, value in (("--pvc", options.pvc), ("--storage-size", options.storage_size),
-                                      ("--storage-class", options.storage_class), ("--image", options.image),
-                                      ("--host-path", options.host_path), ("--serving-image", options.serving_image),
-                                      ("--gateway", options.gateway), ("--api-key-secret", options.api_key_secret),
-                                      ("--expose-triton", options.expose_triton)) if value]
+    given = [
+        flag
+        for flag, value in (
+            ("--pvc", options.pvc),
+            ("--storage-size", options.storage_size),
+            ("--storage-class", options.storage_class),
+            ("--image", options.image),
+            ("--host-path", options.host_path),
+            ("--serving-image", options.serving_image),
+            ("--gateway", options.gateway),
+            ("--api-key-secret", options.api_key_secret),
+            ("--expose-triton", options.expose_triton),
+        )
+        if value
+    ]
     if given:
-        raise DeployOptionError(f"{given[0]} is for Triton repositories; a vLLM engine ships nothing (the pods download the "
-                                f"weights) and serves its own OpenAI API: drop it")
+        raise DeployOptionError(
+            f"{given[0]} is for Triton repositories; a vLLM engine ships nothing (the pods download the "
+            f"weights) and serves its own OpenAI API: drop it"
+        )
 
 
 def vllm_container(argv: list[str], gpus: int, image: str) -> dict[str, Any]:
@@ -51,8 +63,10 @@ def vllm_container(argv: list[str], gpus: int, image: str) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}],
         "resources": {"limits": {"nvidia.com/gpu": gpus}},
-        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"},
-                         {"name": "hf-cache", "mountPath": release.CONTAINER_HF_HOME}],
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "hf-cache", "mountPath": release.CONTAINER_HF_HOME},
+        ],
         "startupProbe": {**probe, "failureThreshold": 360},
         "readinessProbe": probe,
         "livenessProbe": {**probe, "failureThreshold": 6},
@@ -71,29 +85,55 @@ def write_vllm_k8s(engine_dir: Path, out_dir: Path, options: K8sOptions) -> Path
     engine, argv, gpus = engine_command(Path(engine_dir))
     image = options.container or release.IMAGE
     if image.rsplit(":", 1)[-1] != f"v{release.VLLM_VERSION}":
-        raise DeployOptionError(f"--container {image} is not vLLM {release.VLLM_VERSION}, the release the command was "
-                                f"checked against: use {release.IMAGE}")
+        raise DeployOptionError(
+            f"--container {image} is not vLLM {release.VLLM_VERSION}, the release the command was "
+            f"checked against: use {release.IMAGE}"
+        )
     name = resource_name(engine)
-    pod = {"containers": [vllm_container(argv, gpus, image)],
-           "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
-                       {"name": "hf-cache", "emptyDir": {}}], **scheduling(options)}
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": _labels(name)},
-                  "spec": {"replicas": options.replicas, "strategy": rollout_strategy(options.replicas),
-                           "selector": {"matchLabels": _labels(name)},
-                           "template": {"metadata": {"labels": _labels(name)}, "spec": pod}}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": _labels(name)},
-               "spec": {"type": "ClusterIP", "selector": _labels(name),
-                        "ports": [{"name": "http", "port": CONTAINER_PORT, "targetPort": "http", "protocol": "TCP"}]}}
+    pod = {
+        "containers": [vllm_container(argv, gpus, image)],
+        "volumes": [
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+            {"name": "hf-cache", "emptyDir": {}},
+        ],
+        **scheduling(options),
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": _labels(name)},
+        "spec": {
+            "replicas": options.replicas,
+            "strategy": rollout_strategy(options.replicas),
+            "selector": {"matchLabels": _labels(name)},
+            "template": {"metadata": {"labels": _labels(name)}, "spec": pod},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": _labels(name)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": _labels(name),
+            "ports": [{"name": "http", "port": CONTAINER_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
     secret, key = HF_TOKEN_SECRET
-    readme = (f"# {name}: vLLM {release.VLLM_VERSION} serving {engine}\n\n"
-              f"1. Gated model? `kubectl create secret generic {secret} --from-literal={key}=$HF_TOKEN`\n"
-              f"2. `kubectl apply -f deployment.yaml -f service.yaml`\n"
-              f"3. `kubectl port-forward svc/{name} {CONTAINER_PORT}:{CONTAINER_PORT}`; ready when "
-              f"`curl -fsS http://localhost:{CONTAINER_PORT}{release.HEALTH_PATH}` answers; OpenAI API at "
-              f"http://localhost:{CONTAINER_PORT}/v1 (model '{engine}').\n\n"
-              f"Each of the {options.replicas} pod(s) takes {gpus} GPU(s) and downloads the weights when it starts.\n")
-    files = {"deployment.yaml": yaml.safe_dump(deployment, sort_keys=False),
-             "service.yaml": yaml.safe_dump(service, sort_keys=False), "README.md": readme}
+    readme = (
+        f"# {name}: vLLM {release.VLLM_VERSION} serving {engine}\n\n"
+        f"1. Gated model? `kubectl create secret generic {secret} --from-literal={key}=$HF_TOKEN`\n"
+        f"2. `kubectl apply -f deployment.yaml -f service.yaml`\n"
+        f"3. `kubectl port-forward svc/{name} {CONTAINER_PORT}:{CONTAINER_PORT}`; ready when "
+        f"`curl -fsS http://localhost:{CONTAINER_PORT}{release.HEALTH_PATH}` answers; OpenAI API at "
+        f"http://localhost:{CONTAINER_PORT}/v1 (model '{engine}').\n\n"
+        f"Each of the {options.replicas} pod(s) takes {gpus} GPU(s) and downloads the weights when it starts.\n"
+    )
+    files = {
+        "deployment.yaml": yaml.safe_dump(deployment, sort_keys=False),
+        "service.yaml": yaml.safe_dump(service, sort_keys=False),
+        "README.md": readme,
+    }
 
     def fill(root: Path) -> None:
         for filename, text in files.items():

@@ -58,15 +58,68 @@ TIME_TO_FIRST_TOKEN = "specpipe:time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "specpipe:inter_token_latency_seconds"
 
 #: specpipe name -> vLLM's exposition name (module doc).
-VLLM_NAMES = {name: "vllm:" + name.removeprefix("specpipe:") for name in (
-    NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, NUM_ACCEPTED_PER_POS, GENERATION_TOKENS, PROMPT_TOKENS,
-    REQUESTS_RUNNING, REQUESTS_WAITING, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY)}
+VLLM_NAMES = {
+    name: "vllm:" + name.removeprefix("specpipe:")
+    for name in (
+        NUM_DRAFTS,
+        NUM_DRAFT_TOKENS,
+        NUM_ACCEPTED_TOKENS,
+        NUM_ACCEPTED_PER_POS,
+        GENERATION_TOKENS,
+        PROMPT_TOKENS,
+        REQUESTS_RUNNING,
+        REQUESTS_WAITING,
+        TIME_TO_FIRST_TOKEN,
+        INTER_TOKEN_LATENCY,
+    )
+}
 
 #: Upper bounds of the histograms' buckets, seconds: vLLM's (loggers.py @ a6f0308c), so that quantiles compare.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 #: The label every ``specpipe:`` series carries: the deployment's name.
 MODEL_LABEL = "model_name"

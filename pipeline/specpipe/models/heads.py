@@ -91,7 +91,9 @@ def place_heads(method: str, source_dir: Path, target_dir: Path, out: Path) -> d
         shutil.copy2(source_dir / RECIPE_FILE, out / RECIPE_FILE)
     heads = {k: v for k, v in tensors.items() if k != "draft_vocab"}
     entry_for(CONVERTER_LAYOUTS, method, "heads_format.CONVERTER_LAYOUTS")(out / "trtllm", heads, meta, target)
-    facts = {k: meta[k] for k in ("hidden_size", "vocab_size", "num_heads", "num_layers", "draft_vocab_size") if k in meta}
+    facts = {
+        k: meta[k] for k in ("hidden_size", "vocab_size", "num_heads", "num_layers", "draft_vocab_size") if k in meta
+    }
     facts["trtllm_layout"] = "trtllm"
     return facts
 
@@ -105,7 +107,9 @@ def make_distilled_draft(source_dir: Path, target_dir: Path, out: Path) -> dict[
     from transformers import AutoConfig  # heavy: the target's config
 
     tensors, meta = heads_format.load_compact(source_dir / COMPACT_FILES["draft-model"], "draft-model")
-    heads_format.check_for_target(meta, AutoConfig.from_pretrained(target_dir), source_dir / COMPACT_FILES["draft-model"])
+    heads_format.check_for_target(
+        meta, AutoConfig.from_pretrained(target_dir), source_dir / COMPACT_FILES["draft-model"]
+    )
     heads_format.write_draft_model(out, tensors, target_dir, int(meta["num_layers"]))
     if (source_dir / RECIPE_FILE).is_file():
         shutil.copy2(source_dir / RECIPE_FILE, out / RECIPE_FILE)

@@ -110,25 +110,36 @@ def describe_hub_error(exc: BaseException, repo_id: str, revision: str = "main")
     page = licence_page(repo_id)
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, GatedRepoError):
-        return (f"{repo_id} is a gated repository and this account has not been granted access (HTTP {status}): "
-                f"accept its licence at {page}, then {LOGIN_FIX}")
+        return (
+            f"{repo_id} is a gated repository and this account has not been granted access (HTTP {status}): "
+            f"accept its licence at {page}, then {LOGIN_FIX}"
+        )
     if isinstance(exc, RevisionNotFoundError):
         return f"{repo_id} has no revision {revision!r}: fix the revision in the preset or --draft-model"
     if isinstance(exc, RepositoryNotFoundError):
-        return (f"{repo_id} was not found, or is private or gated and no accepted token was sent (HTTP {status}): "
-                f"check the name at {page}; if it is gated, accept its licence there and {LOGIN_FIX}")
+        return (
+            f"{repo_id} was not found, or is private or gated and no accepted token was sent (HTTP {status}): "
+            f"check the name at {page}; if it is gated, accept its licence there and {LOGIN_FIX}"
+        )
     if isinstance(exc, HfHubHTTPError) and status in (401, 403):
-        return (f"the Hugging Face Hub refused the token for {repo_id} (HTTP {status}): {LOGIN_FIX} "
-                f"(tokens: https://huggingface.co/settings/tokens)")
+        return (
+            f"the Hugging Face Hub refused the token for {repo_id} (HTTP {status}): {LOGIN_FIX} "
+            f"(tokens: https://huggingface.co/settings/tokens)"
+        )
     if isinstance(exc, LocalEntryNotFoundError):
-        return (f"{repo_id}@{revision} is not (completely) in the Hugging Face cache {cache_root()} and the Hub "
-                f"cannot be used (HF_HUB_OFFLINE=1 or no connection): unset HF_HUB_OFFLINE, check the network, "
-                f"or run `hf download {repo_id}`")
+        return (
+            f"{repo_id}@{revision} is not (completely) in the Hugging Face cache {cache_root()} and the Hub "
+            f"cannot be used (HF_HUB_OFFLINE=1 or no connection): unset HF_HUB_OFFLINE, check the network, "
+            f"or run `hf download {repo_id}`"
+        )
     if isinstance(exc, PermissionError):
         path = Path(exc.filename or cache_root()).absolute()
         in_cache = path.is_relative_to(cache_root().absolute())
-        fix = ("set HF_HOME (or HF_HUB_CACHE) to a folder this user can write" if in_cache
-               else "choose another --engines-dir")
+        fix = (
+            "set HF_HOME (or HF_HUB_CACHE) to a folder this user can write"
+            if in_cache
+            else "choose another --engines-dir"
+        )
         return f"cannot write {path} (permission denied): {fix}, or fix its permissions"
     return f"{type(exc).__name__}: {_first_line(exc)}"
 
@@ -153,9 +164,11 @@ def _hub_call(call, source: HubSource, endpoint: str):
         message = describe_hub_error(exc, source.repo_id, source.revision)
         raise HubAccessError(message if source.repo_id in message else f"{source.repo_id}: {message}") from exc
     except Exception as exc:  # transport errors (httpx), OfflineModeIsEnabled
-        raise SpecpipeError(f"cannot reach the Hugging Face Hub at {endpoint} for {source.repo_id}: "
-                            f"{type(exc).__name__}: {_first_line(exc)}: check the network, or set HF_HUB_OFFLINE=1 "
-                            "to build from the cache only") from exc
+        raise SpecpipeError(
+            f"cannot reach the Hugging Face Hub at {endpoint} for {source.repo_id}: "
+            f"{type(exc).__name__}: {_first_line(exc)}: check the network, or set HF_HUB_OFFLINE=1 "
+            "to build from the cache only"
+        ) from exc
 
 
 def check_access(source: HubSource, api=None) -> None:
@@ -196,12 +209,15 @@ def plan_download(source: HubSource, api=None) -> RepoDownload:
     from huggingface_hub.utils import filter_repo_objects
 
     api = api or HfApi()
-    info = _hub_call(lambda: api.model_info(source.repo_id, revision=source.revision, files_metadata=True),
-                     source, api.endpoint)
+    info = _hub_call(
+        lambda: api.model_info(source.repo_id, revision=source.revision, files_metadata=True), source, api.endpoint
+    )
     siblings = {s.rfilename: s for s in info.siblings or []}
     kept = filter_repo_objects(siblings, ignore_patterns=list(source.ignore_patterns) or None)
-    files = [RemoteFile(name, int((s.lfs.size if s.lfs else s.size) or 0), s.lfs.sha256 if s.lfs else str(s.blob_id))
-             for name, s in ((n, siblings[n]) for n in kept)]
+    files = [
+        RemoteFile(name, int((s.lfs.size if s.lfs else s.size) or 0), s.lfs.sha256 if s.lfs else str(s.blob_id))
+        for name, s in ((n, siblings[n]) for n in kept)
+    ]
     blobs = storage_folder(source.repo_id) / "blobs"
     missing = 0
     for f in files:
@@ -227,19 +243,32 @@ def check_disk(downloads: list[RepoDownload], engines_dir: Path) -> list[str]:
         DiskSpaceError: a filesystem has less free space than needed (sizes, per repository, and the fix).
     """
     cache = cache_root()
-    places = [(f"the Hugging Face cache {cache}", _existing(cache), [(d.source.repo_id, d.missing) for d in downloads],
-               "free space there, or put the cache on a larger disk with HF_HOME=/path (or HF_HUB_CACHE)")]
+    places = [
+        (
+            f"the Hugging Face cache {cache}",
+            _existing(cache),
+            [(d.source.repo_id, d.missing) for d in downloads],
+            "free space there, or put the cache on a larger disk with HF_HOME=/path (or HF_HUB_CACHE)",
+        )
+    ]
     if os.stat(_existing(cache)).st_dev != os.stat(_existing(engines_dir)).st_dev:  # no hard links: copies
-        places.append((f"the engines directory {engines_dir} (another filesystem than the cache: files are copied)",
-                       _existing(engines_dir), [(d.source.repo_id, d.total) for d in downloads],
-                       "free space there, or choose another --engines-dir on the cache's filesystem"))
+        places.append(
+            (
+                f"the engines directory {engines_dir} (another filesystem than the cache: files are copied)",
+                _existing(engines_dir),
+                [(d.source.repo_id, d.total) for d in downloads],
+                "free space there, or choose another --engines-dir on the cache's filesystem",
+            )
+        )
     lines = []
     for what, probe, parts, fix in places:
         need, free = sum(n for _, n in parts), shutil.disk_usage(probe).free
         if need > free:
             detail = ", ".join(f"{repo} {format_size(n)}" for repo, n in parts)
-            raise DiskSpaceError(f"not enough free disk for the downloads: {what} has {format_size(free)} free, "
-                                 f"they need {format_size(need)} ({detail}): {fix}")
+            raise DiskSpaceError(
+                f"not enough free disk for the downloads: {what} has {format_size(free)} free, "
+                f"they need {format_size(need)} ({detail}): {fix}"
+            )
         lines.append(f"disk: {what}: {format_size(need)} to write, {format_size(free)} free")
     return lines
 
@@ -259,6 +288,9 @@ def check_sources(sources: list[HubSource], engines_dir: Path, api=None) -> list
     for source in sources:
         check_access(source, api)
         downloads.append(plan_download(source, api))
-    lines = [f"hub: {d.source.repo_id}@{d.source.revision} ({d.commit[:12]}): access ok, {len(d.files)} files, "
-             f"{format_size(d.total)}, {format_size(d.missing)} not yet in the cache" for d in downloads]
+    lines = [
+        f"hub: {d.source.repo_id}@{d.source.revision} ({d.commit[:12]}): access ok, {len(d.files)} files, "
+        f"{format_size(d.total)}, {format_size(d.missing)} not yet in the cache"
+        for d in downloads
+    ]
     return lines + check_disk(downloads, engines_dir)

@@ -61,7 +61,9 @@ def check_cache_writable(repo_ids: list[str]) -> None:
         probe = _nearest_existing(folder)
         if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
             what = "is not a folder" if not probe.is_dir() else "is not writable by this user"
-            raise CacheNotWritableError(f"the Hugging Face cache {cache} cannot be written: {probe} {what}: {CACHE_FIX}")
+            raise CacheNotWritableError(
+                f"the Hugging Face cache {cache} cannot be written: {probe} {what}: {CACHE_FIX}"
+            )
 
 
 def download_command(source: HubSource) -> str:
@@ -99,8 +101,14 @@ def check_cached(source: HubSource) -> Path:
     where = f"{source.repo_id}@{source.revision}"
     fix = f"HF_HUB_OFFLINE=1: unset it or run `{download_command(source)}`"
     try:
-        snapshot = Path(snapshot_download(source.repo_id, revision=source.revision, local_files_only=True,
-                                          ignore_patterns=list(source.ignore_patterns) or None))
+        snapshot = Path(
+            snapshot_download(
+                source.repo_id,
+                revision=source.revision,
+                local_files_only=True,
+                ignore_patterns=list(source.ignore_patterns) or None,
+            )
+        )
     except IncompleteSnapshotError as exc:
         raise NotCachedError(f"{where} is only partly in the Hugging Face cache {cache_root()} and {fix}") from exc
     except LocalEntryNotFoundError as exc:
@@ -110,6 +118,7 @@ def check_cached(source: HubSource) -> Path:
     missing = _missing_shards(snapshot)
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise NotCachedError(f"{where} is only partly in the Hugging Face cache {cache_root()} (missing {shown}) "
-                             f"and {fix}")
+        raise NotCachedError(
+            f"{where} is only partly in the Hugging Face cache {cache_root()} (missing {shown}) and {fix}"
+        )
     return snapshot

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import re
 import shutil
-import queue
 import threading
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -82,8 +82,11 @@ def download_snapshot(source: HubSource, *, workers: int = WORKERS) -> Path:
         missing = [f for f in todo.files if not (blobs / f.etag).is_file()]
         if missing:
             _fetch_all(source.repo_id, todo.commit, missing, workers)
-    return Path(snapshot_download(source.repo_id, revision=source.revision,
-                                  ignore_patterns=list(source.ignore_patterns) or None))
+    return Path(
+        snapshot_download(
+            source.repo_id, revision=source.revision, ignore_patterns=list(source.ignore_patterns) or None
+        )
+    )
 
 
 def _fetch_all(repo_id: str, commit: str, files: list[RemoteFile], workers: int) -> None:
@@ -108,8 +111,10 @@ def _fetch_all(repo_id: str, commit: str, files: list[RemoteFile], workers: int)
             except Exception as exc:  # noqa: BLE001 -- raised in the calling thread once all are done
                 errors.append(exc)
 
-    threads = [threading.Thread(target=work, name=f"download-{i}", daemon=True)
-               for i in range(max(1, min(workers, len(files))))]
+    threads = [
+        threading.Thread(target=work, name=f"download-{i}", daemon=True)
+        for i in range(max(1, min(workers, len(files))))
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -153,12 +158,20 @@ def fetch_blob(repo_id: str, commit: str, file: RemoteFile, cancelled: threading
             headers.pop("authorization", None)  # a signed CDN address: no token to another host
         with open(partial, "ab") as out:
             resumed = out.tell()
-            http_get(meta.location, _Cancellable(out, cancelled or threading.Event()), resume_size=resumed, headers=headers, expected_size=meta.size or file.size,
-                     displayed_filename=file.path)
+            http_get(
+                meta.location,
+                _Cancellable(out, cancelled or threading.Event()),
+                resume_size=resumed,
+                headers=headers,
+                expected_size=meta.size or file.size,
+                displayed_filename=file.path,
+            )
         if resumed and SHA256.fullmatch(etag) and _sha256(partial) != etag:
             partial.unlink()
-            raise CorruptDownloadError(f"{repo_id}/{file.path}: the resumed file's sha256 is not the Hub's {etag}: "
-                                       "its partial download was removed, run the build again")
+            raise CorruptDownloadError(
+                f"{repo_id}/{file.path}: the resumed file's sha256 is not the Hub's {etag}: "
+                "its partial download was removed, run the build again"
+            )
         make_readable(partial)
         os.replace(partial, blob)
     return blob

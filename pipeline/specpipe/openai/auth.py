@@ -32,8 +32,10 @@ PUBLIC_PATHS = frozenset({"/health", "/metrics"})
 #: The environment variable the gateway reads its key from.
 API_KEY_ENV = "SPECPIPE_API_KEY"
 
-MISSING_KEY = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
-               "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+MISSING_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
 WRONG_KEY = "Incorrect API key provided. Use the key this gateway was started with (--api-key, $SPECPIPE_API_KEY or --api-key-file)."
 
 
@@ -50,16 +52,21 @@ def _clean(value: str, source: str) -> str:
     """
     key = value.strip()
     if not key:
-        raise APIKeyError(f"{source} gives an empty API key, which would leave the gateway open: put the key there, "
-                          f"or give no key at all for an open gateway")
+        raise APIKeyError(
+            f"{source} gives an empty API key, which would leave the gateway open: put the key there, "
+            f"or give no key at all for an open gateway"
+        )
     if not key.isascii() or any(c.isspace() for c in key):
-        raise APIKeyError(f"the API key of {source} has whitespace or non-ASCII characters inside it, which an Authorization "
-                          f"header cannot carry: use printable ASCII, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        raise APIKeyError(
+            f"the API key of {source} has whitespace or non-ASCII characters inside it, which an Authorization "
+            f"header cannot carry: use printable ASCII, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
     return key
 
 
-def resolve_api_key(key: str | None = None, key_file: Path | None = None,
-                    environ: Mapping[str, str] | None = None) -> str | None:
+def resolve_api_key(
+    key: str | None = None, key_file: Path | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
     """The gateway's key from ``--api-key``, the :data:`API_KEY_ENV` variable of ``environ``
     (default :data:`os.environ`) or ``--api-key-file``, one rule for all three.
 
@@ -85,7 +92,9 @@ def resolve_api_key(key: str | None = None, key_file: Path | None = None,
         try:
             given.append((f"the API key file {key_file}", Path(key_file).read_text()))
         except (OSError, UnicodeDecodeError) as exc:
-            raise APIKeyError(f"cannot read the API key file {key_file} ({exc}): give a readable text file holding the key") from exc
+            raise APIKeyError(
+                f"cannot read the API key file {key_file} ({exc}): give a readable text file holding the key"
+            ) from exc
     return _clean(given[0][1], given[0][0]) if given else None
 
 

@@ -29,10 +29,14 @@ class ChatTemplate:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
         except OSError as exc:
-            raise SpecpipeError(f"cannot load the tokenizer at {tokenizer_source} ({exc}): run the gateway on the "
-                                f"server's machine or pass the tokenizer folder") from exc
+            raise SpecpipeError(
+                f"cannot load the tokenizer at {tokenizer_source} ({exc}): run the gateway on the "
+                f"server's machine or pass the tokenizer folder"
+            ) from exc
         if not self.tokenizer.chat_template:
-            raise SpecpipeError(f"the tokenizer at {tokenizer_source} has no chat template: use /v1/completions with a formatted prompt")
+            raise SpecpipeError(
+                f"the tokenizer at {tokenizer_source} has no chat template: use /v1/completions with a formatted prompt"
+            )
         self.source = tokenizer_source
 
     def format(self, messages: list[dict[str, str]]) -> str:

@@ -32,8 +32,11 @@ def _json_errors():
                 message = f"no route {request.method} {request.path}: see /openapi.json"
             elif exc.status == 405:
                 message = f"method {request.method} is not allowed on {request.path}"
-            return web.json_response(APIError(exc.status, message, kind=kind).body(), status=exc.status,
-                                     headers={k: v for k, v in exc.headers.items() if k == "Allow"})
+            return web.json_response(
+                APIError(exc.status, message, kind=kind).body(),
+                status=exc.status,
+                headers={k: v for k, v in exc.headers.items() if k == "Allow"},
+            )
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug must still answer JSON, not a dropped connection
@@ -87,7 +90,9 @@ class GatewayServer:
 
         async def serve() -> None:
             # handler_cancellation: a handler whose client disconnected is cancelled (its Triton request too)
-            self._runner = web.AppRunner(make_app(self.gateway, self.api_key), access_log=None, handler_cancellation=True)
+            self._runner = web.AppRunner(
+                make_app(self.gateway, self.api_key), access_log=None, handler_cancellation=True
+            )
             await self._runner.setup()
             await web.TCPSite(self._runner, self.host, self.port).start()
 
@@ -109,7 +114,9 @@ class GatewayServer:
         self._thread.start()
         ready.wait()
         if failure:
-            raise SpecpipeError(f"cannot serve the OpenAI API on {self.host}:{self.port} ({failure[0]}): choose another port or host") from failure[0]
+            raise SpecpipeError(
+                f"cannot serve the OpenAI API on {self.host}:{self.port} ({failure[0]}): choose another port or host"
+            ) from failure[0]
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None and self._thread.is_alive():

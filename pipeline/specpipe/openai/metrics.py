@@ -36,14 +36,26 @@ from dataclasses import dataclass
 from specpipe.generation import spec_metrics as names
 
 #: The vLLM-named counters: exposition name -> the :class:`_Totals` field it reports.
-VLLM_NAMED = {names.NUM_DRAFT_TOKENS: "draft_tokens", names.NUM_ACCEPTED_TOKENS: "accepted",
-              names.GENERATION_TOKENS: "output_tokens", names.PROMPT_TOKENS: "input_tokens"}
+VLLM_NAMED = {
+    names.NUM_DRAFT_TOKENS: "draft_tokens",
+    names.NUM_ACCEPTED_TOKENS: "accepted",
+    names.GENERATION_TOKENS: "output_tokens",
+    names.PROMPT_TOKENS: "input_tokens",
+}
 #: Every series name ``GET /metrics`` exposes.
-EXPORTED_SERIES = frozenset({
-    "specpipe_requests_total", "specpipe_request_errors_total", "specpipe_output_tokens_total",
-    "specpipe_input_tokens_total", "specpipe_draft_tokens_total", "specpipe_accepted_draft_tokens_total",
-    "specpipe_acceptance_rate", "specpipe_mean_accepted_length", *VLLM_NAMED,
-})
+EXPORTED_SERIES = frozenset(
+    {
+        "specpipe_requests_total",
+        "specpipe_request_errors_total",
+        "specpipe_output_tokens_total",
+        "specpipe_input_tokens_total",
+        "specpipe_draft_tokens_total",
+        "specpipe_accepted_draft_tokens_total",
+        "specpipe_acceptance_rate",
+        "specpipe_mean_accepted_length",
+        *VLLM_NAMED,
+    }
+)
 
 
 @dataclass
@@ -108,11 +120,18 @@ class GatewayMetrics:
             "output_tokens": CounterMetricFamily("specpipe_output_tokens", "Generated tokens", labels=["model"]),
             "input_tokens": CounterMetricFamily("specpipe_input_tokens", "Prompt tokens", labels=["model"]),
             "draft_tokens": CounterMetricFamily("specpipe_draft_tokens", "Draft tokens proposed", labels=["model"]),
-            "accepted": CounterMetricFamily("specpipe_accepted_draft_tokens", "Draft tokens accepted", labels=["model"]),
+            "accepted": CounterMetricFamily(
+                "specpipe_accepted_draft_tokens", "Draft tokens accepted", labels=["model"]
+            ),
         }
-        rate = GaugeMetricFamily("specpipe_acceptance_rate", "Accepted / proposed draft tokens since start", labels=["model"])
-        length = GaugeMetricFamily("specpipe_mean_accepted_length",
-                                   "Tokens per target decoding step after the first token, since start", labels=["model"])
+        rate = GaugeMetricFamily(
+            "specpipe_acceptance_rate", "Accepted / proposed draft tokens since start", labels=["model"]
+        )
+        length = GaugeMetricFamily(
+            "specpipe_mean_accepted_length",
+            "Tokens per target decoding step after the first token, since start",
+            labels=["model"],
+        )
         with self._lock:
             snapshot = {model: _Totals(**vars(t)) for model, t in self._totals.items()}
         for model, t in sorted(snapshot.items()):
@@ -122,8 +141,12 @@ class GatewayMetrics:
                 rate.add_metric([model], t.accepted / t.draft_tokens)
             if t.steps > 0:
                 length.add_metric([model], t.produced_after_first / t.steps)
-        named = {name: CounterMetricFamily(name.removesuffix("_total"), f"{name} (vLLM: {names.VLLM_NAMES[name]})",
-                                           labels=[names.MODEL_LABEL]) for name in VLLM_NAMED}
+        named = {
+            name: CounterMetricFamily(
+                name.removesuffix("_total"), f"{name} (vLLM: {names.VLLM_NAMES[name]})", labels=[names.MODEL_LABEL]
+            )
+            for name in VLLM_NAMED
+        }
         for model, t in sorted(snapshot.items()):
             for name, family in named.items():
                 family.add_metric([model], getattr(t, VLLM_NAMED[name]))

@@ -71,8 +71,10 @@ class Prompter:
         try:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         except OSError as exc:
-            raise SpecpipeError(f"cannot load the tokenizer at {tokenizer_dir} ({exc}): run the gateway on the "
-                                f"server's machine or pass the tokenizer folder") from exc
+            raise SpecpipeError(
+                f"cannot load the tokenizer at {tokenizer_dir} ({exc}): run the gateway on the "
+                f"server's machine or pass the tokenizer folder"
+            ) from exc
         self.pre = Preprocessor(tokenizer, add_special_tokens)
         self.max_context = max_context if max_context is not None else context_limit(tokenizer_dir)
         self.specials = [s for s in self.pre.special_strings() if s]
@@ -87,7 +89,9 @@ class Prompter:
         """
         if self._template is None:
             if not self.pre.tokenizer.chat_template:
-                raise APIError(400, "the deployment's tokenizer has no chat template: use /v1/completions with a formatted prompt")
+                raise APIError(
+                    400, "the deployment's tokenizer has no chat template: use /v1/completions with a formatted prompt"
+                )
             self._template = ChatTemplate(self.tokenizer_dir)
         return self._template
 
@@ -105,9 +109,13 @@ class Prompter:
             if any(s in m["content"] for m in parsed.messages for s in self.specials):
                 pieces = template.segments(parsed.messages)
                 if pieces is None or not segments_supported:
-                    raise APIError(400, "message content holds a special-token string (such as "
-                                        f"{next(s for s in self.specials if any(s in m['content'] for m in parsed.messages))!r}) "
-                                        "that this deployment cannot keep as plain text", "messages")
+                    raise APIError(
+                        400,
+                        "message content holds a special-token string (such as "
+                        f"{next(s for s in self.specials if any(s in m['content'] for m in parsed.messages))!r}) "
+                        "that this deployment cannot keep as plain text",
+                        "messages",
+                    )
                 segments = tuple(pieces)
         else:
             text = parsed.prompt or ""
@@ -115,7 +123,9 @@ class Prompter:
             ids = self.pre.encode_segments(list(segments)) if segments else self.pre.encode_prompt(text)
         except ValueError as exc:
             raise APIError(400, str(exc), "messages" if parsed.chat else "prompt") from exc
-        return PreparedPrompt(text, segments, len(ids), self.budget(len(ids), parsed.max_tokens, "messages" if parsed.chat else "prompt"))
+        return PreparedPrompt(
+            text, segments, len(ids), self.budget(len(ids), parsed.max_tokens, "messages" if parsed.chat else "prompt")
+        )
 
     def budget(self, prompt_tokens: int, max_tokens: int | None, prompt_param: str = "prompt") -> int:
         """The token budget: ``max_tokens``, or the rest of the context when absent.
@@ -127,14 +137,22 @@ class Prompter:
         if limit is None:
             return max_tokens if max_tokens is not None else 512
         if prompt_tokens >= limit:
-            raise APIError(400, f"the prompt has {prompt_tokens} tokens but the context limit is {limit} tokens: "
-                                f"shorten it to at most {limit - 1} tokens to leave room for output", prompt_param)
+            raise APIError(
+                400,
+                f"the prompt has {prompt_tokens} tokens but the context limit is {limit} tokens: "
+                f"shorten it to at most {limit - 1} tokens to leave room for output",
+                prompt_param,
+            )
         room = limit - prompt_tokens
         if max_tokens is None:
             return room
         if max_tokens > room:
-            raise APIError(400, f"max_tokens is {max_tokens} but the prompt has {prompt_tokens} tokens and the context "
-                                f"limit is {limit} tokens: ask for at most {room} tokens", "max_tokens")
+            raise APIError(
+                400,
+                f"max_tokens is {max_tokens} but the prompt has {prompt_tokens} tokens and the context "
+                f"limit is {limit} tokens: ask for at most {room} tokens",
+                "max_tokens",
+            )
         return max_tokens
 
     def count_tokens(self, text: str) -> int:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -94,7 +94,9 @@ class ParsedRequest:
     top_k: int | None = None
     options: dict[str, float | int] = field(default_factory=dict)
 
-    def generation_request(self, prompt: str, max_tokens: int | None = None, segments: tuple[str, ...] = ()) -> GenerationRequest:
+    def generation_request(
+        self, prompt: str, max_tokens: int | None = None, segments: tuple[str, ...] = ()
+    ) -> GenerationRequest:
         """The ensemble request for ``prompt`` (the formatted chat or the completion prompt).
 
         ``max_tokens``: the resolved budget (default: the request's, else the fallback);
@@ -119,9 +121,13 @@ def _describe(value: Any) -> str:
 def _from_validation(error: ValidationError) -> APIError:
     """The first problem of a pydantic error, as one line naming the field and the value sent."""
     first = error.errors(include_url=False)[0]
-    where, param = _location([p for p in first["loc"] if isinstance(p, int) or (p not in _UNION_TAGS and "[" not in str(p))])
+    where, param = _location(
+        [p for p in first["loc"] if isinstance(p, int) or (p not in _UNION_TAGS and "[" not in str(p))]
+    )
     if first["type"] == "extra_forbidden":
-        return APIError(400, f"{where} is not supported by the specpipe gateway, got {_describe(first['input'])}", param)
+        return APIError(
+            400, f"{where} is not supported by the specpipe gateway, got {_describe(first['input'])}", param
+        )
     if first["type"] == "missing":
         return APIError(400, f"{where} is required", param)
     message = str(first["msg"]).removeprefix("Value error, ")
@@ -172,8 +178,12 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
     if surrogate is not None:
         (loc, in_key), (where, param) = surrogate, _location(surrogate[0])
         place = f"a key of {where if loc else 'the body'}" if in_key else where
-        raise APIError(400, f"{place} holds a lone UTF-16 surrogate (an unpaired "
-                            f"\\ud800-\\udfff escape), which is not text: send valid Unicode", param)
+        raise APIError(
+            400,
+            f"{place} holds a lone UTF-16 surrogate (an unpaired "
+            f"\\ud800-\\udfff escape), which is not text: send valid Unicode",
+            param,
+        )
     for name, off in UNSUPPORTED_OFF.items():
         if name in body and not any(body[name] == o and type(body[name]) is type(o) for o in off):
             raise APIError(400, str(UnsupportedOption(name, body[name])), name)
@@ -186,13 +196,23 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
     max_tokens = model.max_tokens
     if chat and model.max_completion_tokens is not None:
         max_tokens = model.max_completion_tokens
-    options = {name: getattr(model, name) for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
-               if getattr(model, name) is not None}
+    options = {
+        name: getattr(model, name)
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
+        if getattr(model, name) is not None
+    }
     parsed = ParsedRequest(
-        chat=chat, model=model.model, max_tokens=max_tokens, stream=bool(model.stream),
-        temperature=1.0 if model.temperature is None else model.temperature, top_p=model.top_p, seed=model.seed,
-        stop=model.stop_strings(), include_usage=bool(model.stream_options and model.stream_options.include_usage),
-        top_k=model.top_k, options=options,
+        chat=chat,
+        model=model.model,
+        max_tokens=max_tokens,
+        stream=bool(model.stream),
+        temperature=1.0 if model.temperature is None else model.temperature,
+        top_p=model.top_p,
+        seed=model.seed,
+        stop=model.stop_strings(),
+        include_usage=bool(model.stream_options and model.stream_options.include_usage),
+        top_k=model.top_k,
+        options=options,
     )
     if chat:
         parsed.messages = [{"role": m.role, "content": m.text()} for m in model.messages]
@@ -213,7 +233,9 @@ def usage(perf: dict[str, float]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def finish_reason(perf: dict[str, float], max_tokens: int, max_context: int | None = None, stopped: bool = False) -> str:
+def finish_reason(
+    perf: dict[str, float], max_tokens: int, max_context: int | None = None, stopped: bool = False
+) -> str:
     """OpenAI's ``finish_reason``: ``"stop"`` when a stop string ended the output (``stopped``);
     ``"length"`` when ``max_tokens`` tokens were generated or prompt + output filled ``max_context``;
     else ``"stop"`` (the end-of-sequence token)."""
@@ -229,19 +251,40 @@ def finish_reason(perf: dict[str, float], max_tokens: int, max_context: int | No
 
 def completion_object(request_id: str, created: int, model: str, text: str, reason: str, used: dict) -> dict[str, Any]:
     """A non-streamed ``text_completion``."""
-    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}], "usage": used}
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+        "usage": used,
+    }
 
 
 def chat_object(request_id: str, created: int, model: str, text: str, reason: str, used: dict) -> dict[str, Any]:
     """A non-streamed ``chat.completion``."""
-    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}],
-            "usage": used}
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+        ],
+        "usage": used,
+    }
 
 
-def chunk_object(chat: bool, request_id: str, created: int, model: str, text: str | None, reason: str | None,
-                 first: bool = False, include_usage: bool = False) -> dict[str, Any]:
+def chunk_object(
+    chat: bool,
+    request_id: str,
+    created: int,
+    model: str,
+    text: str | None,
+    reason: str | None,
+    first: bool = False,
+    include_usage: bool = False,
+) -> dict[str, Any]:
     """One streamed chunk: a ``text_completion`` piece, or a ``chat.completion.chunk`` with a ``delta``.
 
     ``text=None`` with a ``reason`` is the closing chunk; ``first`` adds the assistant role (chat).
@@ -253,7 +296,13 @@ def chunk_object(chat: bool, request_id: str, created: int, model: str, text: st
         if text is not None:
             delta["content"] = text
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        obj = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+        obj = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
         obj = {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
@@ -264,8 +313,14 @@ def chunk_object(chat: bool, request_id: str, created: int, model: str, text: st
 
 def usage_chunk(chat: bool, request_id: str, created: int, model: str, used: dict) -> dict[str, Any]:
     """The last streamed chunk with ``stream_options.include_usage``: no choices, the usage."""
-    return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model, "choices": [], "usage": used}
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": used,
+    }
 
 
 def model_object(name: str, created: int | None = None) -> dict[str, Any]:

@@ -62,18 +62,26 @@ class _Common(BaseModel):
     model_config = _STRICT
 
     model: Annotated[str, Field(min_length=1, description="any non-empty id: the gateway serves one deployment")]
-    max_tokens: Annotated[int | None, Field(ge=1, le=INT32_MAX, description="new tokens at most; absent: the rest of the context")] = None
+    max_tokens: Annotated[
+        int | None, Field(ge=1, le=INT32_MAX, description="new tokens at most; absent: the rest of the context")
+    ] = None
     stream: Annotated[bool | None, Field(description="null: false, as OpenAI takes it")] = False
     stream_options: StreamOptions | None = None
     temperature: Annotated[float | None, Field(ge=0.0, le=2.0, description="0: greedy")] = None
     top_p: Annotated[float | None, Field(gt=0.0, le=1.0)] = None
     top_k: Annotated[int | None, Field(ge=0, le=INT32_MAX, description="0: off, 1: greedy")] = None
     seed: Annotated[int | None, Field(ge=0, le=UINT64_MAX)] = None
-    stop: Annotated[str | list[str] | None, Field(description="up to 4 strings; the output ends right before the first one")] = None
+    stop: Annotated[
+        str | list[str] | None, Field(description="up to 4 strings; the output ends right before the first one")
+    ] = None
     presence_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
     frequency_penalty: Annotated[float | None, Field(ge=-2.0, le=2.0)] = None
-    repetition_penalty: Annotated[float | None, Field(gt=0.0, le=100.0, description="1: off (TensorRT-LLM's definition)")] = None
-    min_tokens: Annotated[int | None, Field(ge=0, le=INT32_MAX, description="the end of sequence is masked until this many tokens")] = None
+    repetition_penalty: Annotated[
+        float | None, Field(gt=0.0, le=100.0, description="1: off (TensorRT-LLM's definition)")
+    ] = None
+    min_tokens: Annotated[
+        int | None, Field(ge=0, le=INT32_MAX, description="the end of sequence is masked until this many tokens")
+    ] = None
     n: Annotated[int | None, Field(ge=1, le=1, description="the gateway returns one choice")] = None
     user: str | None = None
     # Known OpenAI options the gateway refuses unless off (see UNSUPPORTED_OFF).
@@ -190,16 +198,42 @@ def openapi_document(title: str = "specpipe OpenAI-compatible gateway") -> dict[
         ref_template="#/components/schemas/{model}",
     )
     components = schemas.get("$defs", {})
-    error = {"description": "OpenAI error object", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-    components["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["message", "type"], "properties": {
-            "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
-            "code": {"type": ["string", "null"]}}}}}
+    error = {
+        "description": "OpenAI error object",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+    components["Error"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+            }
+        },
+    }
 
     def post(schema: str) -> dict[str, Any]:
-        return {"post": {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
-                         "responses": {"200": {"description": "a completion, or server-sent events when stream is true"},
-                                       "400": error, "500": error, "503": error}}}
+        return {
+            "post": {
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+                },
+                "responses": {
+                    "200": {"description": "a completion, or server-sent events when stream is true"},
+                    "400": error,
+                    "500": error,
+                    "503": error,
+                },
+            }
+        }
 
     return {
         "openapi": "3.1.0",
@@ -208,9 +242,12 @@ def openapi_document(title: str = "specpipe OpenAI-compatible gateway") -> dict[
             "/v1/completions": post("CompletionRequest"),
             "/v1/chat/completions": post("ChatCompletionRequest"),
             "/v1/models": {"get": {"responses": {"200": {"description": "the served model"}}}},
-            "/v1/models/{model}": {"get": {
-                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "the model"}, "404": error}}},
+            "/v1/models/{model}": {
+                "get": {
+                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "the model"}, "404": error},
+                }
+            },
         },
         "components": {"schemas": components},
     }

@@ -31,11 +31,21 @@ from specpipe.errors import SpecpipeError
 from specpipe.openai.metrics import GatewayMetrics
 from specpipe.openai.prompting import PreparedPrompt, Prompter, warm_up
 from specpipe.openai.protocol import (
-    APIError, ParsedRequest, api_error_for, chat_object, chunk_object, completion_object, finish_reason, model_object,
-    models_object, new_id, parse_request, usage_chunk,
+    APIError,
+    ParsedRequest,
+    api_error_for,
+    chat_object,
+    chunk_object,
+    completion_object,
+    finish_reason,
+    model_object,
+    models_object,
+    new_id,
+    parse_request,
+    usage_chunk,
 )
-from specpipe.openai.schema import openapi_document
 from specpipe.openai.relay import Generation
+from specpipe.openai.schema import openapi_document
 
 #: Seconds ``/health`` waits for the tokenizer's warm-up before answering 503 (:func:`.prompting.warm_up`).
 WARM_UP_WAIT_S = 5.0
@@ -60,8 +70,15 @@ class Gateway:
             balancer's readiness probe sends no more traffic (new requests get 503 anyway).
     """
 
-    def __init__(self, grpc_url: str, name: str, tokenizer_dir: str | None = None, model: str = "ensemble",
-                 max_context: int | None = None, client=None):
+    def __init__(
+        self,
+        grpc_url: str,
+        name: str,
+        tokenizer_dir: str | None = None,
+        model: str = "ensemble",
+        max_context: int | None = None,
+        client=None,
+    ):
         self.grpc_url, self.name, self.model = grpc_url, name, model
         self.tokenizer_dir, self.max_context = tokenizer_dir, max_context
         self.metrics = GatewayMetrics()
@@ -137,10 +154,15 @@ class Gateway:
         inputs = await self.ensemble_inputs()
         if inputs is None:
             return dataclasses.replace(request, stream=parsed.stream or bool(parsed.stop))
-        for name in (*parsed.options, *(("top_k",) if request.top_k is not None else ()),
-                     *(("text_segments",) if prompt.segments else ())):
+        for name in (
+            *parsed.options,
+            *(("top_k",) if request.top_k is not None else ()),
+            *(("text_segments",) if prompt.segments else ()),
+        ):
             if name not in inputs:
-                raise APIError(400, f"{name} is not supported by this deployment's ensemble (it has no {name} input)", name)
+                raise APIError(
+                    400, f"{name} is not supported by this deployment's ensemble (it has no {name} input)", name
+                )
         return dataclasses.replace(
             request,
             stream=parsed.stream or bool(parsed.stop),
@@ -183,7 +205,9 @@ class Gateway:
     async def prometheus(self, request):
         from aiohttp import web
 
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        )
 
     async def health(self, request):
         from aiohttp import web
@@ -213,7 +237,9 @@ class Gateway:
                 return self._model_not_found(parsed.model)
             prompter = await self.prompter()
             prompt = prompter.prepare(parsed, segments_supported=await self._segments_supported())
-            generation = Generation(self.client, await self.ensemble_request(parsed, prompt), parsed.stop, request, prompter.count_tokens)
+            generation = Generation(
+                self.client, await self.ensemble_request(parsed, prompt), parsed.stop, request, prompter.count_tokens
+            )
         except APIError as exc:
             return web.json_response(exc.body(), status=exc.status)
         try:
@@ -244,9 +270,15 @@ class Gateway:
         self.metrics.record(self.name, result.perf)
         build = chat_object if parsed.chat else completion_object
         reason = finish_reason(result.perf, prompt.max_tokens, self._context(), generation.stops.stopped)
-        return web.json_response(build(new_id(parsed.chat), int(time.time()), self.name, "".join(texts), reason, generation.usage(result.perf)))
+        return web.json_response(
+            build(
+                new_id(parsed.chat), int(time.time()), self.name, "".join(texts), reason, generation.usage(result.perf)
+            )
+        )
 
-    async def _stream(self, request, parsed: ParsedRequest, prompt: PreparedPrompt, generation: Generation, first: str | None):
+    async def _stream(
+        self, request, parsed: ParsedRequest, prompt: PreparedPrompt, generation: Generation, first: str | None
+    ):
         from aiohttp import web
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -259,8 +291,18 @@ class Gateway:
         opened = False
         text = first
         while text is not None:
-            await send(chunk_object(parsed.chat, request_id, created, self.name, text, None, first=not opened,
-                                    include_usage=parsed.include_usage))
+            await send(
+                chunk_object(
+                    parsed.chat,
+                    request_id,
+                    created,
+                    self.name,
+                    text,
+                    None,
+                    first=not opened,
+                    include_usage=parsed.include_usage,
+                )
+            )
             opened = True
             text = await generation.next()
         result = generation.result()
@@ -270,9 +312,17 @@ class Gateway:
         else:
             self.metrics.record(self.name, result.perf)
             if not opened and parsed.chat:  # no text at all: still open the assistant's turn
-                await send(chunk_object(True, request_id, created, self.name, "", None, first=True, include_usage=parsed.include_usage))
+                await send(
+                    chunk_object(
+                        True, request_id, created, self.name, "", None, first=True, include_usage=parsed.include_usage
+                    )
+                )
             reason = finish_reason(result.perf, prompt.max_tokens, self._context(), generation.stops.stopped)
-            await send(chunk_object(parsed.chat, request_id, created, self.name, None, reason, include_usage=parsed.include_usage))
+            await send(
+                chunk_object(
+                    parsed.chat, request_id, created, self.name, None, reason, include_usage=parsed.include_usage
+                )
+            )
             if parsed.include_usage:
                 await send(usage_chunk(parsed.chat, request_id, created, self.name, generation.usage(result.perf)))
         await response.write(b"data: [DONE]\n\n")

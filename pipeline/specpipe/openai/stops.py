@@ -43,7 +43,7 @@ class StopStrings:
             self.stopped, self._held = True, ""
             return buffer[: min(found)]
         keep = self._partial(buffer)
-        self._held = buffer[len(buffer) - keep:] if keep else ""
+        self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]
 
     def flush(self) -> str:

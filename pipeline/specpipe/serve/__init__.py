@@ -14,14 +14,14 @@ from pathlib import Path
 from rich.table import Table
 
 from specpipe.errors import SpecpipeError
-from specpipe.progress import out, warn
 from specpipe.openai import LOCAL_HOST
+from specpipe.progress import out, warn
 from specpipe.serve.gateway import GatewayRequest, start_gateway
 from specpipe.serve.local import LocalTritonServer
-from specpipe.serve.triton_log import EXIT_TIMEOUT_LINE, log_tail
+from specpipe.serve.model_processes import supervise
 from specpipe.serve.ports import check_ports
 from specpipe.serve.stop_signals import StopSignals
-from specpipe.serve.model_processes import supervise
+from specpipe.serve.triton_log import EXIT_TIMEOUT_LINE, log_tail
 from specpipe.serve.trtllm import check_engine_built, container_launch, run_container
 from specpipe.triton.repo_meta import read_meta
 from specpipe.triton.repository import repository_runtime
@@ -72,13 +72,17 @@ def resolve_runtime(repo_dir: Path, runtime: str) -> str:
     if not (repo_dir / "ensemble").is_dir() and not (repo_dir / "specpipe.json").is_file():
         parent = repo_dir.parent
         others = sorted(p.name for p in parent.iterdir() if (p / "ensemble").is_dir()) if parent.is_dir() else []
-        raise SpecpipeError(f"no Triton model repository at {repo_dir}: run 'specpipe package {repo_dir.name}' first"
-                            + (f" (packaged in {parent}: {', '.join(others)})" if others else ""))
+        raise SpecpipeError(
+            f"no Triton model repository at {repo_dir}: run 'specpipe package {repo_dir.name}' first"
+            + (f" (packaged in {parent}: {', '.join(others)})" if others else "")
+        )
     if runtime != "auto":
         return runtime
     found = repository_runtime(repo_dir)
     if found is None:
-        raise SpecpipeError(f"cannot tell which runtime {repo_dir} was written for: pass --runtime cpu or --runtime trtllm")
+        raise SpecpipeError(
+            f"cannot tell which runtime {repo_dir} was written for: pass --runtime cpu or --runtime trtllm"
+        )
     return found
 
 
@@ -116,24 +120,36 @@ def serve(request: ServeRequest) -> None:
     if runtime != "cpu":
         gateway = None if request.print_only or openai_port is None else _start_gateway(repo_dir.name, request)
         try:
-            _serve_container(repo_dir, runtime, {"http": request.http_port, "grpc": grpc_port, "metrics": request.metrics_port},
-                             request.print_only, request.container, request.gpus)
+            _serve_container(
+                repo_dir,
+                runtime,
+                {"http": request.http_port, "grpc": grpc_port, "metrics": request.metrics_port},
+                request.print_only,
+                request.container,
+                request.gpus,
+            )
         finally:
             if gateway is not None:
                 gateway.stop()
         return
-    server = LocalTritonServer(repo_dir, grpc_port=grpc_port, http_port=request.http_port, metrics_port=request.metrics_port)
+    server = LocalTritonServer(
+        repo_dir, grpc_port=grpc_port, http_port=request.http_port, metrics_port=request.metrics_port
+    )
     if request.print_only:
         for line in server.shell_lines():
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     if openai_port is not None:
-        check_ports({"gRPC": grpc_port, "HTTP": request.http_port, "metrics": request.metrics_port, "openai": openai_port})
+        check_ports(
+            {"gRPC": grpc_port, "HTTP": request.http_port, "metrics": request.metrics_port, "openai": openai_port}
+        )
     gateway, interrupted = None, False
     with StopSignals(hurry=server.hurry) as signals:
         try:
             server.start()
-            out.print(f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False)
+            out.print(
+                f"starting Triton on {server.repo_dir} (log: {server.log_path}) ...", markup=False, highlight=False
+            )
             server.wait_ready()
             cold = server.cold_start()
             if cold is not None:
@@ -185,20 +201,27 @@ def _report_unclean_exit(server: LocalTritonServer, code: int) -> None:
     raise server.failure(f"tritonserver {how} while stopping")
 
 
-def _serve_container(repo_dir: Path, runtime: str, ports: dict[str, int], print_only: bool,
-                     container: str | None, gpus: str | None) -> None:
+def _serve_container(
+    repo_dir: Path, runtime: str, ports: dict[str, int], print_only: bool, container: str | None, gpus: str | None
+) -> None:
     meta = read_meta(repo_dir)
     if meta is None:
-        raise SpecpipeError(f"{repo_dir} was not written for a TensorRT-LLM runtime (no specpipe.json): serve it with --runtime cpu")
+        raise SpecpipeError(
+            f"{repo_dir} was not written for a TensorRT-LLM runtime (no specpipe.json): serve it with --runtime cpu"
+        )
     if meta["runtime"] != runtime:
-        raise SpecpipeError(f"{repo_dir} was written for --runtime {meta['runtime']}, not {runtime}: pass --runtime {meta['runtime']}")
+        raise SpecpipeError(
+            f"{repo_dir} was written for --runtime {meta['runtime']}, not {runtime}: pass --runtime {meta['runtime']}"
+        )
     launch = container_launch(repo_dir, meta, container=container, gpus=gpus, ports=ports)
     if print_only:
         for line in launch.shell_lines():
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     check_engine_built(meta)
-    out.print(f"starting {launch.image} (build it first with: {launch.shell_lines()[0]})", markup=False, highlight=False)
+    out.print(
+        f"starting {launch.image} (build it first with: {launch.shell_lines()[0]})", markup=False, highlight=False
+    )
     code = run_container(launch)
     if code != 0:
         raise SpecpipeError(f"the serving container exited with status {code}: see its output above")
@@ -206,8 +229,11 @@ def _serve_container(repo_dir: Path, runtime: str, ports: dict[str, int], print_
 
 def _start_gateway(name: str, request: ServeRequest):
     """Start the OpenAI-compatible gateway for deployment ``name`` (:mod:`specpipe.serve.gateway`)."""
-    return start_gateway(GatewayRequest(f"localhost:{request.grpc_port}", name, request.openai_port,
-                                        request.openai_host, request.api_key))
+    return start_gateway(
+        GatewayRequest(
+            f"localhost:{request.grpc_port}", name, request.openai_port, request.openai_host, request.api_key
+        )
+    )
 
 
 def _print_endpoints(server, gateway=None) -> None:

@@ -59,6 +59,7 @@ class ColdStart:
 
     def summary(self) -> str:
         """One line: ``ready in 52.3 s (tensorrt_llm 50.5 s, preprocessing 39.4 s, ...)``, slowest first."""
-        models = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in
-                           sorted(self.model_load_s.items(), key=lambda item: -item[1]))
+        models = ", ".join(
+            f"{name} {seconds:.1f} s" for name, seconds in sorted(self.model_load_s.items(), key=lambda item: -item[1])
+        )
         return f"ready in {self.ready_s:.1f} s" + (f" (model load: {models})" if models else "")

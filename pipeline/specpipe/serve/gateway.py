@@ -57,16 +57,26 @@ def start_gateway(request: GatewayRequest) -> GatewayServer:
     Raises:
         SpecpipeError: the port cannot be bound on ``request.host``.
     """
-    gateway = GatewayServer(Gateway(request.triton_url, request.name, tokenizer_dir=request.tokenizer_dir),
-                            request.port, host=request.host, api_key=request.api_key)
+    gateway = GatewayServer(
+        Gateway(request.triton_url, request.name, tokenizer_dir=request.tokenizer_dir),
+        request.port,
+        host=request.host,
+        api_key=request.api_key,
+    )
     gateway.start()
     where = f"http://{url_host(request.host)}:{request.port}/v1" if request.host not in _LOOPBACK else gateway.url
     key = "API key required" if request.api_key else "no API key"
-    out.print(f"OpenAI-compatible API for {request.name}: {where} ({key}; /health and /metrics open; Triton {request.triton_url})",
-              markup=False, highlight=False, soft_wrap=True)
+    out.print(
+        f"OpenAI-compatible API for {request.name}: {where} ({key}; /health and /metrics open; Triton {request.triton_url})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     if request.api_key is None and request.host not in _LOOPBACK:
-        warn(f"the OpenAI API listens on {request.host} without an API key: anyone who reaches port {request.port} can use it "
-             f"(set $SPECPIPE_API_KEY or pass --api-key-file)")
+        warn(
+            f"the OpenAI API listens on {request.host} without an API key: anyone who reaches port {request.port} can use it "
+            f"(set $SPECPIPE_API_KEY or pass --api-key-file)"
+        )
     return gateway
 
 

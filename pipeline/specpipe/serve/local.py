@@ -21,8 +21,14 @@ from specpipe.progress import LIBRARY_BARS_OFF
 from specpipe.serve.cold_start import ColdStart, model_load_times
 from specpipe.serve.ports import check_ports
 from specpipe.serve.process_group import wait_group_gone
-from specpipe.serve.triton_install import (WHEEL, TritonInstall, find_triton, prepare_backends_dir, server_command,
-                                         server_environment)
+from specpipe.serve.triton_install import (
+    WHEEL,
+    TritonInstall,
+    find_triton,
+    prepare_backends_dir,
+    server_command,
+    server_environment,
+)
 from specpipe.serve.triton_log import log_tail, model_load_failures
 from specpipe.triton.models.draining import DRAIN_FILE_ENV, SERVE_PID_ENV, clear_drain, request_drain, wait_idle
 
@@ -47,11 +53,20 @@ class LocalTritonServer:
         ready_timeout_s: seconds the context manager waits for readiness.
     """
 
-    def __init__(self, repo_dir: Path, grpc_port: int = 8001, http_port: int = 8000, metrics_port: int = 8002,
-                 log_path: Path | None = None, ready_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        repo_dir: Path,
+        grpc_port: int = 8001,
+        http_port: int = 8000,
+        metrics_port: int = 8002,
+        log_path: Path | None = None,
+        ready_timeout_s: float = 300.0,
+    ):
         self.repo_dir = Path(repo_dir).absolute()
         self.grpc_port, self.http_port, self.metrics_port = int(grpc_port), int(http_port), int(metrics_port)
-        self.log_path = Path(log_path) if log_path else cache_dir() / "logs" / f"triton-{self.repo_dir.name}-{self.grpc_port}.log"
+        self.log_path = (
+            Path(log_path) if log_path else cache_dir() / "logs" / f"triton-{self.repo_dir.name}-{self.grpc_port}.log"
+        )
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen | None = None
         self._install: TritonInstall | None = None
@@ -89,7 +104,9 @@ class LocalTritonServer:
         self._install = install
         backends = prepare_backends_dir(install)
         cmd = server_command(install, backends, self.repo_dir, self.grpc_port, self.http_port, self.metrics_port)
-        env = server_environment(install, {"PATH": os.environ.get("PATH", ""), "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")})
+        env = server_environment(
+            install, {"PATH": os.environ.get("PATH", ""), "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}
+        )
         return cmd, {k: env[k] for k in ("LD_LIBRARY_PATH", "PATH")}
 
     def start(self) -> None:
@@ -105,16 +122,22 @@ class LocalTritonServer:
             raise SpecpipeError(f"no Triton model repository at {self.repo_dir}: run 'specpipe package' first")
         check_ports(self._ports())
         cmd, env_vars = self.command()
-        env = {**os.environ, **env_vars, DRAIN_FILE_ENV: str(self.drain_path), SERVE_PID_ENV: str(os.getpid()),
-               LIBRARY_BARS_OFF: "1"}  # the log is a file: no tqdm redraws in it
+        env = {
+            **os.environ,
+            **env_vars,
+            DRAIN_FILE_ENV: str(self.drain_path),
+            SERVE_PID_ENV: str(os.getpid()),
+            LIBRARY_BARS_OFF: "1",
+        }  # the log is a file: no tqdm redraws in it
         clear_drain(self.drain_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_path.is_file() and self.log_path.stat().st_size:  # a restart keeps the last run's log
             os.replace(self.log_path, self.previous_log_path)
         with open(self.log_path, "wb") as log:
             try:
-                self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                env=env, start_new_session=True)
+                self.process = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                )
                 self._started_at, self.ready_after_s, self._hurried = time.monotonic(), None, False
             except OSError as exc:
                 raise SpecpipeError(f"cannot start {cmd[0]} ({exc}): reinstall '{WHEEL}'") from exc

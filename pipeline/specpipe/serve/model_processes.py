@@ -16,7 +16,6 @@ from pathlib import Path
 
 import psutil
 
-from specpipe.errors import SpecpipeError
 from specpipe.serve.process_group import is_live
 
 STUB = "triton_python_backend_stub"
@@ -113,5 +112,6 @@ def supervise(server, poll_s: float = 0.5) -> None:
             raise server.failure(
                 f"the Python model process of {names} exited while tritonserver ran (killed, out of memory or "
                 "crashed); Triton cannot serve that model again and would keep reporting ready, so the server "
-                "was stopped: start it again")
+                "was stopped: start it again"
+            )
         time.sleep(poll_s)

@@ -74,9 +74,15 @@ def find_triton() -> TritonInstall:
     )
     for path in (install.binary, install.libs_dir, *(install.python_backend_dir / f for f in BACKEND_FILES)):
         if not path.exists():
-            raise SpecpipeError(f"the '{WHEEL}' wheel is incomplete ({path} is missing): reinstall it with 'pip install --force-reinstall {WHEEL}==0.7.0'")
+            raise SpecpipeError(
+                f"the '{WHEEL}' wheel is incomplete ({path} is missing): reinstall it with 'pip install --force-reinstall {WHEEL}==0.7.0'"
+            )
     if not install.stub.is_file():
-        available = sorted(p.name for p in (root / "python_backend_stubs").iterdir()) if (root / "python_backend_stubs").is_dir() else []
+        available = (
+            sorted(p.name for p in (root / "python_backend_stubs").iterdir())
+            if (root / "python_backend_stubs").is_dir()
+            else []
+        )
         raise SpecpipeError(
             f"the '{WHEEL}' wheel has no Python-backend stub for Python {py} (it has {', '.join(available) or 'none'}): "
             f"run specpipe with one of those Python versions"
@@ -127,7 +133,11 @@ def server_environment(install: TritonInstall, base: dict[str, str] | None = Non
     prefixed as the module doc says."""
     env = dict(os.environ if base is None else base)
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    ld = [str(install.libs_dir)] + ([libdir] if libdir else []) + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
+    ld = (
+        [str(install.libs_dir)]
+        + ([libdir] if libdir else [])
+        + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
+    )
     env["LD_LIBRARY_PATH"] = os.pathsep.join(ld)
     bin_dir = str(Path(sys.executable).parent)
     rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
@@ -135,8 +145,15 @@ def server_environment(install: TritonInstall, base: dict[str, str] | None = Non
     return env
 
 
-def server_command(install: TritonInstall, backends_dir: Path, repo_dir: Path, grpc_port: int, http_port: int,
-                   metrics_port: int, exit_timeout_s: int = 5) -> list[str]:
+def server_command(
+    install: TritonInstall,
+    backends_dir: Path,
+    repo_dir: Path,
+    grpc_port: int,
+    http_port: int,
+    metrics_port: int,
+    exit_timeout_s: int = 5,
+) -> list[str]:
     """The ``tritonserver`` command line for ``repo_dir`` (absolute paths).
 
     ``exit_timeout_s``: how long Triton waits at exit for its models to unload (``--exit-timeout-secs``,

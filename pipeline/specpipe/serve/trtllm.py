@@ -52,8 +52,13 @@ DOCKERFILE = PACKAGE_DIR.parent.parent / "docker" / "Dockerfile"
 
 
 def _server_argv(ports: dict[str, int]) -> list[str]:
-    return [TRITONSERVER, f"--model-repository={CONTAINER_REPO}", f"--grpc-port={ports['grpc']}",
-            f"--http-port={ports['http']}", f"--metrics-port={ports['metrics']}"]
+    return [
+        TRITONSERVER,
+        f"--model-repository={CONTAINER_REPO}",
+        f"--grpc-port={ports['grpc']}",
+        f"--http-port={ports['http']}",
+        f"--metrics-port={ports['metrics']}",
+    ]
 
 
 #: The environment of orchestrator mode (``launch_triton_server.py --multi-model`` without
@@ -99,9 +104,18 @@ def server_command(meta: dict[str, Any], ports: dict[str, int] | None = None) ->
         return _server_argv(ports)
     if mode == LAUNCH_ORCHESTRATOR:
         pools = [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(int(meta["gpus"]))]
-        return ["mpirun", "--allow-run-as-root", "-n", "1", *_server_argv(ports), "--pinned-memory-pool-byte-size=0",
-                "--enable-peer-access=false", *pools, "--disable-auto-complete-config",
-                "--backend-config=python,shm-region-prefix-name=prefix0_"]
+        return [
+            "mpirun",
+            "--allow-run-as-root",
+            "-n",
+            "1",
+            *_server_argv(ports),
+            "--pinned-memory-pool-byte-size=0",
+            "--enable-peer-access=false",
+            *pools,
+            "--disable-auto-complete-config",
+            "--backend-config=python,shm-region-prefix-name=prefix0_",
+        ]
     world = int(meta["world_size"])
     ranks = []
     for rank in range(world):
@@ -158,8 +172,14 @@ class ContainerLaunch:
         return [shlex.join(self.build_argv), shlex.join(self.run_argv)]
 
 
-def container_launch(repo_dir: Path, meta: dict[str, Any], *, container: str | None = None, gpus: str | None = None,
-                     ports: dict[str, int] | None = None) -> ContainerLaunch:
+def container_launch(
+    repo_dir: Path,
+    meta: dict[str, Any],
+    *,
+    container: str | None = None,
+    gpus: str | None = None,
+    ports: dict[str, int] | None = None,
+) -> ContainerLaunch:
     """The launch of ``repo_dir`` (host ports ``ports``, default 8000/8001/8002).
 
     Raises:
@@ -171,17 +191,43 @@ def container_launch(repo_dir: Path, meta: dict[str, Any], *, container: str | N
     ids = parse_gpus(gpus, int(meta["gpus"]))
     host = ports or CONTAINER_PORTS
     image = serving_image(container)
-    build = ["docker", "build", "-f", str(DOCKERFILE), "--build-arg", f"BASE_IMAGE={container}", "-t", image,
-             str(DOCKERFILE.parent.parent)]
-    run = ["docker", "run", "--rm", "--name", f"specpipe-{Path(repo_dir).name}",
-           "--gpus", f'"device={",".join(str(i) for i in ids)}"', f"--shm-size={SHM_SIZE}",
-           "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+    build = [
+        "docker",
+        "build",
+        "-f",
+        str(DOCKERFILE),
+        "--build-arg",
+        f"BASE_IMAGE={container}",
+        "-t",
+        image,
+        str(DOCKERFILE.parent.parent),
+    ]
+    run = [
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        f"specpipe-{Path(repo_dir).name}",
+        "--gpus",
+        f'"device={",".join(str(i) for i in ids)}"',
+        f"--shm-size={SHM_SIZE}",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+    ]
     for name in ("http", "grpc", "metrics"):
         run += ["-p", f"{host[name]}:{CONTAINER_PORTS[name]}"]
     for key, value in server_environment(meta).items():
         run += ["-e", f"{key}={value}"]
-    run += ["-v", f"{Path(repo_dir).absolute()}:{CONTAINER_REPO}:ro", "-v", f"{meta['engines_root']}:{CONTAINER_ENGINES}:ro",
-            image, *server_command(meta)]
+    run += [
+        "-v",
+        f"{Path(repo_dir).absolute()}:{CONTAINER_REPO}:ro",
+        "-v",
+        f"{meta['engines_root']}:{CONTAINER_ENGINES}:ro",
+        image,
+        *server_command(meta),
+    ]
     return ContainerLaunch(container, image, build, run)
 
 
@@ -202,5 +248,7 @@ def run_container(launch: ContainerLaunch) -> int:
         SpecpipeError: docker is not installed.
     """
     if shutil.which("docker") is None:
-        raise SpecpipeError("docker is not on PATH: install docker with the NVIDIA Container Toolkit, or use --print and run the command elsewhere")
+        raise SpecpipeError(
+            "docker is not on PATH: install docker with the NVIDIA Container Toolkit, or use --print and run the command elsewhere"
+        )
     return subprocess.run(launch.run_argv).returncode

@@ -54,8 +54,11 @@ class VllmLaunch:
         return f"http://localhost:{self.port}{release.HEALTH_PATH}"
 
     def shell_lines(self) -> list[str]:
-        return [shlex.join(self.run_argv), f"# ready when: curl -fsS {self.health_url}  (OpenAI API: "
-                                           f"http://localhost:{self.port}/v1, model '{self.name}')"]
+        return [
+            shlex.join(self.run_argv),
+            f"# ready when: curl -fsS {self.health_url}  (OpenAI API: "
+            f"http://localhost:{self.port}/v1, model '{self.name}')",
+        ]
 
 
 def hf_cache_dir() -> Path:
@@ -75,10 +78,14 @@ def engine_command(engine_dir: Path) -> tuple[str, list[str], int]:
     """
     manifest = read_manifest(engine_dir)
     if manifest.runtime is not Runtime.VLLM:
-        raise ManifestError(f"{engine_dir} is a '{manifest.runtime.value}' engine, not a vLLM one: package it and serve it "
-                            f"without --runtime vllm, or rebuild it with 'specpipe build --runtime vllm'")
+        raise ManifestError(
+            f"{engine_dir} is a '{manifest.runtime.value}' engine, not a vLLM one: package it and serve it "
+            f"without --runtime vllm, or rebuild it with 'specpipe build --runtime vllm'"
+        )
     if not manifest.vllm or "command" not in manifest.vllm or not manifest.parallel:
-        raise ManifestError(f"{engine_dir}/manifest.json lacks its vllm command: rebuild with 'specpipe build --runtime vllm --force'")
+        raise ManifestError(
+            f"{engine_dir}/manifest.json lacks its vllm command: rebuild with 'specpipe build --runtime vllm --force'"
+        )
     return manifest.name, list(manifest.vllm["command"]), int(manifest.parallel["tp"]) * int(manifest.parallel["pp"])
 
 
@@ -93,8 +100,9 @@ def _local_mounts(argv: list[str]) -> list[str]:
     return mounts
 
 
-def vllm_launch(engine_dir: Path, *, port: int = CONTAINER_PORT, gpus: str | None = None,
-                image: str | None = None) -> VllmLaunch:
+def vllm_launch(
+    engine_dir: Path, *, port: int = CONTAINER_PORT, gpus: str | None = None, image: str | None = None
+) -> VllmLaunch:
     """The ``docker run`` of the engine at ``engine_dir`` on host ``port``, GPUs ``gpus`` (default 0..TPxPP-1).
 
     Raises:
@@ -104,14 +112,34 @@ def vllm_launch(engine_dir: Path, *, port: int = CONTAINER_PORT, gpus: str | Non
     name, argv, count = engine_command(Path(engine_dir))
     image = image or release.IMAGE
     if image.rsplit(":", 1)[-1] != f"v{release.VLLM_VERSION}":
-        raise SpecpipeError(f"image {image} is not vLLM {release.VLLM_VERSION}, the release the command was checked against: "
-                            f"use {release.IMAGE}")
+        raise SpecpipeError(
+            f"image {image} is not vLLM {release.VLLM_VERSION}, the release the command was checked against: "
+            f"use {release.IMAGE}"
+        )
     ids = parse_gpus(gpus, count)
     serve_argv = argv + ["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
     parse_serve_argv(serve_argv)
-    run = ["docker", "run", "--rm", "--name", f"specpipe-{name}", "--gpus", f'"device={",".join(map(str, ids))}"',
-           "--ipc=host", "-p", f"{port}:{CONTAINER_PORT}", "-v", f"{hf_cache_dir()}:{release.CONTAINER_HF_HOME}",
-           "-e", "HF_TOKEN", *_local_mounts(argv), "--entrypoint", serve_argv[0], image, *serve_argv[1:]]
+    run = [
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        f"specpipe-{name}",
+        "--gpus",
+        f'"device={",".join(map(str, ids))}"',
+        "--ipc=host",
+        "-p",
+        f"{port}:{CONTAINER_PORT}",
+        "-v",
+        f"{hf_cache_dir()}:{release.CONTAINER_HF_HOME}",
+        "-e",
+        "HF_TOKEN",
+        *_local_mounts(argv),
+        "--entrypoint",
+        serve_argv[0],
+        image,
+        *serve_argv[1:],
+    ]
     return VllmLaunch(name, image, run, port)
 
 
@@ -124,8 +152,10 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = READY_T
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         if process.poll() is not None:
-            raise SpecpipeError(f"the vLLM container exited with status {process.returncode} before {url} answered: "
-                                f"see its output above")
+            raise SpecpipeError(
+                f"the vLLM container exited with status {process.returncode} before {url} answered: "
+                f"see its output above"
+            )
         try:
             with urllib.request.urlopen(url, timeout=poll_s) as response:
                 if response.status == 200:
@@ -136,8 +166,14 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = READY_T
     raise SpecpipeError(f"{url} did not answer within {timeout_s:.0f} s: see the container's output above")
 
 
-def serve_vllm(engine_dir: Path, *, print_only: bool = False, port: int = CONTAINER_PORT, gpus: str | None = None,
-               image: str | None = None) -> None:
+def serve_vllm(
+    engine_dir: Path,
+    *,
+    print_only: bool = False,
+    port: int = CONTAINER_PORT,
+    gpus: str | None = None,
+    image: str | None = None,
+) -> None:
     """Print (``print_only``) or run the vLLM container of ``engine_dir`` until Ctrl-C, reporting when ``/health`` is up.
 
     Raises:
@@ -149,13 +185,19 @@ def serve_vllm(engine_dir: Path, *, print_only: bool = False, port: int = CONTAI
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     if shutil.which("docker") is None:
-        raise SpecpipeError("docker is not on PATH: install docker with the NVIDIA Container Toolkit, or use --print "
-                            "and run the command elsewhere")
+        raise SpecpipeError(
+            "docker is not on PATH: install docker with the NVIDIA Container Toolkit, or use --print "
+            "and run the command elsewhere"
+        )
     process = subprocess.Popen(launch.run_argv)
     try:
         waited = wait_healthy(launch.health_url, process)
-        out.print(f"vLLM is serving {launch.name} on http://localhost:{port}/v1 (ready after {waited:.0f} s); "
-                  f"Ctrl-C stops it", markup=False, highlight=False)
+        out.print(
+            f"vLLM is serving {launch.name} on http://localhost:{port}/v1 (ready after {waited:.0f} s); "
+            f"Ctrl-C stops it",
+            markup=False,
+            highlight=False,
+        )
         code = process.wait()
     except KeyboardInterrupt:
         process.terminate()
@@ -163,4 +205,3 @@ def serve_vllm(engine_dir: Path, *, print_only: bool = False, port: int = CONTAI
         return
     if code != 0:
         raise SpecpipeError(f"the vLLM container exited with status {code}: see its output above")
-

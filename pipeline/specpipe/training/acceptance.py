@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.training.features import Features
 from specpipe.tree import Tree
@@ -45,8 +45,9 @@ def heldout_prompts(held: Features, count: int, min_tokens: int = 4) -> list[lis
 
 
 @torch.no_grad()
-def mean_accepted_length(target, drafter: TreeDrafter, prompts: list[list[int]], max_tokens: int,
-                         tree: Tree = ACCEPTANCE_TREE) -> dict[str, Any]:
+def mean_accepted_length(
+    target, drafter: TreeDrafter, prompts: list[list[int]], max_tokens: int, tree: Tree = ACCEPTANCE_TREE
+) -> dict[str, Any]:
     """Decode ``prompts`` greedily with ``drafter`` on ``tree`` and measure the accepted length.
 
     Args:

@@ -19,9 +19,9 @@ from specpipe.models.heads import SHIPPED_FOLDERS
 from specpipe.paths import cache_dir
 from specpipe.presets import load_target
 from specpipe.progress import console
+from specpipe.runtime.cpu.drafters.eagle3_head import capture_layers
 from specpipe.speculative import Method, entry_for, spec_of
 from specpipe.training.config import CHECKPOINT_NAME, STYLED, TrainConfig
-from specpipe.runtime.cpu.drafters.eagle3_head import capture_layers
 from specpipe.training.data import SAMPLE_TEMPERATURE, CorpusSpec, build_corpus
 from specpipe.training.prompts import read_user_data
 from specpipe.training.train import environment, train
@@ -84,8 +84,15 @@ def train_draft(request: TrainRequest) -> Path:
     """
     method, data, budget_minutes, seed = request.method, request.data, request.budget_minutes, request.seed
     num_prompts, stdlib_tokens, command = request.num_prompts, request.stdlib_tokens, request.command
-    cfg = TrainConfig.defaults_for(method, budget_minutes=budget_minutes, max_steps=request.max_steps, seed=seed,
-                                   schedule_steps=request.schedule_steps, style=request.style, **(request.overrides or {}))
+    cfg = TrainConfig.defaults_for(
+        method,
+        budget_minutes=budget_minutes,
+        max_steps=request.max_steps,
+        seed=seed,
+        schedule_steps=request.schedule_steps,
+        style=request.style,
+        **(request.overrides or {}),
+    )
     preset = load_target(request.target)
     styled = Method(method) in STYLED
     folder = "eagle3" if cfg.style == "eagle3" else entry_for(SHIPPED_FOLDERS, method, "models.heads.SHIPPED_FOLDERS")
@@ -102,15 +109,21 @@ def train_draft(request: TrainRequest) -> Path:
     if request.sampled_answers is not None:
         spec = CorpusSpec(**{**spec.__dict__, "sampled_answers": request.sampled_answers})
     if not (spec.num_prompts or spec.stdlib_tokens or spec.self_instruct or data):
-        raise SpecpipeError("the training corpus would be empty (--num-prompts 0, --stdlib-tokens 0, no --self-instruct, "
-                            "no --data): keep the built-in prompts or text, or add --self-instruct N or --data")
+        raise SpecpipeError(
+            "the training corpus would be empty (--num-prompts 0, --stdlib-tokens 0, no --self-instruct, "
+            "no --data): keep the built-in prompts or text, or add --self-instruct N or --data"
+        )
     if request.resume and not (out_dir / CHECKPOINT_NAME).is_file():
-        raise SpecpipeError(f"--resume: {out_dir} holds no checkpoint of an interrupted run: check --out, or leave out "
-                            "--resume to start afresh")
+        raise SpecpipeError(
+            f"--resume: {out_dir} holds no checkpoint of an interrupted run: check --out, or leave out "
+            "--resume to start afresh"
+        )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SpecpipeError(f"cannot create output folder {out_dir} ({exc.strerror}): choose another with --out") from exc
+        raise SpecpipeError(
+            f"cannot create output folder {out_dir} ({exc.strerror}): choose another with --out"
+        ) from exc
 
     torch.set_num_threads(min(torch.get_num_threads(), 2) or 1)
     model_dir = ensure_target_checkpoint(preset)
@@ -121,17 +134,26 @@ def train_draft(request: TrainRequest) -> Path:
     layers = capture_layers(target.config.num_hidden_layers) if cfg.style == "eagle3" else ()
 
     started = time.time()
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console) as bars:
+
         def factory(description: str, total: int):
             task_id = bars.add_task(description, total=total, info="")
             return lambda n: bars.advance(task_id, n)
 
-        features = build_corpus(target, tokenizer, model_dir, spec, cache_dir() / "training" / preset.name, factory,
-                                capture_layers=layers)
-        train_id = bars.add_task(f"Training {method} {cfg.style if styled else ''} "
-                                 f"({cfg.budget_minutes:g} min budget)", total=None, info="")
+        features = build_corpus(
+            target, tokenizer, model_dir, spec, cache_dir() / "training" / preset.name, factory, capture_layers=layers
+        )
+        train_id = bars.add_task(
+            f"Training {method} {cfg.style if styled else ''} ({cfg.budget_minutes:g} min budget)", total=None, info=""
+        )
 
         def on_step(step: int, total: int, info: dict[str, float]) -> None:
             bars.update(train_id, completed=step, total=total, info=f"loss {info['loss']:.3f}")
@@ -146,10 +168,15 @@ def train_draft(request: TrainRequest) -> Path:
         if cfg.style == "eagle3":
             heads_format.write_eagle3_layout(layout, result.tensors, result.meta, target)
         elif spec_of(method).weights == "heads":  # a draft model's layout is the checkpoint the build rebuilds
-            entry_for(CONVERTER_LAYOUTS, method, "heads_format.CONVERTER_LAYOUTS")(layout, result.tensors, result.meta, target)
+            entry_for(CONVERTER_LAYOUTS, method, "heads_format.CONVERTER_LAYOUTS")(
+                layout, result.tensors, result.meta, target
+            )
     recipe = {
-        "command": command or (f"specpipe train-draft --target {preset.name} --method {method} --budget {budget_minutes:g} "
-                               f"--seed {seed}" + (f" --style {cfg.style}" if styled else "")),
+        "command": command
+        or (
+            f"specpipe train-draft --target {preset.name} --method {method} --budget {budget_minutes:g} "
+            f"--seed {seed}" + (f" --style {cfg.style}" if styled else "")
+        ),
         "reproduce_exactly": f"add --max-steps {result.steps} --schedule-steps {result.meta['schedule_steps']} (same seed, same corpus)",
         "target": preset.name,
         "method": method,
@@ -168,12 +195,25 @@ def train_draft(request: TrainRequest) -> Path:
                 f"{spec.stdlib_tokens} tokens in {spec.chunk_len}-token chunks",
                 f"{spec.num_prompts} built-in prompts (specpipe.training.data) in the target's chat template, "
                 f"answered by the target (greedy, up to {spec.max_new_tokens} tokens)",
-            ] + ([f"{spec.sampled_answers} more answers per built-in prompt sampled from the target (temperature "
-                  f"{SAMPLE_TEMPERATURE}, seed {spec.seed})"] if spec.sampled_answers else [])
-              + ([f"{spec.self_instruct} requests for a user message answered by the target (sampled, seed "
-                  f"{spec.seed}; specpipe.training.self_instruct), its usable replies as prompts, answered like the "
-                  "built-in ones"] if spec.self_instruct else [])
-              + ([f"user data {spec.user_data}"] if spec.user_data else []),
+            ]
+            + (
+                [
+                    f"{spec.sampled_answers} more answers per built-in prompt sampled from the target (temperature "
+                    f"{SAMPLE_TEMPERATURE}, seed {spec.seed})"
+                ]
+                if spec.sampled_answers
+                else []
+            )
+            + (
+                [
+                    f"{spec.self_instruct} requests for a user message answered by the target (sampled, seed "
+                    f"{spec.seed}; specpipe.training.self_instruct), its usable replies as prompts, answered like the "
+                    "built-in ones"
+                ]
+                if spec.self_instruct
+                else []
+            )
+            + ([f"user data {spec.user_data}"] if spec.user_data else []),
         },
         "heldout_metrics": result.metrics,
         "loss_history": result.history,
@@ -182,6 +222,8 @@ def train_draft(request: TrainRequest) -> Path:
     }
     (out_dir / heads_format.RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
     (out_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
-    console.print(f"[green]✓[/green] {method} for {preset.name}: {result.steps} steps in {result.train_seconds:.0f} s; "
-                  f"held-out {json.dumps(result.metrics)}; wrote {out_dir}")
+    console.print(
+        f"[green]✓[/green] {method} for {preset.name}: {result.steps} steps in {result.train_seconds:.0f} s; "
+        f"held-out {json.dumps(result.metrics)}; wrote {out_dir}"
+    )
     return out_dir

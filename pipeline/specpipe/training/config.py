@@ -90,8 +90,10 @@ class TrainConfig:
         if self.method not in TRAINABLE:
             raise SpecpipeError(f"unknown method {self.method!r}: choose one of {', '.join(TRAINABLE)}")
         if self.style not in EAGLE_STYLES or (self.style != "eagle1" and self.method != "eagle"):
-            raise SpecpipeError(f"--style {self.style} is not an EAGLE head style for --method {self.method}: use "
-                                f"--method eagle with --style {' or '.join(EAGLE_STYLES)}")
+            raise SpecpipeError(
+                f"--style {self.style} is not an EAGLE head style for --method {self.method}: use "
+                f"--method eagle with --style {' or '.join(EAGLE_STYLES)}"
+            )
         if min(self.checkpoint_every, self.eval_every) < 0 or self.patience < 1:
             raise SpecpipeError("--checkpoint-every and --eval-every must be >= 0 and --patience >= 1")
         if not self.budget_minutes > 0:

@@ -113,7 +113,9 @@ def self_distill(
                 continue  # a torn line from an interrupted run: that answer is generated again
             done[tuple(record["prompt_ids"])] = record
     encoded = [(p, chat_input_ids(tokenizer, p)) for p in prompts]
-    todo = sorted((i for i in range(len(encoded)) if tuple(encoded[i][1]) not in done), key=lambda i: len(encoded[i][1]))
+    todo = sorted(
+        (i for i in range(len(encoded)) if tuple(encoded[i][1]) not in done), key=lambda i: len(encoded[i][1])
+    )
     if progress and len(encoded) > len(todo):
         progress(len(encoded) - len(todo))
     eos = tokenizer.eos_token_id
@@ -133,7 +135,11 @@ def self_distill(
                 torch.manual_seed(sample_seed * 1_000_003 + sum(encoded[batch[0]][1]))
                 sampling = {"do_sample": True, "temperature": SAMPLE_TEMPERATURE, "top_k": 0, "top_p": 1.0}
             out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+                eos_token_id=eos,
                 **sampling,
             )
             for row, i in enumerate(batch):
@@ -188,8 +194,15 @@ class CorpusSpec:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Path, progress_factory=None,
-                 capture_layers: tuple[int, ...] = ()) -> Features:
+def build_corpus(
+    model,
+    tokenizer,
+    model_dir: Path,
+    spec: CorpusSpec,
+    cache: Path,
+    progress_factory=None,
+    capture_layers: tuple[int, ...] = (),
+) -> Features:
     """Self-distil the prompts, chunk the texts, and extract the target's features (all cached).
 
     Args:
@@ -212,7 +225,9 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
     if texts:
         chunks += chunk_texts(tokenizer, texts, spec.chunk_len, 10**9, spec.seed)
     if not prompts and not chunks and not spec.self_instruct:
-        raise SpecpipeError("the training corpus is empty: give --data or --self-instruct N, or keep the built-in prompts/text")
+        raise SpecpipeError(
+            "the training corpus is empty: give --data or --self-instruct N, or keep the built-in prompts/text"
+        )
     key = f"{spec.key()}-{prompts_key(prompts, spec.max_new_tokens, model_dir)[:8]}"
     answers_key = prompts_key([], spec.max_new_tokens, model_dir)[:12]
     cache.mkdir(parents=True, exist_ok=True)
@@ -222,20 +237,41 @@ def build_corpus(model, tokenizer, model_dir: Path, spec: CorpusSpec, cache: Pat
         return Features.load(features_file)
     model = _prepacked_copy(model)
     if spec.self_instruct > 0:
-        bar = progress_factory("Target writing prompts (self-instruct)", spec.self_instruct) if progress_factory else None
+        bar = (
+            progress_factory("Target writing prompts (self-instruct)", spec.self_instruct) if progress_factory else None
+        )
         written = cache / f"self-instruct-{answers_key}-{spec.self_instruct}-{spec.seed}.jsonl"
         prompts += self_instruct_prompts(model, tokenizer, spec.self_instruct, spec.seed, written, progress=bar)
         if not prompts and not chunks:
-            raise SpecpipeError(f"the target wrote no usable prompt in {spec.self_instruct} tries and the corpus has "
-                                "nothing else: raise --self-instruct, or keep the built-in prompts/text")
+            raise SpecpipeError(
+                f"the target wrote no usable prompt in {spec.self_instruct} tries and the corpus has "
+                "nothing else: raise --self-instruct, or keep the built-in prompts/text"
+            )
     sequences: list[tuple[list[int], int]] = []
     if prompts:
-        bar = progress_factory("Self-distilling chat answers (target, greedy)", len(prompts)) if progress_factory else None
-        records = self_distill(model, tokenizer, prompts, cache / f"answers-{answers_key}.jsonl", spec.max_new_tokens, progress=bar)
+        bar = (
+            progress_factory("Self-distilling chat answers (target, greedy)", len(prompts))
+            if progress_factory
+            else None
+        )
+        records = self_distill(
+            model, tokenizer, prompts, cache / f"answers-{answers_key}.jsonl", spec.max_new_tokens, progress=bar
+        )
         for n in range(spec.sampled_answers):
-            bar = progress_factory(f"Sampling answers {n + 1}/{spec.sampled_answers} (target)", len(prompts)) if progress_factory else None
-            records += self_distill(model, tokenizer, prompts, cache / f"sampled-{answers_key}-{spec.seed}-{n}.jsonl",
-                                    spec.max_new_tokens, progress=bar, sample_seed=spec.seed * 100 + n)
+            bar = (
+                progress_factory(f"Sampling answers {n + 1}/{spec.sampled_answers} (target)", len(prompts))
+                if progress_factory
+                else None
+            )
+            records += self_distill(
+                model,
+                tokenizer,
+                prompts,
+                cache / f"sampled-{answers_key}-{spec.seed}-{n}.jsonl",
+                spec.max_new_tokens,
+                progress=bar,
+                sample_seed=spec.seed * 100 + n,
+            )
         sequences += [(r["prompt_ids"] + r["answer_ids"], len(r["prompt_ids"])) for r in records if r["answer_ids"]]
     sequences += [(c, len(c)) for c in chunks]
     total = sum(len(s) for s, _ in sequences)

@@ -35,13 +35,17 @@ class Eagle3Task:
     def __init__(self, target, features: Features, cfg: TrainConfig, vocab, inverse):
         layers = capture_layers(target.config.num_hidden_layers)
         if features.fused is None or features.layers != layers:
-            raise SpecpipeError(f"EAGLE-3 training needs the target's layers {layers} in the features "
-                                f"(have {features.layers}): build the corpus with capture_layers={layers}")
+            raise SpecpipeError(
+                f"EAGLE-3 training needs the target's layers {layers} in the features "
+                f"(have {features.layers}): build the corpus with capture_layers={layers}"
+            )
         self.cfg, self.features, self.inverse = cfg, features, inverse
         self.config = EagleConfig.from_target(target.config)
         vocab = vocab if vocab is not None else torch.arange(target.config.vocab_size)
         self.module = Eagle3Head(self.config, layers, vocab)
-        self.module.reset_parameters(target.get_output_embeddings().weight, generator=torch.Generator().manual_seed(cfg.seed))
+        self.module.reset_parameters(
+            target.get_output_embeddings().weight, generator=torch.Generator().manual_seed(cfg.seed)
+        )
         self.embed = target.get_input_embeddings().weight.detach()
         self.target = target
         self.sampler = _PositionSampler(features, cfg.window + cfg.unroll, cfg.answer_weight)
@@ -103,5 +107,10 @@ class Eagle3Task:
         return {**self.module.state_dict(), "draft_vocab": self.module.draft_vocab}
 
     def meta(self) -> dict[str, Any]:
-        return {"num_layers": 1, "style": "eagle3", "capture_layers": list(self.module.layers),
-                "draft_vocab_size": int(self.module.draft_vocab.numel()), **asdict(self.config)}
+        return {
+            "num_layers": 1,
+            "style": "eagle3",
+            "capture_layers": list(self.module.layers),
+            "draft_vocab_size": int(self.module.draft_vocab.numel()),
+            **asdict(self.config),
+        }

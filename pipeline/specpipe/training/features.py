@@ -64,13 +64,23 @@ class Features:
         ends = torch.cumsum(lengths, 0)
         seq_end = torch.repeat_interleave(ends, lengths)
         fused = None if self.fused is None else self.fused[index]
-        return Features(self.tokens[index], self.hidden[index], self.labels[index], seq_end, self.is_answer[index],
-                        fused, self.layers)
+        return Features(
+            self.tokens[index],
+            self.hidden[index],
+            self.labels[index],
+            seq_end,
+            self.is_answer[index],
+            fused,
+            self.layers,
+        )
 
 
 @torch.inference_mode()
 def extract_features(
-    model, sequences: list[tuple[list[int], int]], batch_tokens: int = 2048, progress=None,
+    model,
+    sequences: list[tuple[list[int], int]],
+    batch_tokens: int = 2048,
+    progress=None,
     capture_layers: tuple[int, ...] = (),
 ) -> Features:
     """Run the frozen target over ``sequences`` and collect hidden states and greedy labels.
@@ -93,7 +103,11 @@ def extract_features(
     while i < len(order):
         length = len(sequences[order[i]][0])
         group = [order[i]]
-        while i + len(group) < len(order) and len(sequences[order[i + len(group)]][0]) == length and (len(group) + 1) * length <= batch_tokens:
+        while (
+            i + len(group) < len(order)
+            and len(sequences[order[i + len(group)]][0]) == length
+            and (len(group) + 1) * length <= batch_tokens
+        ):
             group.append(order[i + len(group)])
         ids = torch.tensor([sequences[j][0] for j in group], dtype=torch.long)
         out = model.model(input_ids=ids, output_hidden_states=bool(capture_layers))
@@ -116,5 +130,12 @@ def extract_features(
         total += n
         ends.append(torch.full((n,), total, dtype=torch.long))
         answers.append(torch.arange(n) >= answer_start)
-    return Features(torch.cat(tokens), torch.cat(hidden), torch.cat(labels), torch.cat(ends), torch.cat(answers),
-                    torch.cat(fused_rows) if capture_layers else None, tuple(capture_layers))
+    return Features(
+        torch.cat(tokens),
+        torch.cat(hidden),
+        torch.cat(labels),
+        torch.cat(ends),
+        torch.cat(answers),
+        torch.cat(fused_rows) if capture_layers else None,
+        tuple(capture_layers),
+    )

@@ -32,18 +32,64 @@ TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 # hundred varied chat requests in the four benchmark families: chat/explanations, code, summaries, lists.
 # ---------------------------------------------------------------------------------------------------
 _CONCEPTS = [
-    "hash tables", "recursion", "binary search", "photosynthesis", "inflation", "the water cycle",
-    "black holes", "vaccines", "compound interest", "machine learning", "the French Revolution",
-    "plate tectonics", "public-key cryptography", "garbage collection", "the TCP handshake",
-    "the greenhouse effect", "supply and demand", "DNA replication", "neural networks", "the Internet",
-    "climate change", "the immune system", "blockchains", "the stock market", "electric cars",
-    "solar panels", "operating systems", "databases and indexes", "version control with git",
-    "unit testing", "regular expressions", "virtual memory", "the Pythagorean theorem",
-    "probability", "the scientific method", "gravity", "evolution by natural selection",
-    "the Roman Empire", "renewable energy", "caching", "sorting algorithms", "linked lists",
-    "REST APIs", "containers and Docker", "cloud computing", "the human heart", "sleep",
-    "meditation", "nutrition", "time zones", "prime numbers", "the speed of light", "volcanoes",
-    "earthquakes", "bees and pollination", "the printing press", "democracy", "opportunity cost",
+    "hash tables",
+    "recursion",
+    "binary search",
+    "photosynthesis",
+    "inflation",
+    "the water cycle",
+    "black holes",
+    "vaccines",
+    "compound interest",
+    "machine learning",
+    "the French Revolution",
+    "plate tectonics",
+    "public-key cryptography",
+    "garbage collection",
+    "the TCP handshake",
+    "the greenhouse effect",
+    "supply and demand",
+    "DNA replication",
+    "neural networks",
+    "the Internet",
+    "climate change",
+    "the immune system",
+    "blockchains",
+    "the stock market",
+    "electric cars",
+    "solar panels",
+    "operating systems",
+    "databases and indexes",
+    "version control with git",
+    "unit testing",
+    "regular expressions",
+    "virtual memory",
+    "the Pythagorean theorem",
+    "probability",
+    "the scientific method",
+    "gravity",
+    "evolution by natural selection",
+    "the Roman Empire",
+    "renewable energy",
+    "caching",
+    "sorting algorithms",
+    "linked lists",
+    "REST APIs",
+    "containers and Docker",
+    "cloud computing",
+    "the human heart",
+    "sleep",
+    "meditation",
+    "nutrition",
+    "time zones",
+    "prime numbers",
+    "the speed of light",
+    "volcanoes",
+    "earthquakes",
+    "bees and pollination",
+    "the printing press",
+    "democracy",
+    "opportunity cost",
 ]
 _CONCEPT_TEMPLATES = [
     "Explain {x} in simple terms.",
@@ -56,13 +102,31 @@ _CONCEPT_TEMPLATES = [
     "What are common misconceptions about {x}?",
 ]
 _ADVICE = [
-    "dealing with exam stress", "learning a new programming language", "saving money each month",
-    "sleeping better", "preparing for a job interview", "staying focused while working from home",
-    "starting to run", "writing a good cover letter", "learning to cook", "making new friends in a new city",
-    "keeping a plant alive", "giving a presentation", "managing my time", "learning to play the guitar",
-    "reducing screen time", "eating healthier", "traveling on a budget", "writing clean code",
-    "reading more books", "staying motivated", "organizing my desk", "planning a small garden",
-    "asking for a raise", "studying for a math test", "being more productive in the morning",
+    "dealing with exam stress",
+    "learning a new programming language",
+    "saving money each month",
+    "sleeping better",
+    "preparing for a job interview",
+    "staying focused while working from home",
+    "starting to run",
+    "writing a good cover letter",
+    "learning to cook",
+    "making new friends in a new city",
+    "keeping a plant alive",
+    "giving a presentation",
+    "managing my time",
+    "learning to play the guitar",
+    "reducing screen time",
+    "eating healthier",
+    "traveling on a budget",
+    "writing clean code",
+    "reading more books",
+    "staying motivated",
+    "organizing my desk",
+    "planning a small garden",
+    "asking for a raise",
+    "studying for a math test",
+    "being more productive in the morning",
 ]
 _ADVICE_TEMPLATES = [
     "Give me some advice on {x}.",
@@ -72,14 +136,34 @@ _ADVICE_TEMPLATES = [
     "Can you make a simple plan for {x}?",
 ]
 _LISTS = [
-    "countries in Europe and their capitals", "fruits that are high in vitamin C", "programming languages",
-    "famous scientists and what they discovered", "planets in the solar system", "ideas for a weekend trip",
-    "healthy breakfast ideas", "common Linux commands", "board games for families", "animals that live in the ocean",
-    "musical instruments", "tips for writing an essay", "Python built-in functions", "kitchen tools",
-    "hobbies to try", "vegetables that grow fast", "famous paintings and their painters", "sports played with a ball",
-    "things to pack for a camping trip", "ways to reduce plastic waste", "features of a good website",
-    "common data structures", "rivers in Africa", "inventions of the 20th century", "birthday party ideas",
-    "books for learning programming", "exercises you can do at home", "reasons to learn history",
+    "countries in Europe and their capitals",
+    "fruits that are high in vitamin C",
+    "programming languages",
+    "famous scientists and what they discovered",
+    "planets in the solar system",
+    "ideas for a weekend trip",
+    "healthy breakfast ideas",
+    "common Linux commands",
+    "board games for families",
+    "animals that live in the ocean",
+    "musical instruments",
+    "tips for writing an essay",
+    "Python built-in functions",
+    "kitchen tools",
+    "hobbies to try",
+    "vegetables that grow fast",
+    "famous paintings and their painters",
+    "sports played with a ball",
+    "things to pack for a camping trip",
+    "ways to reduce plastic waste",
+    "features of a good website",
+    "common data structures",
+    "rivers in Africa",
+    "inventions of the 20th century",
+    "birthday party ideas",
+    "books for learning programming",
+    "exercises you can do at home",
+    "reasons to learn history",
 ]
 _LIST_TEMPLATES = [
     "List 10 {x}.",
@@ -89,16 +173,31 @@ _LIST_TEMPLATES = [
     "What are the 5 most important {x}? Number them.",
 ]
 _CODE_TASKS = [
-    "reverses a string", "checks whether a number is prime", "merges two sorted lists",
-    "counts the words in a text", "computes the factorial of n", "returns the n-th Fibonacci number",
-    "removes duplicates from a list while keeping the order", "finds the largest element of a list",
-    "checks whether a string is a palindrome", "converts Celsius to Fahrenheit",
-    "reads a CSV file and returns its rows", "flattens a nested list", "computes the average of a list",
-    "sorts a list of dictionaries by a key", "counts the vowels in a string", "implements binary search",
-    "returns the intersection of two lists", "validates an email address with a regular expression",
-    "capitalizes the first letter of every word", "computes the greatest common divisor",
-    "generates all permutations of a list", "implements a stack class", "reads a JSON file",
-    "chunks a list into pieces of size n", "returns the frequency of each character",
+    "reverses a string",
+    "checks whether a number is prime",
+    "merges two sorted lists",
+    "counts the words in a text",
+    "computes the factorial of n",
+    "returns the n-th Fibonacci number",
+    "removes duplicates from a list while keeping the order",
+    "finds the largest element of a list",
+    "checks whether a string is a palindrome",
+    "converts Celsius to Fahrenheit",
+    "reads a CSV file and returns its rows",
+    "flattens a nested list",
+    "computes the average of a list",
+    "sorts a list of dictionaries by a key",
+    "counts the vowels in a string",
+    "implements binary search",
+    "returns the intersection of two lists",
+    "validates an email address with a regular expression",
+    "capitalizes the first letter of every word",
+    "computes the greatest common divisor",
+    "generates all permutations of a list",
+    "implements a stack class",
+    "reads a JSON file",
+    "chunks a list into pieces of size n",
+    "returns the frequency of each character",
 ]
 _CODE_TEMPLATES = [
     "Write a Python function that {x}.",
@@ -195,7 +294,13 @@ def builtin_prompts(seed: int = 0, limit: int | None = None) -> list[Prompt]:
     ):
         pools.append([Prompt(category, template.format(x=item)) for item in items for template in templates])
     files = stdlib_files()
-    pools.append([Prompt("summary", template.format(x=doc)) for doc in _module_docstrings(files) for template in _SUMMARY_TEMPLATES])
+    pools.append(
+        [
+            Prompt("summary", template.format(x=doc))
+            for doc in _module_docstrings(files)
+            for template in _SUMMARY_TEMPLATES
+        ]
+    )
     pools.append([Prompt("code_edit", rng.choice(_CODE_EDIT_TEMPLATES).format(x=fn)) for fn in _small_functions(files)])
     for pool in pools:
         rng.shuffle(pool)
@@ -226,7 +331,7 @@ def read_user_data(path: Path) -> tuple[list[Prompt], list[str]]:
             else:
                 raise SpecpipeError(
                     f"training data {path} line {number} has neither a non-empty 'prompt' string nor a 'messages' "
-                    f"list: write {{\"prompt\": \"...\"}} or {{\"messages\": [...]}} on each line"
+                    f'list: write {{"prompt": "..."}} or {{"messages": [...]}} on each line'
                 )
     else:
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES)
@@ -237,5 +342,3 @@ def read_user_data(path: Path) -> tuple[list[Prompt], list[str]]:
             f"give a JSONL of prompts or a folder of text files"
         )
     return prompts, texts
-
-

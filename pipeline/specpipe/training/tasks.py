@@ -39,7 +39,9 @@ class _PositionSampler:
         return torch.searchsorted(self.cumulative, draws, right=True).clamp_max(self.cumulative.numel() - 1)
 
 
-def vocab_maps(features: Features, vocab_size: int, size: int, end_ids: tuple[int, ...]) -> tuple[torch.Tensor | None, torch.Tensor]:
+def vocab_maps(
+    features: Features, vocab_size: int, size: int, end_ids: tuple[int, ...]
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The draft vocabulary of a run and its inverse map.
 
     Returns:
@@ -133,7 +135,7 @@ class EagleTask:
         self.embed = target.get_input_embeddings().weight.detach()
         self.lm = ReducedLMHead(target.get_output_embeddings().weight, vocab)
         self.sampler = _PositionSampler(features, cfg.window + cfg.unroll, cfg.answer_weight)
-        self.rms = float(features.hidden[: 50_000].float().pow(2).mean().sqrt())
+        self.rms = float(features.hidden[:50_000].float().pow(2).mean().sqrt())
 
     def _unroll(self, feats: Features, starts: torch.Tensor, steps: int, noise: torch.Generator | None = None):
         """Yield ``(d, predicted features [B, L, H], window index [B, L])`` for d = 1..steps."""

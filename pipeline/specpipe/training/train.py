@@ -109,8 +109,9 @@ def train(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
-    cfg_key = json.dumps({**asdict(cfg), "checkpoint_seconds": None, "budget_minutes": None, "checkpoint_every": None},
-                         sort_keys=True)
+    cfg_key = json.dumps(
+        {**asdict(cfg), "checkpoint_seconds": None, "budget_minutes": None, "checkpoint_every": None}, sort_keys=True
+    )
     step, total_steps, elapsed, history = 0, cfg.schedule_steps or cfg.max_steps, 0.0, []
     evals: list[dict[str, Any]] = []
     best: dict[str, Any] = {}  # {"score", "step", "module"}: the best head by held-out acceptance so far
@@ -120,11 +121,18 @@ def train(
         if state.get("config") == cfg_key:
             task.module.load_state_dict(state["module"])
             optimizer.load_state_dict(state["optimizer"])
-            step, total_steps, elapsed, history = state["step"], state["total_steps"], state["elapsed"], state["history"]
+            step, total_steps, elapsed, history = (
+                state["step"],
+                state["total_steps"],
+                state["elapsed"],
+                state["history"],
+            )
             evals, best, resumed = state.get("evals", []), state.get("best", {}), True
     if resume and not resumed:
-        raise SpecpipeError(f"--resume: {ckpt_path} is missing or was written for other settings: rerun the "
-                            "interrupted command unchanged, or leave out --resume to start afresh")
+        raise SpecpipeError(
+            f"--resume: {ckpt_path} is missing or was written for other settings: rerun the "
+            "interrupted command unchanged, or leave out --resume to start afresh"
+        )
     prompts = heldout_prompts(held, cfg.eval_prompts) if hasattr(task, "drafter") else []
 
     def measure() -> None:
@@ -134,8 +142,11 @@ def train(
         task.module.train(was_training)
         evals.append({"step": step, "seconds": round(elapsed, 1), **result})
         if not best or result["mean_accepted_length"] > best["score"]:
-            best.update(score=result["mean_accepted_length"], step=step,
-                        module={k: v.clone() for k, v in task.module.state_dict().items()})
+            best.update(
+                score=result["mean_accepted_length"],
+                step=step,
+                module={k: v.clone() for k, v in task.module.state_dict().items()},
+            )
 
     def stale() -> int:
         """Evaluations since the best one."""
@@ -144,9 +155,17 @@ def train(
     def save_checkpoint() -> None:
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save(
-            {"config": cfg_key, "module": task.module.state_dict(), "optimizer": optimizer.state_dict(),
-             "step": step, "total_steps": total_steps, "elapsed": elapsed, "history": history,
-             "evals": evals, "best": best},
+            {
+                "config": cfg_key,
+                "module": task.module.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": step,
+                "total_steps": total_steps,
+                "elapsed": elapsed,
+                "history": history,
+                "evals": evals,
+                "best": best,
+            },
             tmp,
         )
         tmp.replace(ckpt_path)
@@ -184,7 +203,9 @@ def train(
             progress(step, total_steps or planned, {"loss": float(loss.detach())})
         if prompts and cfg.eval_every and step % cfg.eval_every == 0:
             measure()
-        if time.monotonic() - last_save >= cfg.checkpoint_seconds or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+        if time.monotonic() - last_save >= cfg.checkpoint_seconds or (
+            cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+        ):
             save_checkpoint()
             last_save = time.monotonic()
         if prompts and stale() >= cfg.patience:
@@ -197,8 +218,11 @@ def train(
         task.module.load_state_dict(best["module"])
     metrics = task.evaluate(held)
     if best:
-        metrics["heldout_acceptance"] = {"best_step": best["step"], "tree": [list(p) for p in ACCEPTANCE_TREE.paths],
-                                         **next(e for e in evals if e["step"] == best["step"])}
+        metrics["heldout_acceptance"] = {
+            "best_step": best["step"],
+            "tree": [list(p) for p in ACCEPTANCE_TREE.paths],
+            **next(e for e in evals if e["step"] == best["step"]),
+        }
         metrics["heldout_evaluations"] = evals
         metrics["stopped_early"] = stale() >= cfg.patience
     meta = {

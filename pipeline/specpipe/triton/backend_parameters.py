@@ -53,54 +53,83 @@ class BackendParameter:
 
 _P = BackendParameter
 
-PARAMETERS: dict[str, BackendParameter] = {p.key: p for p in (
-    _P("gpt_model_type", "string", None, "batching: V1 | inflight_batching | inflight_fused_batching (else load fails)"),
-    _P("gpt_model_path", "string", None, "decoder engine directory (must exist)"),
-    _P("encoder_model_path", "string", None, "encoder engine directory (encoder-decoder models)"),
-    _P("max_beam_width", "int32", "1", "beams per request at most"),
-    _P("max_tokens_in_paged_kv_cache", "int32", None, "KV-cache pool size, tokens"),
-    _P("kv_cache_free_gpu_mem_fraction", "float", "0.9", "fraction of free GPU memory (after loading) for the KV-cache pool"),
-    _P("cross_kv_cache_fraction", "float", None, "share of the pool for cross attention (encoder-decoder)"),
-    _P("kv_cache_host_memory_bytes", "size_t", "0", "host memory for offloaded KV blocks, bytes"),
-    _P("kv_cache_onboard_blocks", "bool", "true", "bring offloaded blocks back to GPU"),
-    _P("max_attention_window_size", "int32 list", None, "attention window per layer, tokens"),
-    _P("sink_token_length", "int32", None, "tokens always kept in the attention window"),
-    _P("enable_kv_cache_reuse", "bool", "true", "reuse KV blocks of shared prefixes"),
-    _P("multi_block_mode", "bool", "true", "split long-context attention over blocks"),
-    _P("enable_context_fmha_fp32_acc", "bool", "false", "FP32 accumulation in context attention"),
-    _P("cuda_graph_mode", "bool", "false", "CUDA graphs for generation steps"),
-    _P("cuda_graph_cache_size", "int32", "0", "CUDA graphs kept"),
-    _P("num_nodes", "int32", "1", "nodes the engine spans"),
-    _P("gpu_device_ids", "string", None, "GPU ids per instance: '0,1;2,3'"),
-    _P("participant_ids", "string", None, "MPI ranks per instance (orchestrator mode without spawning)"),
-    _P("executor_worker_path", "string", "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker", "worker executable (orchestrator mode)"),
-    _P("lora_cache_max_adapter_size", "int32", "64", "LoRA: largest adapter rank"),
-    _P("lora_cache_optimal_adapter_size", "int32", "8", "LoRA: page width"),
-    _P("lora_cache_gpu_memory_fraction", "float", "0.05", "LoRA: GPU cache fraction"),
-    _P("lora_cache_host_memory_bytes", "size_t", "1073741824", "LoRA: host cache, bytes"),
-    _P("lora_prefetch_dir", "string", None, "LoRA: adapters loaded at start"),
-    _P("batch_scheduler_policy", "string", "guaranteed_no_evict", "max_utilization | guaranteed_no_evict"),
-    _P("speculative_decoding_fast_logits", "bool", "false", "draft logits passed in device memory (orchestrator mode, no spawning)"),
-    _P("tokenizer_dir", "string", None, "tokenizer directory (read at load; empty = unset)", required=True),
-    _P("xgrammar_tokenizer_info_path", "string", None, "xgrammar tokenizer info JSON (empty = no guided decoding)", required=True),
-    _P("guided_decoding_backend", "string", None, "'xgrammar' or empty (no guided decoding)", required=True),
-    _P("iter_stats_max_iterations", "int32", "1000", "iterations of statistics kept"),
-    _P("request_stats_max_iterations", "int32", "0", "iterations of per-request statistics kept"),
-    _P("enable_trt_overlap", "bool", "false", "overlap two micro-batches (experimental)"),
-    _P("normalize_log_probs", "bool", "true", "normalize returned log-probabilities"),
-    _P("enable_chunked_context", "bool", "false", "split long prompts into chunks (needs paged context FMHA)"),
-    _P("decoding_mode", "string", None, "see DECODING_MODES; unset/other = top_k_top_p"),
-    _P("medusa_choices", "choices", None, "Medusa tree, '{0}, {0, 0}, {1}' (unset = mc_sim_7b_63)"),
-    _P("eagle_choices", "choices", None, "EAGLE tree, '{0}, {0, 0}, {1}' (unset = mc_sim_7b_63)"),
-    _P("lookahead_window_size", "uint32", None, "lookahead W (required with decoding_mode lookahead)"),
-    _P("lookahead_ngram_size", "uint32", None, "lookahead N (required with decoding_mode lookahead)"),
-    _P("lookahead_verification_set_size", "uint32", None, "lookahead G (required with decoding_mode lookahead)"),
-    _P("gpu_weights_percent", "float", "1.0", "share of weights kept on the GPU (weight streaming)"),
-    _P("recv_poll_period_ms", "int", "0", "response polling period, ms (0 = busy loop)"),
-    _P("exclude_input_in_output", "bool", "false", "default for requests that do not set it"),
-    _P("cancellation_check_period_ms", "int", "100", "how often cancellations are checked, ms"),
-    _P("stats_check_period_ms", "int", "100", "how often statistics are collected, ms"),
-)}
+PARAMETERS: dict[str, BackendParameter] = {
+    p.key: p
+    for p in (
+        _P(
+            "gpt_model_type",
+            "string",
+            None,
+            "batching: V1 | inflight_batching | inflight_fused_batching (else load fails)",
+        ),
+        _P("gpt_model_path", "string", None, "decoder engine directory (must exist)"),
+        _P("encoder_model_path", "string", None, "encoder engine directory (encoder-decoder models)"),
+        _P("max_beam_width", "int32", "1", "beams per request at most"),
+        _P("max_tokens_in_paged_kv_cache", "int32", None, "KV-cache pool size, tokens"),
+        _P(
+            "kv_cache_free_gpu_mem_fraction",
+            "float",
+            "0.9",
+            "fraction of free GPU memory (after loading) for the KV-cache pool",
+        ),
+        _P("cross_kv_cache_fraction", "float", None, "share of the pool for cross attention (encoder-decoder)"),
+        _P("kv_cache_host_memory_bytes", "size_t", "0", "host memory for offloaded KV blocks, bytes"),
+        _P("kv_cache_onboard_blocks", "bool", "true", "bring offloaded blocks back to GPU"),
+        _P("max_attention_window_size", "int32 list", None, "attention window per layer, tokens"),
+        _P("sink_token_length", "int32", None, "tokens always kept in the attention window"),
+        _P("enable_kv_cache_reuse", "bool", "true", "reuse KV blocks of shared prefixes"),
+        _P("multi_block_mode", "bool", "true", "split long-context attention over blocks"),
+        _P("enable_context_fmha_fp32_acc", "bool", "false", "FP32 accumulation in context attention"),
+        _P("cuda_graph_mode", "bool", "false", "CUDA graphs for generation steps"),
+        _P("cuda_graph_cache_size", "int32", "0", "CUDA graphs kept"),
+        _P("num_nodes", "int32", "1", "nodes the engine spans"),
+        _P("gpu_device_ids", "string", None, "GPU ids per instance: '0,1;2,3'"),
+        _P("participant_ids", "string", None, "MPI ranks per instance (orchestrator mode without spawning)"),
+        _P(
+            "executor_worker_path",
+            "string",
+            "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+            "worker executable (orchestrator mode)",
+        ),
+        _P("lora_cache_max_adapter_size", "int32", "64", "LoRA: largest adapter rank"),
+        _P("lora_cache_optimal_adapter_size", "int32", "8", "LoRA: page width"),
+        _P("lora_cache_gpu_memory_fraction", "float", "0.05", "LoRA: GPU cache fraction"),
+        _P("lora_cache_host_memory_bytes", "size_t", "1073741824", "LoRA: host cache, bytes"),
+        _P("lora_prefetch_dir", "string", None, "LoRA: adapters loaded at start"),
+        _P("batch_scheduler_policy", "string", "guaranteed_no_evict", "max_utilization | guaranteed_no_evict"),
+        _P(
+            "speculative_decoding_fast_logits",
+            "bool",
+            "false",
+            "draft logits passed in device memory (orchestrator mode, no spawning)",
+        ),
+        _P("tokenizer_dir", "string", None, "tokenizer directory (read at load; empty = unset)", required=True),
+        _P(
+            "xgrammar_tokenizer_info_path",
+            "string",
+            None,
+            "xgrammar tokenizer info JSON (empty = no guided decoding)",
+            required=True,
+        ),
+        _P("guided_decoding_backend", "string", None, "'xgrammar' or empty (no guided decoding)", required=True),
+        _P("iter_stats_max_iterations", "int32", "1000", "iterations of statistics kept"),
+        _P("request_stats_max_iterations", "int32", "0", "iterations of per-request statistics kept"),
+        _P("enable_trt_overlap", "bool", "false", "overlap two micro-batches (experimental)"),
+        _P("normalize_log_probs", "bool", "true", "normalize returned log-probabilities"),
+        _P("enable_chunked_context", "bool", "false", "split long prompts into chunks (needs paged context FMHA)"),
+        _P("decoding_mode", "string", None, "see DECODING_MODES; unset/other = top_k_top_p"),
+        _P("medusa_choices", "choices", None, "Medusa tree, '{0}, {0, 0}, {1}' (unset = mc_sim_7b_63)"),
+        _P("eagle_choices", "choices", None, "EAGLE tree, '{0}, {0, 0}, {1}' (unset = mc_sim_7b_63)"),
+        _P("lookahead_window_size", "uint32", None, "lookahead W (required with decoding_mode lookahead)"),
+        _P("lookahead_ngram_size", "uint32", None, "lookahead N (required with decoding_mode lookahead)"),
+        _P("lookahead_verification_set_size", "uint32", None, "lookahead G (required with decoding_mode lookahead)"),
+        _P("gpu_weights_percent", "float", "1.0", "share of weights kept on the GPU (weight streaming)"),
+        _P("recv_poll_period_ms", "int", "0", "response polling period, ms (0 = busy loop)"),
+        _P("exclude_input_in_output", "bool", "false", "default for requests that do not set it"),
+        _P("cancellation_check_period_ms", "int", "100", "how often cancellations are checked, ms"),
+        _P("stats_check_period_ms", "int", "100", "how often statistics are collected, ms"),
+    )
+}
 
 #: Values of ``decoding_mode`` the backend maps to an executor decoding mode.
 DECODING_MODES = ("top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle")
@@ -138,6 +167,9 @@ def value_problems(parameters: dict[str, str]) -> list[str]:
         elif key == "batch_scheduler_policy" and text not in ("max_utilization", "guaranteed_no_evict"):
             problems.append(f"'batch_scheduler_policy' = {text!r} is not max_utilization or guaranteed_no_evict")
     if parameters.get("decoding_mode") == "lookahead":
-        problems += [f"decoding_mode lookahead needs '{k}'" for k in
-                     ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size") if k not in parameters]
+        problems += [
+            f"decoding_mode lookahead needs '{k}'"
+            for k in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+            if k not in parameters
+        ]
     return problems

@@ -32,8 +32,13 @@ def data_type(dtype: str) -> int:
 
 def model_input(spec: TensorSpec) -> mc.ModelInput:
     """A ``ModelInput`` for ``spec`` (name, data type, dims, optional, reshape)."""
-    message = mc.ModelInput(name=spec.name, data_type=data_type(spec.dtype), dims=list(spec.dims), optional=spec.optional,
-                            allow_ragged_batch=spec.ragged)
+    message = mc.ModelInput(
+        name=spec.name,
+        data_type=data_type(spec.dtype),
+        dims=list(spec.dims),
+        optional=spec.optional,
+        allow_ragged_batch=spec.ragged,
+    )
     if spec.reshape is not None:
         message.reshape.SetInParent()  # an empty shape (a scalar) must still be present
         message.reshape.shape.extend(spec.reshape)
@@ -73,8 +78,9 @@ def python_model_config(
     return config
 
 
-def ensemble_model_config(max_batch_size: int = MAX_BATCH_SIZE, steps=ENSEMBLE_STEPS,
-                          interface: ModelInterface = ENSEMBLE) -> mc.ModelConfig:
+def ensemble_model_config(
+    max_batch_size: int = MAX_BATCH_SIZE, steps=ENSEMBLE_STEPS, interface: ModelInterface = ENSEMBLE
+) -> mc.ModelConfig:
     """Config of the ``ensemble`` model: ``interface``'s tensors (default
     :data:`~specpipe.triton.interface.ENSEMBLE`) wired through ``steps`` (default
     :data:`~specpipe.triton.interface.ENSEMBLE_STEPS`; ``platform: "ensemble"``)."""
@@ -104,7 +110,9 @@ def parse_config(text: str, source: str = "<text>") -> mc.ModelConfig:
     try:
         return text_format.Parse(text, mc.ModelConfig())
     except text_format.ParseError as exc:
-        raise SpecpipeError(f"{source} is not a valid Triton model config ({exc}): regenerate it with 'specpipe package'") from exc
+        raise SpecpipeError(
+            f"{source} is not a valid Triton model config ({exc}): regenerate it with 'specpipe package'"
+        ) from exc
 
 
 def read_config(path: Path) -> mc.ModelConfig:
@@ -121,7 +129,9 @@ def write_config(config: mc.ModelConfig, model_dir: Path) -> Path:
     path = Path(model_dir) / CONFIG_NAME
     text = config_text(config)
     if PLACEHOLDER in text:
-        raise SpecpipeError(f"{path} would contain an unreplaced '{PLACEHOLDER}...' placeholder: a value was not filled in")
+        raise SpecpipeError(
+            f"{path} would contain an unreplaced '{PLACEHOLDER}...' placeholder: a value was not filled in"
+        )
     path.write_text(text)
     if read_config(path) != config:
         raise SpecpipeError(f"{path} does not read back as the config that was written: report this as a bug")
@@ -142,7 +152,9 @@ def check_no_placeholders(root: Path) -> None:
     hits = find_placeholders(root)
     if hits:
         names = ", ".join(str(p) for p in hits)
-        raise SpecpipeError(f"unreplaced '{PLACEHOLDER}...' placeholders in {names}: regenerate with 'specpipe package'")
+        raise SpecpipeError(
+            f"unreplaced '{PLACEHOLDER}...' placeholders in {names}: regenerate with 'specpipe package'"
+        )
 
 
 def _tensor_types(tensors: Iterable) -> dict[str, int]:
@@ -172,7 +184,9 @@ def ensemble_problems(ensemble: mc.ModelConfig, steps: Mapping[str, mc.ModelConf
                 problems.append(f"output_map key '{key}' is not an output of '{step.model_name}'")
                 continue
             if value in produced:
-                problems.append(f"ensemble tensor '{value}' is produced twice ('{produced[value][0]}' and '{step.model_name}')")
+                problems.append(
+                    f"ensemble tensor '{value}' is produced twice ('{produced[value][0]}' and '{step.model_name}')"
+                )
             if value in ensemble_inputs:
                 problems.append(f"output_map value '{value}' of '{step.model_name}' overwrites an ensemble input")
             produced[value] = (step.model_name, outputs[key])
@@ -192,7 +206,9 @@ def ensemble_problems(ensemble: mc.ModelConfig, steps: Mapping[str, mc.ModelConf
             elif value in produced:
                 dtype = produced[value][1]
             else:
-                problems.append(f"input_map value '{value}' of '{step.model_name}' is neither an ensemble input nor produced by a step")
+                problems.append(
+                    f"input_map value '{value}' of '{step.model_name}' is neither an ensemble input nor produced by a step"
+                )
                 continue
             if dtype != inputs[key].data_type:
                 problems.append(f"'{value}' feeds '{step.model_name}.{key}' with another data type")

@@ -42,8 +42,10 @@ def cpu_repository(manifest: Manifest, engine_dir: Path, *, dense_rows: str = "a
     """
     engine_dir = Path(engine_dir).resolve()
     if manifest.runtime is not Runtime.CPU:
-        raise SpecpipeError(f"engine {engine_dir} is for runtime '{manifest.runtime.value}', not the CPU runtime: "
-                            f"package it with 'specpipe package'")
+        raise SpecpipeError(
+            f"engine {engine_dir} is for runtime '{manifest.runtime.value}', not the CPU runtime: "
+            f"package it with 'specpipe package'"
+        )
     target = manifest.target.path
     tokenizer_dir = (engine_dir / target).resolve() if target else None
     if tokenizer_dir is None or not tokenizer_dir.is_dir():
@@ -67,7 +69,8 @@ def cpu_repository(manifest: Manifest, engine_dir: Path, *, dense_rows: str = "a
             decoupled=True,
         ),
         POSTPROCESSING.name: python_model_config(
-            POSTPROCESSING, {**common, "skip_special_tokens": "true", "engine_model_name": TENSORRT_LLM.name}),
+            POSTPROCESSING, {**common, "skip_special_tokens": "true", "engine_model_name": TENSORRT_LLM.name}
+        ),
         ENSEMBLE.name: ensemble_model_config(interface=CPU_ENSEMBLE),
     }
     return Repository(configs, modules={**STEP_MODULES, TENSORRT_LLM.name: MODULES["cpu_engine"]})

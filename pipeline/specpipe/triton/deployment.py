@@ -123,9 +123,13 @@ def check_speculative(spec: SpeculativeSettings, where: str) -> None:
     if spec.tree is not None:
         limit, counted = entry_for(TREE_DEPTH_LIMITS, spec.method, "triton.deployment.TREE_DEPTH_LIMITS")(spec)
         try:
-            spec.tree.check(max_depth=limit, max_nodes=spec.max_draft_len, what=spec.spec.choices_key,
-                            depth_limit=counted,
-                            fix_depth=f"use a tree at most {{limit}} deep (--choices) or rebuild with more {counted}")
+            spec.tree.check(
+                max_depth=limit,
+                max_nodes=spec.max_draft_len,
+                what=spec.spec.choices_key,
+                depth_limit=counted,
+                fix_depth=f"use a tree at most {{limit}} deep (--choices) or rebuild with more {counted}",
+            )
         except TreeError as exc:
             raise TreeError(f"{where}: {exc}") from None
     if spec.method is Method.LOOKAHEAD and spec.lookahead is None:
@@ -144,17 +148,23 @@ def from_manifest(engine_dir: Path) -> Deployment:
     manifest = read_manifest(engine_dir)
     runtime = manifest.runtime
     if runtime not in RUNTIMES:
-        raise ManifestError(f"{engine_dir} is a '{runtime.value}' engine, not a TensorRT-LLM one: package it without --runtime trtllm")
+        raise ManifestError(
+            f"{engine_dir} is a '{runtime.value}' engine, not a TensorRT-LLM one: package it without --runtime trtllm"
+        )
     missing = [k for k in ("trtllm", "parallel", "limits") if getattr(manifest, k) is None]
     if missing or manifest.target.path is None:
-        raise ManifestError(f"{engine_dir}/manifest.json lacks {(missing or ['target path'])[0]!r}: rebuild the engine with "
-                            f"'specpipe build'")
+        raise ManifestError(
+            f"{engine_dir}/manifest.json lacks {(missing or ['target path'])[0]!r}: rebuild the engine with "
+            f"'specpipe build'"
+        )
     trt, spec = manifest.trtllm, manifest.speculative
     try:
         version = _check_release(trt["version"], f"engine {engine_dir}")
         memory = trt["memory"] or {}
     except (KeyError, TypeError) as exc:
-        raise ManifestError(f"{engine_dir}/manifest.json lacks {exc}: rebuild the engine with 'specpipe build'") from exc
+        raise ManifestError(
+            f"{engine_dir}/manifest.json lacks {exc}: rebuild the engine with 'specpipe build'"
+        ) from exc
     draft_rel = manifest.draft.path if manifest.draft else None
     if runtime is Runtime.TRTLLM:
         target = engine_dir / manifest.target.path
@@ -162,21 +172,34 @@ def from_manifest(engine_dir: Path) -> Deployment:
         tokenizer = engine_dir / "tokenizer"
         for path, what in ((target, "target engine"), (tokenizer, "tokenizer")):
             if not path.is_dir():
-                raise ManifestError(f"{engine_dir} has no {what} directory {path.name}/: rebuild it with 'specpipe build --force'")
+                raise ManifestError(
+                    f"{engine_dir} has no {what} directory {path.name}/: rebuild it with 'specpipe build --force'"
+                )
         if spec.spec.weights == "model" and (draft_path is None or not draft_path.is_dir()):
-            raise ManifestError(f"{engine_dir} is a draft-target engine without its draft/ engine: rebuild it with 'specpipe build --force'")
+            raise ManifestError(
+                f"{engine_dir} is a draft-target engine without its draft/ engine: rebuild it with 'specpipe build --force'"
+            )
     else:
         target = Path(manifest.target.path)
         draft_path = Path(draft_rel) if draft_rel else None
         tokenizer = target
     check_speculative(spec, f"engine {engine_dir.name}")
     return Deployment(
-        name=manifest.name, runtime=runtime.value, trtllm_version=version,
-        container_image=str(trt.get("container_image", release.CONTAINER_IMAGE)), speculative=spec,
-        tp=int(manifest.parallel["tp"]), pp=int(manifest.parallel["pp"]),
-        limits={k: int(v) for k, v in manifest.limits.items()}, memory=memory,
-        engines_root=engine_dir.parent, engine_dir=engine_dir, target_path=target, draft_path=draft_path,
-        tokenizer_path=tokenizer, origin="manifest",
+        name=manifest.name,
+        runtime=runtime.value,
+        trtllm_version=version,
+        container_image=str(trt.get("container_image", release.CONTAINER_IMAGE)),
+        speculative=spec,
+        tp=int(manifest.parallel["tp"]),
+        pp=int(manifest.parallel["pp"]),
+        limits={k: int(v) for k, v in manifest.limits.items()},
+        memory=memory,
+        engines_root=engine_dir.parent,
+        engine_dir=engine_dir,
+        target_path=target,
+        draft_path=draft_path,
+        tokenizer_path=tokenizer,
+        origin="manifest",
     )
 
 
@@ -192,7 +215,9 @@ def from_plan(plan_path: Path) -> Deployment:
     try:
         plan = json.loads(plan_path.read_text())
     except (OSError, ValueError) as exc:
-        raise SpecpipeError(f"cannot read plan {plan_path} ({exc}): write it with 'specpipe build ... --dry-run --json > PLAN.json'") from exc
+        raise SpecpipeError(
+            f"cannot read plan {plan_path} ({exc}): write it with 'specpipe build ... --dry-run --json > PLAN.json'"
+        ) from exc
     if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
         raise SpecpipeError(
             f"{plan_path} is not a specpipe build plan (format {plan.get('format') if isinstance(plan, dict) else None!r}, "
@@ -209,7 +234,9 @@ def from_plan(plan_path: Path) -> Deployment:
         memory = plan["memory"]
         target_path, draft_path = plan["target"]["path"], plan["draft"]["path"]
     except (KeyError, TypeError) as exc:
-        raise SpecpipeError(f"plan {plan_path} lacks {exc}: regenerate it with 'specpipe build ... --dry-run --json'") from exc
+        raise SpecpipeError(
+            f"plan {plan_path} lacks {exc}: regenerate it with 'specpipe build ... --dry-run --json'"
+        ) from exc
     if runtime == Runtime.TRTLLM:
         target, draft = engine_dir / "target", (engine_dir / "draft" if spec.spec.weights == "model" else None)
         tokenizer = engine_dir / "tokenizer"
@@ -218,12 +245,24 @@ def from_plan(plan_path: Path) -> Deployment:
         tokenizer = target
     check_speculative(spec, f"plan {plan_path.name}")
     if parallel.get("checked") is False:
-        warn(f"plan {plan_path.name}: TP {parallel['tp']} x PP {parallel['pp']} was not fitted to a GPU (planned without "
-             f"--gpu and none detected): the repository uses those sizes; re-plan with --gpu NAME to have them checked")
+        warn(
+            f"plan {plan_path.name}: TP {parallel['tp']} x PP {parallel['pp']} was not fitted to a GPU (planned without "
+            f"--gpu and none detected): the repository uses those sizes; re-plan with --gpu NAME to have them checked"
+        )
     return Deployment(
-        name=str(plan.get("engine_name", engine_dir.name)), runtime=runtime, trtllm_version=version,
-        container_image=str(plan["release"].get("container_image", release.CONTAINER_IMAGE)), speculative=spec,
-        tp=int(parallel["tp"]), pp=int(parallel["pp"]), limits={k: int(v) for k, v in limits.items()}, memory=memory,
-        engines_root=engine_dir.parent, engine_dir=engine_dir, target_path=target, draft_path=draft,
-        tokenizer_path=tokenizer, origin="plan",
+        name=str(plan.get("engine_name", engine_dir.name)),
+        runtime=runtime,
+        trtllm_version=version,
+        container_image=str(plan["release"].get("container_image", release.CONTAINER_IMAGE)),
+        speculative=spec,
+        tp=int(parallel["tp"]),
+        pp=int(parallel["pp"]),
+        limits={k: int(v) for k, v in limits.items()},
+        memory=memory,
+        engines_root=engine_dir.parent,
+        engine_dir=engine_dir,
+        target_path=target,
+        draft_path=draft,
+        tokenizer_path=tokenizer,
+        origin="plan",
     )

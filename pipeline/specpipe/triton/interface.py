@@ -63,16 +63,35 @@ ENSEMBLE = ModelInterface(
         tensor("top_p", "FP32", [1], True, doc="nucleus mass in (0, 1]"),
         tensor("temperature", "FP32", [1], True, doc="> 0; divides the logits when sampling"),
         tensor("seed", "UINT64", [1], True, doc="seed of the request's random generator"),
-        tensor("repetition_penalty", "FP32", [1], True, doc="> 0, 1 = off: logits of seen tokens divided (positive) or multiplied (negative)"),
-        tensor("min_tokens", "INT32", [1], True, doc=">= 0: the end id is masked until this many tokens were generated"),
+        tensor(
+            "repetition_penalty",
+            "FP32",
+            [1],
+            True,
+            doc="> 0, 1 = off: logits of seen tokens divided (positive) or multiplied (negative)",
+        ),
+        tensor(
+            "min_tokens", "INT32", [1], True, doc=">= 0: the end id is masked until this many tokens were generated"
+        ),
         tensor("presence_penalty", "FP32", [1], True, doc="subtracted once from the logits of seen tokens; 0 = off"),
-        tensor("frequency_penalty", "FP32", [1], True, doc="subtracted per occurrence from the logits of seen tokens; 0 = off"),
+        tensor(
+            "frequency_penalty",
+            "FP32",
+            [1],
+            True,
+            doc="subtracted per occurrence from the logits of seen tokens; 0 = off",
+        ),
         tensor("return_perf_metrics", "BOOL", [1], True, doc="return the speculative-decoding counters"),
         tensor("return_num_input_tokens", "BOOL", [1], True, doc="return num_input_tokens"),
         tensor("return_num_output_tokens", "BOOL", [1], True, doc="return num_output_tokens"),
         tensor("stream", "BOOL", [1], True, doc="one response per engine step instead of one at the end"),
-        tensor("text_segments", "STRING", [-1], True,
-           doc="specpipe: text_input in pieces; odd pieces (user text) are tokenized as plain text, special-token strings included"),
+        tensor(
+            "text_segments",
+            "STRING",
+            [-1],
+            True,
+            doc="specpipe: text_input in pieces; odd pieces (user text) are tokenized as plain text, special-token strings included",
+        ),
     ),
     outputs=(
         tensor("text_output", "STRING", [-1], doc="generated text (a streamed response: the text it adds)"),
@@ -95,7 +114,9 @@ PREPROCESSING = ModelInterface(
         tensor("STOP_WORDS_DICT", "STRING", [-1], True, doc="stop-word strings"),
         tensor("END_ID", "INT32", [1], True, doc="end id given by the client"),
         tensor("PAD_ID", "INT32", [1], True, doc="pad id given by the client"),
-        tensor("QUERY_SEGMENTS", "STRING", [-1], True, doc="specpipe: QUERY in pieces, odd ones tokenized as plain text"),
+        tensor(
+            "QUERY_SEGMENTS", "STRING", [-1], True, doc="specpipe: QUERY in pieces, odd ones tokenized as plain text"
+        ),
     ),
     outputs=(
         tensor("INPUT_ID", "INT32", [-1], doc="prompt token ids"),
@@ -133,22 +154,43 @@ TENSORRT_LLM = ModelInterface(
         tensor("return_num_output_tokens", "BOOL", [1], True, SCALAR),
         tensor("exclude_input_in_output", "BOOL", [1], True, SCALAR),
         tensor("streaming", "BOOL", [1], True, SCALAR),
-        tensor("stop", "BOOL", [1], True, SCALAR, doc="true: a stop request, cancelling the running request with this request's id"),
+        tensor(
+            "stop",
+            "BOOL",
+            [1],
+            True,
+            SCALAR,
+            doc="true: a stop request, cancelling the running request with this request's id",
+        ),
         tensor("draft_input_ids", "INT32", [-1], True, doc="draft tokens to verify in one target step (draft-target)"),
     ),
     outputs=(
-        tensor("output_ids", "INT32", [-1, -1], doc="[beam=1, T]: streamed: the new tokens; else prompt (unless excluded) + output"),
+        tensor(
+            "output_ids",
+            "INT32",
+            [-1, -1],
+            doc="[beam=1, T]: streamed: the new tokens; else prompt (unless excluded) + output",
+        ),
         tensor("sequence_length", "INT32", [-1], doc="[beam=1]: valid tokens in output_ids"),
-        tensor("prior_output_ids", "INT32", [-1, -1], doc="specpipe: [beam=1, P] tokens sent in earlier streamed responses"),
+        tensor(
+            "prior_output_ids", "INT32", [-1, -1], doc="specpipe: [beam=1, P] tokens sent in earlier streamed responses"
+        ),
         tensor("acceptance_rate", "FP32", [1]),
         tensor("total_accepted_draft_tokens", "INT32", [1]),
         tensor("total_draft_tokens", "INT32", [1]),
         tensor("num_input_tokens", "INT32", [1]),
         tensor("num_output_tokens", "INT32", [1]),
-        tensor("draft_length", "INT32", [1], doc="specpipe: draft length chosen for the latest step (0 = plain decoding)"),
+        tensor(
+            "draft_length", "INT32", [1], doc="specpipe: draft length chosen for the latest step (0 = plain decoding)"
+        ),
         tensor("target_forwards", "INT32", [1], doc="specpipe: target forward passes so far, the prefill included"),
-        tensor("engine_request_id", "STRING", [1], doc="specpipe: the id the engine model knows the request by: the "
-           "client's, or one it gave a request sent without (postprocessing stops an abandoned request by it)"),
+        tensor(
+            "engine_request_id",
+            "STRING",
+            [1],
+            doc="specpipe: the id the engine model knows the request by: the "
+            "client's, or one it gave a request sent without (postprocessing stops an abandoned request by it)",
+        ),
     ),
 )
 
@@ -243,18 +285,35 @@ ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = (
 
 #: The CPU runtime's ensemble: :data:`ENSEMBLE` plus ``draft_length`` and ``target_forwards`` (module doc).
 CPU_ENSEMBLE = ModelInterface(
-    name=ENSEMBLE.name, inputs=ENSEMBLE.inputs,
-    outputs=ENSEMBLE.outputs + (
-        tensor("draft_length", "INT32", [1],
-           doc="specpipe, CPU runtime: draft length the load-adaptive rule chose for the latest step (0 = plain decoding)"),
-        tensor("target_forwards", "INT32", [1],
-           doc="specpipe, CPU runtime: target forward passes of the request so far, the prefill included"),
+    name=ENSEMBLE.name,
+    inputs=ENSEMBLE.inputs,
+    outputs=ENSEMBLE.outputs
+    + (
+        tensor(
+            "draft_length",
+            "INT32",
+            [1],
+            doc="specpipe, CPU runtime: draft length the load-adaptive rule chose for the latest step (0 = plain decoding)",
+        ),
+        tensor(
+            "target_forwards",
+            "INT32",
+            [1],
+            doc="specpipe, CPU runtime: target forward passes of the request so far, the prefill included",
+        ),
     ),
 )
 
 #: Ensemble outputs filled only on request (``return_perf_metrics`` and the ``return_num_*`` flags).
-PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-                "num_output_tokens", "draft_length", "target_forwards")
+PERF_OUTPUTS = (
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "num_input_tokens",
+    "num_output_tokens",
+    "draft_length",
+    "target_forwards",
+)
 
 #: Outputs of the CPU runtime's models that TensorRT-LLM's engine flow does not have.
 _CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length", "target_forwards", "engine_request_id")
@@ -269,19 +328,39 @@ _CPU_ONLY_OUTPUTS = ("prior_output_ids", "draft_length", "target_forwards", "eng
 # decodes each streamed chunk on its own (as upstream's does); ``tensorrt_llm_bls`` streams exact text.
 
 _DRAFT_TARGET_INPUTS = (
-    tensor("draft_logits", "FP32", [-1, -1], True, doc="draft model logits of the draft tokens (use_draft_logits)", ragged=True),
+    tensor(
+        "draft_logits",
+        "FP32",
+        [-1, -1],
+        True,
+        doc="draft model logits of the draft tokens (use_draft_logits)",
+        ragged=True,
+    ),
     tensor("draft_acceptance_threshold", "FP32", [1], True, SCALAR, doc="acceptance threshold with draft logits"),
-    tensor("return_generation_logits", "BOOL", [1], True, SCALAR, doc="return generation_logits (draft model, use_draft_logits)"),
+    tensor(
+        "return_generation_logits",
+        "BOOL",
+        [1],
+        True,
+        SCALAR,
+        doc="return generation_logits (draft model, use_draft_logits)",
+    ),
 )
 _RAGGED = {"input_ids", "draft_input_ids", "stop_words_list", "bad_words_list"}
 
 TENSORRT_LLM_ENGINE = ModelInterface(
     name="tensorrt_llm",
     inputs=tuple(
-        TensorSpec(s.name, s.dtype, s.dims, s.optional, s.reshape, s.doc, s.name in _RAGGED) for s in TENSORRT_LLM.inputs
-    ) + _DRAFT_TARGET_INPUTS,
+        TensorSpec(s.name, s.dtype, s.dims, s.optional, s.reshape, s.doc, s.name in _RAGGED)
+        for s in TENSORRT_LLM.inputs
+    )
+    + _DRAFT_TARGET_INPUTS,
     outputs=tuple(s for s in TENSORRT_LLM.outputs if s.name not in _CPU_ONLY_OUTPUTS)
-    + (tensor("generation_logits", "FP32", [-1, -1, -1], doc="[beam, T, vocab] logits of generated tokens (on request)"),),
+    + (
+        tensor(
+            "generation_logits", "FP32", [-1, -1, -1], doc="[beam, T, vocab] logits of generated tokens (on request)"
+        ),
+    ),
 )
 
 ENGINE_ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = tuple(
@@ -301,9 +380,16 @@ ENGINE_ENSEMBLE_STEPS: tuple[EnsembleStep, ...] = tuple(
 
 TENSORRT_LLM_BLS = ModelInterface(
     name="tensorrt_llm_bls",
-    inputs=ENSEMBLE.inputs + (
+    inputs=ENSEMBLE.inputs
+    + (
         tensor("num_draft_tokens", "INT32", [1], True, doc="draft tokens per step (<= the engine's max_draft_len)"),
-        tensor("use_draft_logits", "BOOL", [1], True, doc="verify with the draft model's logits (draft engine built with gather_generation_logits)"),
+        tensor(
+            "use_draft_logits",
+            "BOOL",
+            [1],
+            True,
+            doc="verify with the draft model's logits (draft engine built with gather_generation_logits)",
+        ),
     ),
     outputs=ENSEMBLE.outputs,
 )

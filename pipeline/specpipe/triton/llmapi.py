@@ -36,12 +36,11 @@ from specpipe.errors import SpecpipeError
 from specpipe.speculative import Runtime
 from specpipe.triton.config import model_input, model_output
 from specpipe.triton.deployment import Deployment
-from specpipe.triton.tensor_spec import ModelInterface, tensor
 from specpipe.triton.models.llmapi_shim import MODEL_DIR_PARAMETER
 from specpipe.triton.repo_meta import META_NAME, deployment_meta, meta_text
+from specpipe.triton.tensor_spec import ModelInterface, tensor
 from specpipe.triton.writer import MODULES, VERSION_DIR, Repository
-from specpipe.trtllm import release
-from specpipe.trtllm import llmapi_args
+from specpipe.trtllm import llmapi_args, release
 
 MODEL = "tensorrt_llm"
 MODEL_YAML = "model.yaml"
@@ -88,9 +87,18 @@ LLMAPI = ModelInterface(
 
 
 def _facts(deployment: Deployment) -> dict[str, Any]:
-    return {"name": deployment.name, "engines_root": deployment.engines_root, "target_path": deployment.target_path,
-            "draft_path": deployment.draft_path, "tp": deployment.tp, "pp": deployment.pp, "limits": deployment.limits,
-            "memory": deployment.memory, "speculative": deployment.speculative, "version": deployment.trtllm_version}
+    return {
+        "name": deployment.name,
+        "engines_root": deployment.engines_root,
+        "target_path": deployment.target_path,
+        "draft_path": deployment.draft_path,
+        "tp": deployment.tp,
+        "pp": deployment.pp,
+        "limits": deployment.limits,
+        "memory": deployment.memory,
+        "speculative": deployment.speculative,
+        "version": deployment.trtllm_version,
+    }
 
 
 def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
@@ -100,8 +108,9 @@ def speculative_config(deployment: Deployment) -> dict[str, Any] | None:
         CompatibilityError: see :func:`specpipe.trtllm.llmapi_args.speculative_config`.
     """
     draft = deployment.container_path(deployment.draft_path) if deployment.draft_path is not None else None
-    return llmapi_args.speculative_config(deployment.speculative, draft=draft, pp=deployment.pp,
-                                          version=deployment.trtllm_version, name=deployment.name)
+    return llmapi_args.speculative_config(
+        deployment.speculative, draft=draft, pp=deployment.pp, version=deployment.trtllm_version, name=deployment.name
+    )
 
 
 def llm_arguments(deployment: Deployment) -> dict[str, Any]:
@@ -122,9 +131,18 @@ def serve_options(deployment: Deployment) -> dict[str, Any]:
 
 def serve_command(deployment: Deployment, options_path: str) -> list[str]:
     """The equivalent ``trtllm-serve`` command (container paths)."""
-    return ["trtllm-serve", deployment.container_path(deployment.target_path), "--backend", "pytorch",
-            "--tp_size", str(deployment.tp), "--pp_size", str(deployment.pp),
-            "--extra_llm_api_options", options_path]
+    return [
+        "trtllm-serve",
+        deployment.container_path(deployment.target_path),
+        "--backend",
+        "pytorch",
+        "--tp_size",
+        str(deployment.tp),
+        "--pp_size",
+        str(deployment.pp),
+        "--extra_llm_api_options",
+        options_path,
+    ]
 
 
 def model_config() -> mc.ModelConfig:
@@ -150,12 +168,15 @@ def llmapi_repository(deployment: Deployment) -> Repository:
             :func:`~specpipe.trtllm.kv_fraction.kv_cache_fractions`.
     """
     if deployment.runtime != Runtime.TRTLLM_LLMAPI:
-        raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the engine-flow repository writer")
+        raise SpecpipeError(
+            f"engine {deployment.name} is for '{deployment.runtime}': use the engine-flow repository writer"
+        )
     options = f"/models/{SERVE_OPTIONS}"
     files = {
         f"{MODEL}/{VERSION_DIR}/{MODEL_YAML}": (
             f"# LLM API arguments for {deployment.name}, written by specpipe {__version__} for TensorRT-LLM "
-            f"{deployment.trtllm_version}\n" + _dump(model_yaml(deployment))),
+            f"{deployment.trtllm_version}\n" + _dump(model_yaml(deployment))
+        ),
         SERVE_OPTIONS: f"# {' '.join(serve_command(deployment, options))}\n" + _dump(serve_options(deployment)),
         META_NAME: meta_text(deployment_meta(deployment, [MODEL])),
     }

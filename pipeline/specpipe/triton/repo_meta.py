@@ -21,8 +21,8 @@ META_NAME = "specpipe.json"
 META_FORMAT = "specpipe-triton-repo/1"
 
 #: How Triton is started (the ``launch`` key; :func:`launch_mode`).
-LAUNCH_SINGLE = "single"              # one tritonserver (engine flow on one GPU, or the LLM API flow)
-LAUNCH_LEADER = "leader"              # mpirun, one tritonserver rank per GPU (one engine, TP x PP > 1)
+LAUNCH_SINGLE = "single"  # one tritonserver (engine flow on one GPU, or the LLM API flow)
+LAUNCH_LEADER = "leader"  # mpirun, one tritonserver rank per GPU (one engine, TP x PP > 1)
 LAUNCH_ORCHESTRATOR = "orchestrator"  # one tritonserver; the backend spawns each engine's TP x PP workers
 
 
@@ -81,5 +81,7 @@ def read_meta(repo_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         raise SpecpipeError(f"{path} is unreadable ({exc}): regenerate the repository with 'specpipe package'") from exc
     if meta.get("format") != META_FORMAT:
-        raise SpecpipeError(f"{path} has format {meta.get('format')!r}, expected {META_FORMAT!r}: regenerate it with 'specpipe package'")
+        raise SpecpipeError(
+            f"{path} has format {meta.get('format')!r}, expected {META_FORMAT!r}: regenerate it with 'specpipe package'"
+        )
     return meta

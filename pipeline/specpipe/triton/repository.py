@@ -41,19 +41,25 @@ def package_engine(engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto")
     """
     manifest = read_manifest(engine_dir)
     if manifest.runtime is Runtime.VLLM:
-        raise SpecpipeError(f"engine {manifest.name} is a vLLM deployment, which serves its own OpenAI API without a "
-                            f"Triton repository: nothing to package; run 'specpipe serve {manifest.name} --runtime vllm'")
+        raise SpecpipeError(
+            f"engine {manifest.name} is a vLLM deployment, which serves its own OpenAI API without a "
+            f"Triton repository: nothing to package; run 'specpipe serve {manifest.name} --runtime vllm'"
+        )
     if manifest.runtime is Runtime.CPU:
         repository = cpu_repository(manifest, engine_dir, dense_rows=dense_rows)
         changed = changed_files(engine_dir, manifest)
         if changed:
-            raise SpecpipeError(f"engine {engine_dir} is damaged: {', '.join(str(p) for p in changed)} "
-                                f"{'is' if len(changed) == 1 else 'are'} missing or changed since the build; "
-                                f"rebuild it with 'specpipe build ... --force'")
+            raise SpecpipeError(
+                f"engine {engine_dir} is damaged: {', '.join(str(p) for p in changed)} "
+                f"{'is' if len(changed) == 1 else 'are'} missing or changed since the build; "
+                f"rebuild it with 'specpipe build ... --force'"
+            )
         return write_repository(out_dir, repository)
     if dense_rows != "auto":
-        raise SpecpipeError(f"dense_rows is a setting of the CPU runtime, and engine {engine_dir} is for "
-                            f"'{manifest.runtime.value}': leave --dense-rows out")
+        raise SpecpipeError(
+            f"dense_rows is a setting of the CPU runtime, and engine {engine_dir} is for "
+            f"'{manifest.runtime.value}': leave --dense-rows out"
+        )
     return write_trtllm_repository(from_manifest(engine_dir), out_dir)
 
 

@@ -65,7 +65,9 @@ class EnsembleStep:
     output_map: tuple[tuple[str, str], ...]
 
 
-def tensor(name: str, dtype: str, dims, optional: bool = False, reshape=None, doc: str = "", ragged: bool = False) -> TensorSpec:
+def tensor(
+    name: str, dtype: str, dims, optional: bool = False, reshape=None, doc: str = "", ragged: bool = False
+) -> TensorSpec:
     """A :class:`TensorSpec` from lists or tuples (``dims``, ``reshape``: any sequence of ints)."""
     return TensorSpec(name, dtype, tuple(dims), optional, None if reshape is None else tuple(reshape), doc, ragged)
 

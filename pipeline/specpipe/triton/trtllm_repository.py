@@ -37,10 +37,10 @@ from specpipe.triton.interface import (
     TENSORRT_LLM_BLS,
     TENSORRT_LLM_ENGINE,
 )
-from specpipe.trtllm.kv_fraction import kv_cache_fractions
 from specpipe.triton.repo_meta import LAUNCH_ORCHESTRATOR, META_NAME, deployment_meta, launch_mode, meta_text
 from specpipe.triton.warmup_config import add_engine_warmup
 from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
+from specpipe.trtllm.kv_fraction import kv_cache_fractions
 
 BACKEND = "tensorrtllm"
 TARGET_MODEL = "tensorrt_llm"
@@ -51,8 +51,9 @@ DRAFT_DECODING_MODE = "top_k_top_p"
 LOOKAHEAD_KEYS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 
 
-def engine_parameters(deployment: Deployment, engine_path: str, kv_fraction: float, *, draft: bool,
-                      orchestrator: bool = False) -> dict[str, str]:
+def engine_parameters(
+    deployment: Deployment, engine_path: str, kv_fraction: float, *, draft: bool, orchestrator: bool = False
+) -> dict[str, str]:
     """Parameters of a ``tensorrt_llm``/``tensorrt_llm_draft`` model (all text, as Triton stores them).
 
     In orchestrator mode (``orchestrator``) each engine names its GPUs with ``gpu_device_ids`` (the
@@ -102,7 +103,9 @@ def engine_model_config(name: str, parameters: dict[str, str], max_batch_size: i
     """
     problems = value_problems(parameters)
     if problems:
-        raise SpecpipeError(f"model '{name}' would get parameters the tensorrtllm backend rejects: {'; '.join(problems)}")
+        raise SpecpipeError(
+            f"model '{name}' would get parameters the tensorrtllm backend rejects: {'; '.join(problems)}"
+        )
     config = mc.ModelConfig(name=name, backend=BACKEND, max_batch_size=max_batch_size)
     config.input.extend(model_input(s) for s in TENSORRT_LLM_ENGINE.inputs)
     config.output.extend(model_output(s) for s in TENSORRT_LLM_ENGINE.outputs)
@@ -138,29 +141,52 @@ def engine_repository(deployment: Deployment) -> Repository:
             :func:`~specpipe.trtllm.kv_fraction.kv_cache_fractions`.
     """
     if deployment.runtime != Runtime.TRTLLM:
-        raise SpecpipeError(f"engine {deployment.name} is for '{deployment.runtime}': use the LLM API repository writer")
+        raise SpecpipeError(
+            f"engine {deployment.name} is for '{deployment.runtime}': use the LLM API repository writer"
+        )
     two = deployment.speculative.spec.weights == "model"  # draft-target: a draft engine and the BLS
     rank_models = [TARGET_MODEL] + ([DRAFT_MODEL] if two else [])
-    orchestrator = launch_mode(deployment.runtime, len(rank_models), deployment.tp * deployment.pp) == LAUNCH_ORCHESTRATOR
+    orchestrator = (
+        launch_mode(deployment.runtime, len(rank_models), deployment.tp * deployment.pp) == LAUNCH_ORCHESTRATOR
+    )
     target_fraction, draft_fraction = kv_cache_fractions(deployment.memory, two)
     tokenizer = {"tokenizer_dir": deployment.container_path(deployment.tokenizer_path)}
     max_batch = int(deployment.limits.get("max_batch_size", 1))
     configs = {
         PREPROCESSING.name: python_model_config(PREPROCESSING, {**tokenizer, "add_special_tokens": "true"}),
         TARGET_MODEL: engine_model_config(
-            TARGET_MODEL, engine_parameters(deployment, deployment.container_path(deployment.target_path),
-                                            target_fraction, draft=False, orchestrator=orchestrator), max_batch),
+            TARGET_MODEL,
+            engine_parameters(
+                deployment,
+                deployment.container_path(deployment.target_path),
+                target_fraction,
+                draft=False,
+                orchestrator=orchestrator,
+            ),
+            max_batch,
+        ),
         POSTPROCESSING.name: python_model_config(
-            POSTPROCESSING, {**tokenizer, "skip_special_tokens": "true", "engine_model_name": TARGET_MODEL}),
+            POSTPROCESSING, {**tokenizer, "skip_special_tokens": "true", "engine_model_name": TARGET_MODEL}
+        ),
     }
     if two:
         configs[DRAFT_MODEL] = engine_model_config(
-            DRAFT_MODEL, engine_parameters(deployment, deployment.container_path(deployment.draft_path),
-                                           draft_fraction, draft=True, orchestrator=orchestrator), max_batch)
+            DRAFT_MODEL,
+            engine_parameters(
+                deployment,
+                deployment.container_path(deployment.draft_path),
+                draft_fraction,
+                draft=True,
+                orchestrator=orchestrator,
+            ),
+            max_batch,
+        )
         configs[BLS_MODEL] = python_model_config(TENSORRT_LLM_BLS, bls_parameters(deployment), decoupled=True)
     warmup_files: dict[str, bytes] = {}
     for model in rank_models:  # the engines serve a short request before Triton marks them ready (cold start)
         warmup_files.update(add_engine_warmup(configs[model]))
     configs[ENSEMBLE.name] = ensemble_model_config(steps=ENGINE_ENSEMBLE_STEPS)
     modules = {**STEP_MODULES, **({BLS_MODEL: MODULES[BLS_MODEL]} if two else {})}
-    return Repository(configs, modules, {META_NAME: meta_text(deployment_meta(deployment, rank_models)), **warmup_files})
+    return Repository(
+        configs, modules, {META_NAME: meta_text(deployment_meta(deployment, rank_models)), **warmup_files}
+    )

@@ -21,8 +21,9 @@ WARMUP_PROMPT_TOKENS = 16
 WARMUP_NEW_TOKENS = 8
 
 
-def engine_warmup(name: str = "short_prompt", prompt_tokens: int = WARMUP_PROMPT_TOKENS,
-                  new_tokens: int = WARMUP_NEW_TOKENS) -> tuple[mc.ModelWarmup, dict[str, bytes]]:
+def engine_warmup(
+    name: str = "short_prompt", prompt_tokens: int = WARMUP_PROMPT_TOKENS, new_tokens: int = WARMUP_NEW_TOKENS
+) -> tuple[mc.ModelWarmup, dict[str, bytes]]:
     """One warm-up request for a tensorrtllm-backend model: a ``prompt_tokens``-token prompt of ordinary
     ids (100, 101 ...), ``new_tokens`` new tokens, batch size 1.
 

@@ -42,6 +42,7 @@ MODULES = {
 #: The two steps around the engine model that every ensemble repository shares.
 STEP_MODULES = {PREPROCESSING.name: MODULES[PREPROCESSING.name], POSTPROCESSING.name: MODULES[POSTPROCESSING.name]}
 
+
 @dataclass
 class Repository:
     """A model repository before it is written.
@@ -74,8 +75,9 @@ def fill(root: Path, repository: Repository) -> None:
             parse strictly, or a placeholder was left.
     """
     if ENSEMBLE.name in repository.configs:
-        check_ensemble(repository.configs[ENSEMBLE.name],
-                       {n: c for n, c in repository.configs.items() if n != ENSEMBLE.name})
+        check_ensemble(
+            repository.configs[ENSEMBLE.name], {n: c for n, c in repository.configs.items() if n != ENSEMBLE.name}
+        )
     for name, config in repository.configs.items():
         version_dir = root / name / VERSION_DIR
         version_dir.mkdir(parents=True)

@@ -24,15 +24,29 @@ from __future__ import annotations
 from specpipe.generation.spec_metrics import histogram_series
 
 #: The TensorRT-LLM backend's series (module doc).
-TRTLLM_BACKEND_SERIES = frozenset({
-    "nv_trt_llm_request_metrics", "nv_trt_llm_runtime_memory_metrics", "nv_trt_llm_kv_cache_block_metrics",
-    "nv_trt_llm_inflight_batcher_metrics", "nv_trt_llm_general_metrics", "nv_trt_llm_disaggregated_serving_metrics",
-    *histogram_series("nv_llm_output_token_len"), *histogram_series("nv_llm_input_token_len"),
-})
+TRTLLM_BACKEND_SERIES = frozenset(
+    {
+        "nv_trt_llm_request_metrics",
+        "nv_trt_llm_runtime_memory_metrics",
+        "nv_trt_llm_kv_cache_block_metrics",
+        "nv_trt_llm_inflight_batcher_metrics",
+        "nv_trt_llm_general_metrics",
+        "nv_trt_llm_disaggregated_serving_metrics",
+        *histogram_series("nv_llm_output_token_len"),
+        *histogram_series("nv_llm_input_token_len"),
+    }
+)
 
 #: Triton core's per-model counters and gauge (inference statistics; durations in microseconds).
-TRITON_CORE_SERIES = frozenset({
-    "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
-    "nv_inference_request_duration_us", "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
-    "nv_inference_pending_request_count",
-})
+TRITON_CORE_SERIES = frozenset(
+    {
+        "nv_inference_request_success",
+        "nv_inference_request_failure",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+        "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_pending_request_count",
+    }
+)

@@ -89,8 +89,16 @@ def plan_build(request: BuildRequest, *, importable=None) -> tuple[Plan, str | N
     engine_name = request.engine_name(target.name, draft.name)
     if not is_engine_name(engine_name):
         raise PresetError(f"engine name {engine_name!r} is not a plain name: give one with --name")
-    plan = make_plan(request, target, draft, pre, engine_name=engine_name, engines_dir=request.engines_dir,
-                     executor=executor or "none", examples_root=examples)
+    plan = make_plan(
+        request,
+        target,
+        draft,
+        pre,
+        engine_name=engine_name,
+        engines_dir=request.engines_dir,
+        executor=executor or "none",
+        examples_root=examples,
+    )
     add_first_contact_step(plan)
     if request.dry_run and _download_steps(plan):
         pre.checks.append(Check(HUB_CHECK, "not checked", _dry_run_hub_note(plan)))
@@ -102,8 +110,11 @@ def _download_steps(plan: Plan) -> list:
 
 
 def _dry_run_hub_note(plan: Plan) -> str:
-    gated = [src["repo_id"] for src in (plan.target.source, plan.draft.source)
-             if src and src.get("kind") == "hf" and src.get("gated")]
+    gated = [
+        src["repo_id"]
+        for src in (plan.target.source, plan.draft.source)
+        if src and src.get("kind") == "hf" and src.get("gated")
+    ]
     note_ = "dry run (offline); a build checks the token, gated licences and free disk before any download"
     if gated:
         note_ += "; gated: " + ", ".join(f"{repo} (accept the licence at {licence_page(repo)})" for repo in gated)
@@ -136,8 +147,11 @@ def check_downloads(plan: Plan, *, force: bool = False) -> list[str]:
         options = download_arguments(step.argv)
         sources.append(HubSource(str(options["repo_id"]), str(options["revision"]), tuple(options["ignore_patterns"])))
     if is_offline():
-        return [f"hub: {s.repo_id}@{s.revision} in the Hugging Face cache ({check_cached(s).name[:12]}): "
-                "HF_HUB_OFFLINE=1, access and disk not checked" for s in sources]
+        return [
+            f"hub: {s.repo_id}@{s.revision} in the Hugging Face cache ({check_cached(s).name[:12]}): "
+            "HF_HUB_OFFLINE=1, access and disk not checked"
+            for s in sources
+        ]
     check_cache_writable([s.repo_id for s in sources])
     return check_sources(sources, plan.engine_dir.parent)
 
@@ -166,7 +180,9 @@ def build_trtllm(request: BuildRequest, *, importable=None) -> Path | None:
         return None
     result(render_text(plan, docker_prefix(plan.engine_dir.parent) if executor == "docker" else None))
     if request.gpu is None and request.runtime == "trtllm":
-        raise SpecpipeError("name the GPU with --gpu (e.g. --gpu h100-80gb) so the memory plan is checked before building")
+        raise SpecpipeError(
+            "name the GPU with --gpu (e.g. --gpu h100-80gb) so the memory plan is checked before building"
+        )
     raise_if_unfit(plan.preflight)
     needs_trtllm = any(s.runs_in == "trtllm" for s in plan.steps)
     if needs_trtllm and executor is None:
@@ -192,21 +208,30 @@ def _manifest(plan: Plan) -> Manifest:
     draft = None
     if weights is not None:
         path = ("draft" if weights == "model" else None) if engine_flow else plan.draft_path
-        draft = Part(preset=plan.draft.name, source=plan.draft.source, path=path, method=Method(plan.draft.method).value,
-                     flavour=plan.draft.flavour)
+        draft = Part(
+            preset=plan.draft.name,
+            source=plan.draft.source,
+            path=path,
+            method=Method(plan.draft.method).value,
+            flavour=plan.draft.flavour,
+        )
     return Manifest(
         name=plan.engine_name,
         runtime=Runtime(plan.runtime),
         inputs_hash=plan.inputs_hash,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        target=Part(preset=plan.target.name, source=plan.target.source,
-                    path="target" if engine_flow else plan.target_path),
+        target=Part(
+            preset=plan.target.name, source=plan.target.source, path="target" if engine_flow else plan.target_path
+        ),
         draft=draft,
         speculative=pre.speculative,
         quantization=pre.scheme.name,
         parallel={"tp": req.tp, "pp": req.pp},
-        limits={"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len,
-                "max_seq_len": req.max_seq_len},
+        limits={
+            "max_batch_size": req.max_batch_size,
+            "max_input_len": req.max_input_len,
+            "max_seq_len": req.max_seq_len,
+        },
         trtllm={
             "version": release.TRTLLM_VERSION,
             "container_image": release.CONTAINER_IMAGE,

@@ -82,8 +82,10 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
             header = json.loads(f.read(length))
         return {name: tuple(meta["shape"]) for name, meta in header.items() if name != "__metadata__"}
     except (OSError, ValueError, struct.error, AttributeError, KeyError, TypeError) as exc:  # not a header mapping
-        raise CheckpointFlavourError(f"{path} is not a safetensors/PyTorch weights file (unreadable safetensors "
-                                     f"header: {type(exc).__name__}: {exc}): re-download it") from exc
+        raise CheckpointFlavourError(
+            f"{path} is not a safetensors/PyTorch weights file (unreadable safetensors "
+            f"header: {type(exc).__name__}: {exc}): re-download it"
+        ) from exc
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -132,7 +134,9 @@ def inspect_checkpoint(directory: Path | str) -> CheckpointInfo:
                 f"{directory} is a training-state folder (optimizer/trainer state, no exported weights): "
                 f"export the model weights (safetensors) and pass that directory"
             )
-        raise CheckpointFlavourError(f"{directory} holds a config.json but no weight files (*.safetensors, *.bin, *.pt)")
+        raise CheckpointFlavourError(
+            f"{directory} holds a config.json but no weight files (*.safetensors, *.bin, *.pt)"
+        )
     tensors = _tensors(directory)
     names = set(tensors)
 
@@ -141,8 +145,12 @@ def inspect_checkpoint(directory: Path | str) -> CheckpointInfo:
             f"{directory} is a combined ModelOpt checkpoint (base model with built-in heads): specpipe builds from a "
             f"base model plus separate heads; pass the EAGLE/Medusa heads directory instead"
         )
-    medusa_like = any(_MEDUSA_LAYER.match(n) for n in names) or "medusa_num_heads" in config or "medusa_num_layers" in config \
+    medusa_like = (
+        any(_MEDUSA_LAYER.match(n) for n in names)
+        or "medusa_num_heads" in config
+        or "medusa_num_layers" in config
         or any(directory.glob("medusa_lm_head.*"))
+    )
     if medusa_like:
         return _medusa(directory, config, tensors)
     if "draft_vocab_size" in config or any(n.startswith("midlayer.") for n in names) or "d2t" in names:
@@ -228,7 +236,7 @@ def _eagle1(directory: Path, config: dict[str, Any], tensors: dict[str, tuple[in
         if bool(config["bias"]) != has_bias:
             raise CheckpointFlavourError(
                 f"{directory}: config.json says bias={str(bool(config['bias'])).lower()} but fc.bias is "
-                f"{'present' if has_bias else 'absent'} in the weights: set \"bias\": {str(has_bias).lower()} in config.json"
+                f'{"present" if has_bias else "absent"} in the weights: set "bias": {str(has_bias).lower()} in config.json'
             )
     embed = tensors.get("embed_tokens.weight")
     info.hidden_size = hidden

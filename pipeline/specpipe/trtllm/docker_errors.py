@@ -45,8 +45,9 @@ from specpipe.errors import SpecpipeError
 from specpipe.trtllm import release
 
 DOCKER_STATUSES = (125, 126, 127)
-NOT_INSTALLED = ("docker not found: install docker and the NVIDIA Container Toolkit, or run inside the "
-                 "container with --local")
+NOT_INSTALLED = (
+    "docker not found: install docker and the NVIDIA Container Toolkit, or run inside the container with --local"
+)
 TAIL_LINES = 40
 _QUOTE_CHARS = 200
 
@@ -65,38 +66,76 @@ class DockerFailure:
 
 
 _ANY_STATUS = (
-    ("socket-permission", re.compile(r"permission denied while trying to connect to the docker", re.I),
-     "docker may not use its daemon's socket as this user ({quote}): add the user to the docker group "
-     "('sudo usermod -aG docker $USER', then log in again) or run as root"),
-    ("daemon", re.compile(r"cannot connect to the docker daemon|failed to connect to the docker api"
-                          r"|is the docker daemon running|error during connect", re.I),
-     "docker cannot reach its daemon ({quote}): start it ('sudo systemctl start docker') or point "
-     "DOCKER_HOST at a running one"),
-    ("gpu-runtime", re.compile(r"could not select device driver .* with capabilities: \[\[gpu\]\]", re.I),
-     "docker has no GPU runtime ({quote}): install the NVIDIA Container Toolkit, then run 'sudo nvidia-ctk "
-     "runtime configure --runtime=docker' and 'sudo systemctl restart docker'"),
-    ("driver", re.compile(r"nvidia-container-cli: requirement error", re.I),
-     "the NVIDIA driver of this machine is too old for the image {image} ({quote}): update the driver"),
-    ("driver", re.compile(r"nvidia-container-cli: .*error", re.I),
-     "the NVIDIA Container Toolkit finds no usable NVIDIA driver here ({quote}): install the driver "
-     "('nvidia-smi' must list the GPUs), then restart docker"),
+    (
+        "socket-permission",
+        re.compile(r"permission denied while trying to connect to the docker", re.I),
+        "docker may not use its daemon's socket as this user ({quote}): add the user to the docker group "
+        "('sudo usermod -aG docker $USER', then log in again) or run as root",
+    ),
+    (
+        "daemon",
+        re.compile(
+            r"cannot connect to the docker daemon|failed to connect to the docker api"
+            r"|is the docker daemon running|error during connect",
+            re.I,
+        ),
+        "docker cannot reach its daemon ({quote}): start it ('sudo systemctl start docker') or point "
+        "DOCKER_HOST at a running one",
+    ),
+    (
+        "gpu-runtime",
+        re.compile(r"could not select device driver .* with capabilities: \[\[gpu\]\]", re.I),
+        "docker has no GPU runtime ({quote}): install the NVIDIA Container Toolkit, then run 'sudo nvidia-ctk "
+        "runtime configure --runtime=docker' and 'sudo systemctl restart docker'",
+    ),
+    (
+        "driver",
+        re.compile(r"nvidia-container-cli: requirement error", re.I),
+        "the NVIDIA driver of this machine is too old for the image {image} ({quote}): update the driver",
+    ),
+    (
+        "driver",
+        re.compile(r"nvidia-container-cli: .*error", re.I),
+        "the NVIDIA Container Toolkit finds no usable NVIDIA driver here ({quote}): install the driver "
+        "('nvidia-smi' must list the GPUs), then restart docker",
+    ),
 )
 _DOCKER_STATUS_ONLY = (
-    ("pull", re.compile(r"invalid reference format", re.I),
-     "docker refuses the image reference {image!r} ({quote}): give [REGISTRY/]NAME[:TAG], e.g. {pinned}"),
-    ("pull", re.compile(r"no space left on device", re.I),
-     "the disk holding docker's images is full ({quote}): free space ('docker system prune') and run again"),
-    ("pull", re.compile(r"no matching manifest for", re.I),
-     "the image {image} is not built for this machine's platform ({quote}): use an image of this "
-     "architecture"),
-    ("pull", re.compile(r"pull access denied|manifest unknown|repository does not exist|not found: manifest"
-                        r"|unauthorized|authentication required|denied: |toomanyrequests", re.I),
-     "docker cannot pull {image} ({quote}): check the name and tag (the pinned image is {pinned}); "
-     "for nvcr.io log in with an NGC API key ('docker login nvcr.io', user $oauthtoken)"),
-    ("pull", re.compile(r"dial tcp|no such host|i/o timeout|tls handshake timeout|client\.timeout exceeded"
-                        r"|connection refused|connection reset", re.I),
-     "docker cannot reach the registry of {image} ({quote}): check the network and proxy of the docker "
-     "daemon, or 'docker pull {image}' where it can and 'docker save'/'docker load' it here"),
+    (
+        "pull",
+        re.compile(r"invalid reference format", re.I),
+        "docker refuses the image reference {image!r} ({quote}): give [REGISTRY/]NAME[:TAG], e.g. {pinned}",
+    ),
+    (
+        "pull",
+        re.compile(r"no space left on device", re.I),
+        "the disk holding docker's images is full ({quote}): free space ('docker system prune') and run again",
+    ),
+    (
+        "pull",
+        re.compile(r"no matching manifest for", re.I),
+        "the image {image} is not built for this machine's platform ({quote}): use an image of this architecture",
+    ),
+    (
+        "pull",
+        re.compile(
+            r"pull access denied|manifest unknown|repository does not exist|not found: manifest"
+            r"|unauthorized|authentication required|denied: |toomanyrequests",
+            re.I,
+        ),
+        "docker cannot pull {image} ({quote}): check the name and tag (the pinned image is {pinned}); "
+        "for nvcr.io log in with an NGC API key ('docker login nvcr.io', user $oauthtoken)",
+    ),
+    (
+        "pull",
+        re.compile(
+            r"dial tcp|no such host|i/o timeout|tls handshake timeout|client\.timeout exceeded"
+            r"|connection refused|connection reset",
+            re.I,
+        ),
+        "docker cannot reach the registry of {image} ({quote}): check the network and proxy of the docker "
+        "daemon, or 'docker pull {image}' where it can and 'docker save'/'docker load' it here",
+    ),
 )
 _COMMAND_MISSING = re.compile(r"executable file not found|no such file or directory", re.I)
 
@@ -106,7 +145,7 @@ def _quote(line: str) -> str:
     for prefix in ("docker: ", "Error response from daemon: ", "ERROR: "):
         text = text.removeprefix(prefix)
     text = text.removesuffix(".").removesuffix(": unknown")
-    return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS - 3] + "..."
+    return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 3] + "..."
 
 
 def _matching_line(lines: list[str], pattern: re.Pattern) -> str | None:
@@ -138,13 +177,22 @@ def diagnose(output: str, returncode: int, *, image: str, program: str) -> Docke
             return DockerFailure(kind, template.format(quote=_quote(line), **facts))
     last = _last_docker_line(lines)
     if returncode == 127 and _COMMAND_MISSING.search(output):
-        return DockerFailure("command", f"the image {image} has no {program!r} ({_quote(last)}): use the "
-                                        f"TensorRT-LLM Triton image, {release.CONTAINER_IMAGE}")
+        return DockerFailure(
+            "command",
+            f"the image {image} has no {program!r} ({_quote(last)}): use the "
+            f"TensorRT-LLM Triton image, {release.CONTAINER_IMAGE}",
+        )
     if returncode == 126:
-        return DockerFailure("command", f"{program!r} cannot be run in the image {image} ({_quote(last)}): "
-                                        f"use the TensorRT-LLM Triton image, {release.CONTAINER_IMAGE}")
-    return DockerFailure("docker", f"docker could not run a container of {image} (exit status {returncode}: "
-                                   f"{_quote(last)}): run 'docker run --rm {image} true' to see docker's problem")
+        return DockerFailure(
+            "command",
+            f"{program!r} cannot be run in the image {image} ({_quote(last)}): "
+            f"use the TensorRT-LLM Triton image, {release.CONTAINER_IMAGE}",
+        )
+    return DockerFailure(
+        "docker",
+        f"docker could not run a container of {image} (exit status {returncode}: "
+        f"{_quote(last)}): run 'docker run --rm {image} true' to see docker's problem",
+    )
 
 
 def diagnose_log(log_path: Path, returncode: int, *, image: str, program: str, skip: int = 1) -> str | None:

@@ -81,9 +81,15 @@ def reads_hub(argv: list[str]) -> bool:
     return any(token.endswith("convert_checkpoint.py") for token in argv) and any(f in argv for f in CALIBRATING_FLAGS)
 
 
-def docker_run_prefix(root: Path | str, *, image: str = release.CONTAINER_IMAGE,
-                      env_passthrough: tuple[str, ...] = ("HF_TOKEN",), environ: Mapping[str, str] | None = None,
-                      uid: int | None = None, gid: int | None = None) -> list[str]:
+def docker_run_prefix(
+    root: Path | str,
+    *,
+    image: str = release.CONTAINER_IMAGE,
+    env_passthrough: tuple[str, ...] = ("HF_TOKEN",),
+    environ: Mapping[str, str] | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> list[str]:
     """``docker run ... IMAGE``: the vector a step's argv is appended to.
 
     ``root`` is mounted at the same path and is the working directory, so every path in the argv is valid
@@ -93,8 +99,19 @@ def docker_run_prefix(root: Path | str, *, image: str = release.CONTAINER_IMAGE,
     """
     root = str(root)
     environ = os.environ if environ is None else environ
-    prefix = ["docker", "run", *RUN_FLAGS, "--user", user_spec(uid, gid), "-e", f"HOME={container_home(root)}",
-              "-v", f"{root}:{root}", "-w", root]
+    prefix = [
+        "docker",
+        "run",
+        *RUN_FLAGS,
+        "--user",
+        user_spec(uid, gid),
+        "-e",
+        f"HOME={container_home(root)}",
+        "-v",
+        f"{root}:{root}",
+        "-w",
+        root,
+    ]
     for var in env_passthrough:
         if environ.get(var):
             prefix += ["-e", var]

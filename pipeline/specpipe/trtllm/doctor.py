@@ -84,9 +84,14 @@ def add_first_contact_step(plan: Plan) -> None:
         return
     doc = check_input(plan)
     script, document = _paths(plan, doc)
-    step = StepBuilder(plan.work_dir, plan.examples_root).add(STEP, ["python3", str(script), "--input", str(document), "--report", "{out}/report.txt"], [], "trtllm",
-                f"first contact: TensorRT-LLM is {release.TRTLLM_VERSION}; {len(doc['argvs'])} commands parse with its own "
-                f"parsers{'; the packaged model.yaml validates' if 'model_yaml' in doc else ''}; backends {', '.join(doc['backends'])} exist")
+    step = StepBuilder(plan.work_dir, plan.examples_root).add(
+        STEP,
+        ["python3", str(script), "--input", str(document), "--report", "{out}/report.txt"],
+        [],
+        "trtllm",
+        f"first contact: TensorRT-LLM is {release.TRTLLM_VERSION}; {len(doc['argvs'])} commands parse with its own "
+        f"parsers{'; the packaged model.yaml validates' if 'model_yaml' in doc else ''}; backends {', '.join(doc['backends'])} exist",
+    )
     plan.steps.insert(0, step)
 
 
@@ -128,9 +133,21 @@ def invocation(document: Path, *, container: str | None = None, local: bool = Fa
     document = Path(document).absolute()
     if local:
         return [sys.executable, "-m", "specpipe.trtllm.first_contact", "--input", str(document)]
-    return ["docker", "run", "--rm", *(["--gpus", "all"] if gpus else []), "-v", f"{SCRIPT}:/specpipe/first_contact.py:ro",
-            "-v", f"{document}:/specpipe/checks.json:ro", container,
-            "python3", "/specpipe/first_contact.py", "--input", "/specpipe/checks.json"]
+    return [
+        "docker",
+        "run",
+        "--rm",
+        *(["--gpus", "all"] if gpus else []),
+        "-v",
+        f"{SCRIPT}:/specpipe/first_contact.py:ro",
+        "-v",
+        f"{document}:/specpipe/checks.json:ro",
+        container,
+        "python3",
+        "/specpipe/first_contact.py",
+        "--input",
+        "/specpipe/checks.json",
+    ]
 
 
 def checks_from_document(doc: dict[str, Any]) -> dict[str, Any]:
@@ -141,12 +158,18 @@ def checks_from_document(doc: dict[str, Any]) -> dict[str, Any]:
     """
     runtime = doc.get("runtime") if isinstance(doc, dict) else None
     if runtime not in BACKENDS or not isinstance(doc.get("steps"), list):
-        raise SpecpipeError("the --plan file is not a TensorRT-LLM plan: write one with 'specpipe build --runtime "
-                            "trtllm|trtllm-llmapi --dry-run --json > PLAN.json'")
+        raise SpecpipeError(
+            "the --plan file is not a TensorRT-LLM plan: write one with 'specpipe build --runtime "
+            "trtllm|trtllm-llmapi --dry-run --json > PLAN.json'"
+        )
     checks: dict[str, Any] = {
-        "pin": release.TRTLLM_VERSION, "image": release.CONTAINER_IMAGE,
-        "argvs": [{"step": s["name"], "argv": s["argv"]} for s in doc["steps"]
-                  if s.get("runs_in") == "trtllm" and s.get("tool") and s["name"] != STEP],
+        "pin": release.TRTLLM_VERSION,
+        "image": release.CONTAINER_IMAGE,
+        "argvs": [
+            {"step": s["name"], "argv": s["argv"]}
+            for s in doc["steps"]
+            if s.get("runs_in") == "trtllm" and s.get("tool") and s["name"] != STEP
+        ],
         "backends": BACKENDS[runtime],
     }
     if runtime == Runtime.TRTLLM_LLMAPI.value:
@@ -163,12 +186,22 @@ def read_plan_file(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise SpecpipeError(f"cannot read the plan {path} ({exc}): write it with 'specpipe build ... --dry-run --json'") from exc
+        raise SpecpipeError(
+            f"cannot read the plan {path} ({exc}): write it with 'specpipe build ... --dry-run --json'"
+        ) from exc
     return checks_from_document(doc)
 
 
-def doctor(*, container: str | None = None, local: bool = False, plan: Plan | None = None, plan_file: Path | None = None,
-           runtime: str = "trtllm", run=docker_errors.run_teed, gpus: bool | None = None) -> int:
+def doctor(
+    *,
+    container: str | None = None,
+    local: bool = False,
+    plan: Plan | None = None,
+    plan_file: Path | None = None,
+    runtime: str = "trtllm",
+    run=docker_errors.run_teed,
+    gpus: bool | None = None,
+) -> int:
     """``specpipe doctor --container IMAGE | --local [--plan PLAN.json]``: run the first-contact check; returns
     0 when every check passed, else 1. Its report goes to the terminal.
 
@@ -196,7 +229,12 @@ def doctor(*, container: str | None = None, local: bool = False, plan: Plan | No
     elif plan_file is not None:
         doc = read_plan_file(plan_file)
     else:
-        doc = {"pin": release.TRTLLM_VERSION, "image": release.CONTAINER_IMAGE, "argvs": [], "backends": BACKENDS[runtime]}
+        doc = {
+            "pin": release.TRTLLM_VERSION,
+            "image": release.CONTAINER_IMAGE,
+            "argvs": [],
+            "backends": BACKENDS[runtime],
+        }
     gpus = container is not None and (gpu_present() if gpus is None else gpus)
     if container is not None:
         doc = {**doc, "gpus_passed": gpus}
@@ -205,8 +243,9 @@ def doctor(*, container: str | None = None, local: bool = False, plan: Plan | No
         document.write_text(json.dumps(doc, indent=1))
         process = run(invocation(document, container=container, local=local, gpus=gpus))
     if container is not None:
-        failure = docker_errors.diagnose(getattr(process, "stderr", None) or "", process.returncode,
-                                         image=container, program="python3")
+        failure = docker_errors.diagnose(
+            getattr(process, "stderr", None) or "", process.returncode, image=container, program="python3"
+        )
         if failure is not None:
             raise docker_errors.DockerError(failure.message)
     return 0 if process.returncode == 0 else 1

@@ -58,18 +58,23 @@ def resolve_speculative(request: BuildRequest, draft: Draft) -> SpeculativeSetti
     return resolver(request, draft, SpeculativeSettings(method, flavour=draft.flavour), draft.preset.speculative)
 
 
-def _none(request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]) -> SpeculativeSettings:
+def _none(
+    request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]
+) -> SpeculativeSettings:
     if request.max_draft_len is not None:
         raise PresetError("--max-draft-len has no meaning with --draft none (no draft tokens): drop it")
     return base
 
 
-def _lookahead(request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]) -> SpeculativeSettings:
+def _lookahead(
+    request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]
+) -> SpeculativeSettings:
     w, n, g = request.lookahead or (settings["window_size"], settings["ngram_size"], settings["verification_set_size"])
     if n == 1:  # TensorRT-LLM: "ngramSize=1 requires windowSize=1" and "verificationSetSize=0"
         raise CompatibilityError(
             f"lookahead (W, N, G) = ({w}, {n}, {g}): TensorRT-LLM requires W = 1 and G = 0 for N = 1, and G >= 1 "
-            f"here (cpp/tensorrt_llm/executor/decodingConfig.cpp @ 0371ba0): use N >= 2, e.g. --lookahead {w},2,{g}")
+            f"here (cpp/tensorrt_llm/executor/decodingConfig.cpp @ 0371ba0): use N >= 2, e.g. --lookahead {w},2,{g}"
+        )
     need = lookahead_max_draft_len(w, n, g)
     if request.max_draft_len is not None and request.max_draft_len != need:
         raise CompatibilityError(
@@ -79,41 +84,67 @@ def _lookahead(request: BuildRequest, draft: Draft, base: SpeculativeSettings, s
     return base.with_(max_draft_len=need, lookahead=(w, n, g))
 
 
-def _chain(request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]) -> SpeculativeSettings:
-    return base.with_(max_draft_len=request.max_draft_len or int(settings.get("max_draft_len", base.spec.max_draft_len)))
+def _chain(
+    request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]
+) -> SpeculativeSettings:
+    return base.with_(
+        max_draft_len=request.max_draft_len or int(settings.get("max_draft_len", base.spec.max_draft_len))
+    )
 
 
-def _ngram(request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]) -> SpeculativeSettings:
+def _ngram(
+    request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]
+) -> SpeculativeSettings:
     return _chain(request, draft, base, settings).with_(
-        max_matching_ngram_size=int(settings.get("max_matching_ngram_size", NGRAM_MATCH_DEFAULT)))
+        max_matching_ngram_size=int(settings.get("max_matching_ngram_size", NGRAM_MATCH_DEFAULT))
+    )
 
 
 def _tree(request: BuildRequest, base: SpeculativeSettings, settings: dict[str, Any]) -> tuple[Tree, int]:
     """The tree and ``max_draft_len`` of a tree method, the tree checked against the draft length."""
     tree = Tree.parse(request.choices or settings.get("choices", DEFAULT_TREE))
-    max_draft_len = request.max_draft_len if request.max_draft_len is not None else int(settings.get("max_draft_len", tree.nodes))
+    max_draft_len = (
+        request.max_draft_len if request.max_draft_len is not None else int(settings.get("max_draft_len", tree.nodes))
+    )
     tree.check(max_nodes=max_draft_len, what=base.spec.choices_key)
     return tree, max_draft_len
 
 
-def _eagle(request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]) -> SpeculativeSettings:
+def _eagle(
+    request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]
+) -> SpeculativeSettings:
     if request.runtime == Runtime.TRTLLM_LLMAPI.value and request.choices is None:
         # LLM API EAGLE-3: a linear chain of draft tokens unless a tree is given.
-        return base.with_(max_draft_len=request.max_draft_len or int(settings.get("llmapi_max_draft_len", LLMAPI_EAGLE_CHAIN)))
+        return base.with_(
+            max_draft_len=request.max_draft_len or int(settings.get("llmapi_max_draft_len", LLMAPI_EAGLE_CHAIN))
+        )
     tree, max_draft_len = _tree(request, base, settings)
     if max_draft_len > EAGLE_MAX_DRAFT_LEN:
-        raise CompatibilityError(f"--max-draft-len {max_draft_len} exceeds EAGLE's limit of {EAGLE_MAX_DRAFT_LEN} in TensorRT-LLM: use <= 256")
-    return base.with_(max_draft_len=max_draft_len, tree=tree, num_eagle_layers=tree.depth,
-                      max_non_leaves_per_layer=max(tree.max_non_leaves,
-                                                   int(settings.get("max_non_leaves_per_layer", EAGLE_NON_LEAVES_DEFAULT))))
+        raise CompatibilityError(
+            f"--max-draft-len {max_draft_len} exceeds EAGLE's limit of {EAGLE_MAX_DRAFT_LEN} in TensorRT-LLM: use <= 256"
+        )
+    return base.with_(
+        max_draft_len=max_draft_len,
+        tree=tree,
+        num_eagle_layers=tree.depth,
+        max_non_leaves_per_layer=max(
+            tree.max_non_leaves, int(settings.get("max_non_leaves_per_layer", EAGLE_NON_LEAVES_DEFAULT))
+        ),
+    )
 
 
-def _medusa(request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]) -> SpeculativeSettings:
+def _medusa(
+    request: BuildRequest, draft: Draft, base: SpeculativeSettings, settings: dict[str, Any]
+) -> SpeculativeSettings:
     tree, max_draft_len = _tree(request, base, settings)
     heads = draft.num_heads or int(settings.get("num_medusa_heads", MEDUSA_HEADS_DEFAULT))
     layers = draft.num_layers or int(settings.get("num_medusa_layers", MEDUSA_LAYERS_DEFAULT))
-    tree.check(max_depth=heads, what=base.spec.choices_key, depth_limit="Medusa heads",
-               fix_depth="use a tree at most {limit} deep with --choices, or heads with more levels")
+    tree.check(
+        max_depth=heads,
+        what=base.spec.choices_key,
+        depth_limit="Medusa heads",
+        fix_depth="use a tree at most {limit} deep with --choices, or heads with more levels",
+    )
     return base.with_(max_draft_len=max_draft_len, tree=tree, num_medusa_heads=heads, num_medusa_layers=layers)
 
 
@@ -134,13 +165,17 @@ RESOLVERS: dict[Method, Resolver] = {
 def _describe_eagle(spec: SpeculativeSettings) -> str:
     if spec.tree is None:
         return f"linear chain of {spec.max_draft_len} draft tokens (LLM API EAGLE-3)"
-    return (f"eagle_choices depth {spec.tree.depth} = num_eagle_layers {spec.num_eagle_layers}, "
-            f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}")
+    return (
+        f"eagle_choices depth {spec.tree.depth} = num_eagle_layers {spec.num_eagle_layers}, "
+        f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}"
+    )
 
 
 def _describe_medusa(spec: SpeculativeSettings) -> str:
-    return (f"medusa_choices depth {spec.tree.depth} <= {spec.num_medusa_heads} heads, "
-            f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}")
+    return (
+        f"medusa_choices depth {spec.tree.depth} <= {spec.num_medusa_heads} heads, "
+        f"{spec.tree.nodes} nodes <= max_draft_len {spec.max_draft_len}"
+    )
 
 
 def _describe_lookahead(spec: SpeculativeSettings) -> str:

@@ -61,9 +61,16 @@ LLAMA_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hi
 HEAD_TENSORS = ("embed_tokens.weight", "fc.weight", "fc.bias")
 #: Tensors of each EAGLE decoder layer the converter reads (the first layer has no ``input_layernorm``:
 #: ``use_input_layernorm_in_first_layer = False``; the authors' layer 0 has none).
-LAYER_TENSORS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-                 "post_attention_layernorm.weight")
+LAYER_TENSORS = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "post_attention_layernorm.weight",
+)
 PREPARE_STEP = "prepare-eagle-head"
 PREPARE_MODULE = "specpipe.trtllm.prepare_eagle"
 
@@ -72,8 +79,9 @@ class EagleHeadError(CompatibilityError):
     """An EAGLE head TensorRT-LLM's converter would reject even after preparation."""
 
 
-def check_config(config: Mapping[str, Any], where: str, *, target_hidden: int | None = None,
-                 target_name: str = "the target") -> None:
+def check_config(
+    config: Mapping[str, Any], where: str, *, target_hidden: int | None = None, target_name: str = "the target"
+) -> None:
     """The converter's demands on the head's ``config.json`` (and its width against the target's).
 
     Raises:
@@ -100,8 +108,9 @@ def check_config(config: Mapping[str, Any], where: str, *, target_hidden: int | 
         )
 
 
-def check_tensors(config: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], where: str, *,
-                  target_vocab: int | None = None) -> list[str]:
+def check_tensors(
+    config: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], where: str, *, target_vocab: int | None = None
+) -> list[str]:
     """The converter's demands on the head's tensors (names and shapes); returns what preparation adds.
     ``target_vocab``: the target's vocabulary (tokens), when known; else the head config's ``vocab_size``.
 
@@ -137,9 +146,13 @@ def check_tensors(config: Mapping[str, Any], tensors: Mapping[str, tuple[int, ..
         )
     bias = tensors.get("fc.bias")
     if bias is not None and tuple(bias) != (hidden,):
-        raise EagleHeadError(f"EAGLE head {where} has fc.bias {list(bias)}, the converter needs [{hidden}]: re-export the head")
+        raise EagleHeadError(
+            f"EAGLE head {where} has fc.bias {list(bias)}, the converter needs [{hidden}]: re-export the head"
+        )
     layers = int(config["num_hidden_layers"])
-    absent = [f"layers.{i}.{name}" for i in range(layers) for name in LAYER_TENSORS if f"layers.{i}.{name}" not in tensors]
+    absent = [
+        f"layers.{i}.{name}" for i in range(layers) for name in LAYER_TENSORS if f"layers.{i}.{name}" not in tensors
+    ]
     if absent:
         raise EagleHeadError(
             f"EAGLE head {where} lacks {absent[0]}{f' (and {len(absent) - 1} more)' if len(absent) > 1 else ''} of its "
@@ -148,8 +161,10 @@ def check_tensors(config: Mapping[str, Any], tensors: Mapping[str, tuple[int, ..
         )
     q = tensors.get("layers.0.self_attn.q_proj.weight")
     if q is not None and len(q) == 2 and q[1] != hidden:
-        raise EagleHeadError(f"EAGLE head {where} has layers.0.self_attn.q_proj.weight {list(q)}, hidden_size {hidden}: "
-                             f"the weights do not match config.json; re-export the head")
+        raise EagleHeadError(
+            f"EAGLE head {where} has layers.0.self_attn.q_proj.weight {list(q)}, hidden_size {hidden}: "
+            f"the weights do not match config.json; re-export the head"
+        )
     return [] if bias is not None else ["a zero fc.bias"]
 
 
@@ -161,8 +176,13 @@ def positions_override(head_positions: int | None, target_positions: int) -> int
     return int(target_positions)
 
 
-def preparation(files: list[str], tensors: Mapping[str, tuple[int, ...]] | None, *,
-                head_positions: int | None = None, target_positions: int | None = None) -> list[str]:
+def preparation(
+    files: list[str],
+    tensors: Mapping[str, tuple[int, ...]] | None,
+    *,
+    head_positions: int | None = None,
+    target_positions: int | None = None,
+) -> list[str]:
     """What the ``prepare-eagle-head`` step does to a head with weight ``files`` (names) and, where known,
     ``tensors`` and positions: a zero ``fc.bias``, ``model.safetensors`` re-saved from pickled files,
     the raised ``max_position_embeddings``."""
@@ -174,15 +194,25 @@ def preparation(files: list[str], tensors: Mapping[str, tuple[int, ...]] | None,
     if target_positions is not None:
         raised = positions_override(head_positions, target_positions)
         if raised is not None:
-            adds.append(f"max_position_embeddings {head_positions if head_positions is not None else '(unset)'} -> {raised} "
-                        f"(the target's; the engine serves up to it)")
+            adds.append(
+                f"max_position_embeddings {head_positions if head_positions is not None else '(unset)'} -> {raised} "
+                f"(the target's; the engine serves up to it)"
+            )
     return adds
 
 
 def prepare_argv(heads: str, target) -> list[str]:
     """The ``prepare-eagle-head`` step's argv template: ``python3 -m specpipe.trtllm.prepare_eagle HEADS {out}
     --max-position-embeddings N``, N the target's positions (tokens; ``target``: :mod:`specpipe.trtllm.resolve`'s)."""
-    return ["python3", "-m", PREPARE_MODULE, heads, "{out}", "--max-position-embeddings", str(target.arch.max_position_embeddings)]
+    return [
+        "python3",
+        "-m",
+        PREPARE_MODULE,
+        heads,
+        "{out}",
+        "--max-position-embeddings",
+        str(target.arch.max_position_embeddings),
+    ]
 
 
 def preparation_for(draft, target) -> list[str]:
@@ -190,11 +220,18 @@ def preparation_for(draft, target) -> list[str]:
     info = draft.checkpoint
     positions = target.arch.max_position_embeddings
     if info is None or not info.config:
-        return ["a zero fc.bias if absent", f"{CONVERTER_WEIGHTS} from pickled weights if no safetensors",
-                f"max_position_embeddings -> {positions} if smaller"]
+        return [
+            "a zero fc.bias if absent",
+            f"{CONVERTER_WEIGHTS} from pickled weights if no safetensors",
+            f"max_position_embeddings -> {positions} if smaller",
+        ]
     files = [p.name for p in info.path.iterdir()] if info.path.is_dir() else []
-    return preparation([f for f in files if f.endswith((".safetensors", ".bin"))], info.tensors or None,
-                       head_positions=info.config.get("max_position_embeddings"), target_positions=positions)
+    return preparation(
+        [f for f in files if f.endswith((".safetensors", ".bin"))],
+        info.tensors or None,
+        head_positions=info.config.get("max_position_embeddings"),
+        target_positions=positions,
+    )
 
 
 def preflight(draft, target) -> tuple[str, str]:
@@ -208,15 +245,24 @@ def preflight(draft, target) -> tuple[str, str]:
     info = draft.checkpoint
     where = (draft.source or {}).get("repo_id") or (draft.source or {}).get("path") or draft.name
     if info is None or not info.config:
-        return ("not checked", f"{where}: config.json and tensors not read before download; {PREPARE_STEP} checks them "
-                               f"after the head's download, before the target's, and raises its max_position_embeddings "
-                               f"to the target's {target.arch.max_position_embeddings} when smaller")
+        return (
+            "not checked",
+            f"{where}: config.json and tensors not read before download; {PREPARE_STEP} checks them "
+            f"after the head's download, before the target's, and raises its max_position_embeddings "
+            f"to the target's {target.arch.max_position_embeddings} when smaller",
+        )
     check_config(info.config, where, target_hidden=target.arch.hidden_size, target_name=target.name)
     adds = preparation_for(draft, target)
     if not info.tensors:
-        return ("ok", f"Llama config, hidden {info.config['hidden_size']}; tensors not readable offline (pickled or not "
-                      f"downloaded): {PREPARE_STEP} checks embed_tokens/fc/layers before conversion; it adds {', '.join(adds)}")
+        return (
+            "ok",
+            f"Llama config, hidden {info.config['hidden_size']}; tensors not readable offline (pickled or not "
+            f"downloaded): {PREPARE_STEP} checks embed_tokens/fc/layers before conversion; it adds {', '.join(adds)}",
+        )
     check_tensors(info.config, info.tensors, where, target_vocab=target.arch.vocab_size)
-    return ("ok", f"Llama config, fc.weight [{info.config['hidden_size']}, {2 * int(info.config['hidden_size'])}], "
-                  f"embed_tokens [{target.arch.vocab_size}, {info.config['hidden_size']}], "
-                  f"{info.config['num_hidden_layers']} layer(s); {PREPARE_STEP} adds {', '.join(adds) or 'nothing'}")
+    return (
+        "ok",
+        f"Llama config, fc.weight [{info.config['hidden_size']}, {2 * int(info.config['hidden_size'])}], "
+        f"embed_tokens [{target.arch.vocab_size}, {info.config['hidden_size']}], "
+        f"{info.config['num_hidden_layers']} layer(s); {PREPARE_STEP} adds {', '.join(adds) or 'nothing'}",
+    )

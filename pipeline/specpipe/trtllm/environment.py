@@ -88,8 +88,10 @@ def probe_boards(run=subprocess.run) -> Probe:
         said = _first_line(proc.stdout)
         return Probe([], "nvidia-smi listed no GPU" + (f" (it printed: {said[:120]})" if said else ""))
     if all(board.gpu is None for board in boards):
-        unknown = ", ".join(f"{n} x {name} ({mib / 1024:.1f} GiB)" for (name, mib), n in
-                            Counter((board.name, board.memory_mib) for board in boards).items())
+        unknown = ", ".join(
+            f"{n} x {name} ({mib / 1024:.1f} GiB)"
+            for (name, mib), n in Counter((board.name, board.memory_mib) for board in boards).items()
+        )
         return Probe(boards, f"nvidia-smi lists {unknown}, a board the GPU table lacks")
     return Probe(boards)
 
@@ -112,7 +114,11 @@ def planned_board(boards: list[Board]) -> str | None:
     most of them are (ties: the one listed first), so that one odd GPU 0 does not decide; ``None`` when no
     board is known."""
     known = Counter(board.gpu for board in boards if board.gpu is not None)
-    return max(known, key=lambda gpu: (known[gpu], -next(i for i, b in enumerate(boards) if b.gpu == gpu))) if known else None
+    return (
+        max(known, key=lambda gpu: (known[gpu], -next(i for i, b in enumerate(boards) if b.gpu == gpu)))
+        if known
+        else None
+    )
 
 
 def count_boards(boards: list[Board], planned: str | None) -> GpuCount | None:
@@ -125,15 +131,24 @@ def count_boards(boards: list[Board], planned: str | None) -> GpuCount | None:
     mix = ", ".join(f"{n} x {name}" for name, n in names.items())
     if len(names) == 1:
         name, n = next(iter(names.items()))
-        note = "" if planned is None or boards[0].gpu == planned else (
-            f" (not the {planned} planned for: give --gpus N for the machine it is meant for)")
+        note = (
+            ""
+            if planned is None or boards[0].gpu == planned
+            else (f" (not the {planned} planned for: give --gpus N for the machine it is meant for)")
+        )
         return GpuCount(n, f"nvidia-smi: {n} x {name}{note}")
     same = [board for board in boards if planned is not None and board.gpu == planned]
     if same:
-        return GpuCount(len(same), f"nvidia-smi: {len(same)} x {same[0].name} of {len(boards)} GPUs "
-                                   f"(mixed boards: {mix}; counting the {planned} boards)")
-    return GpuCount(len(boards), f"nvidia-smi: {len(boards)} GPUs of mixed boards ({mix}), none of them "
-                                 f"{planned or 'a known GPU'}: give --gpus N and --gpu")
+        return GpuCount(
+            len(same),
+            f"nvidia-smi: {len(same)} x {same[0].name} of {len(boards)} GPUs "
+            f"(mixed boards: {mix}; counting the {planned} boards)",
+        )
+    return GpuCount(
+        len(boards),
+        f"nvidia-smi: {len(boards)} GPUs of mixed boards ({mix}), none of them "
+        f"{planned or 'a known GPU'}: give --gpus N and --gpu",
+    )
 
 
 @dataclass(frozen=True)
@@ -189,10 +204,16 @@ def cannot_run_here(missing: list[str]) -> str | None:
     ``tensorrt_llm``)."""
     if "GPU" not in missing and not {"docker", "importable tensorrt_llm"} <= set(missing):
         return None
-    words = {"GPU": "a GPU (no nvidia-smi)", "docker": "docker", "importable tensorrt_llm": "an importable tensorrt_llm"}
-    return (f"but this machine lacks {' and '.join(words.get(m, m) for m in missing)}: build on a machine with an NVIDIA GPU and docker "
-            f"(the steps run in {release.CONTAINER_IMAGE}) or inside that container; the plan above lists every step, "
-            f"nothing was downloaded")
+    words = {
+        "GPU": "a GPU (no nvidia-smi)",
+        "docker": "docker",
+        "importable tensorrt_llm": "an importable tensorrt_llm",
+    }
+    return (
+        f"but this machine lacks {' and '.join(words.get(m, m) for m in missing)}: build on a machine with an NVIDIA GPU and docker "
+        f"(the steps run in {release.CONTAINER_IMAGE}) or inside that container; the plan above lists every step, "
+        f"nothing was downloaded"
+    )
 
 
 def resolve_runtime(target_preset: str, requested: str = "auto") -> Runtime:

@@ -116,8 +116,11 @@ def choose_executor(requested: str, *, importable: Callable[[], bool] = trtllm_i
     """
     has_local = importable() and local_examples_root() is not None
     has_docker = shutil.which("docker") is not None
-    local_why = ("tensorrt_llm is not importable here" if not importable()
-                 else f"${release.EXAMPLES_ENV} is not set (TensorRT-LLM examples/ directory)")
+    local_why = (
+        "tensorrt_llm is not importable here"
+        if not importable()
+        else f"${release.EXAMPLES_ENV} is not set (TensorRT-LLM examples/ directory)"
+    )
     if requested == "local":
         return ("local", "") if has_local else (None, local_why)
     if requested == "docker":
@@ -170,8 +173,11 @@ def run_download(argv: list[str], destination: Path, log) -> int:
         snapshot = snapshot_download(**options)
         placed = hub_download.place(Path(snapshot), destination, options["ignore_patterns"])
     except Exception as exc:  # network, authorisation (gated repositories), disk
-        resume = "" if is_permanent(exc) else \
-            " (what was downloaded stays in the Hugging Face cache: run the build again to resume)"
+        resume = (
+            ""
+            if is_permanent(exc)
+            else " (what was downloaded stays in the Hugging Face cache: run the build again to resume)"
+        )
         log.write(f"error: download of {repo}@{revision} failed: {describe_hub_error(exc, repo, revision)}{resume}\n")
         log.write("".join(traceback.format_exception(exc)))
         return 1
@@ -184,8 +190,9 @@ def is_permanent(exc: BaseException) -> bool:
     repository missing, offline without the files, a cache it cannot write): no "run again" hint."""
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
-    if isinstance(exc, (SpecpipeError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
-                        PermissionError)):
+    if isinstance(
+        exc, (SpecpipeError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError, PermissionError)
+    ):
         return True
     return getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404)
 
@@ -241,19 +248,25 @@ def run_step(step: Step, executor: Executor, log_dir: Path, *, force: bool = Fal
                     command = [sys.executable, *command[1:]]
                 if executor.in_container(step):
                     prepare_home(executor.root)
-                code = run_monitored(command, log, label=step.name, report=executor.log, interval_s=executor.heartbeat_s)
+                code = run_monitored(
+                    command, log, label=step.name, report=executor.log, interval_s=executor.heartbeat_s
+                )
         except FileNotFoundError as exc:
-            raise StepFailedError(f"step {step.name}: program {command[0]!r} not found ({exc}): install it or use another --executor") from exc
+            raise StepFailedError(
+                f"step {step.name}: program {command[0]!r} not found ({exc}): install it or use another --executor"
+            ) from exc
     if code != 0:
         shutil.rmtree(partial, ignore_errors=True)
         in_docker = executor.in_container(step)
-        reason = (diagnose_log(log_path, code, image=executor.image, program=argv[0]) if in_docker else None) \
-            or failure_line(log_path)
+        reason = (
+            diagnose_log(log_path, code, image=executor.image, program=argv[0]) if in_docker else None
+        ) or failure_line(log_path)
         own_error = reason is not None and not reason.startswith("[FAILED]")  # its traceback stays in the log
         tail = [] if own_error else log_tail(log_path)
         quoted = f"\n  last {len(tail)} lines of the log:\n" + "\n".join(f"    {line}" for line in tail) if tail else ""
-        raise StepFailedError(f"step {step.name} failed with exit status {code}: {reason + '; ' if reason else ''}"
-                              f"see {log_path}{quoted}")
+        raise StepFailedError(
+            f"step {step.name} failed with exit status {code}: {reason + '; ' if reason else ''}see {log_path}{quoted}"
+        )
     if not partial.is_dir():
         raise StepFailedError(f"step {step.name} exited 0 but wrote nothing to its output directory: see {log_path}")
     (partial / MARKER).write_text(json.dumps({"step": step.name, "hash": step.hash, "argv": step.argv}, indent=1))

@@ -86,8 +86,10 @@ def _outcome(result):
     """``None`` when ``result`` (what a tool's ``parse_arguments()`` returned) shows the argv parsed, else why not."""
     if isinstance(result, argparse.Namespace):
         return None
-    return (f"parse_arguments() returned {type(result).__name__}, neither a parsed Namespace nor an ArgumentParser: "
-            f"this TensorRT-LLM's parser is not one specpipe can check; report it with this TensorRT-LLM's version")
+    return (
+        f"parse_arguments() returned {type(result).__name__}, neither a parsed Namespace nor an ArgumentParser: "
+        f"this TensorRT-LLM's parser is not one specpipe can check; report it with this TensorRT-LLM's version"
+    )
 
 
 def _parse_with(call, argv):
@@ -151,8 +153,15 @@ def check_argv(argv):
 #: Import errors that name an NVIDIA driver library: what a container lacks when it was started without
 #: a GPU (``docker run`` without ``--gpus``) or on a host without the NVIDIA Container Toolkit, which
 #: mounts these libraries into the container.
-DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-", "NVML Shared Library Not Found",
-                    "CUDA driver version is insufficient", "no CUDA-capable device", "Found no NVIDIA driver")
+DRIVER_LIBRARIES = (
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "libnvidia-",
+    "NVML Shared Library Not Found",
+    "CUDA driver version is insufficient",
+    "no CUDA-capable device",
+    "Found no NVIDIA driver",
+)
 
 
 def classify_import_failure(exc, checks):
@@ -163,14 +172,20 @@ def classify_import_failure(exc, checks):
     image = checks.get("image", "the pinned container")
     if any(marker in str(exc) for marker in DRIVER_LIBRARIES):
         if checks.get("gpus_passed") is False:
-            why = ("no GPU was passed to the container (this machine showed none to nvidia-smi, so docker ran "
-                   "without --gpus): run the check on a machine with an NVIDIA GPU")
+            why = (
+                "no GPU was passed to the container (this machine showed none to nvidia-smi, so docker ran "
+                "without --gpus): run the check on a machine with an NVIDIA GPU"
+            )
         elif checks.get("gpus_passed"):
-            why = ("the container got --gpus all but no driver libraries: install the NVIDIA Container Toolkit on "
-                   "this host (nvidia-ctk runtime configure --runtime=docker) and restart docker")
+            why = (
+                "the container got --gpus all but no driver libraries: install the NVIDIA Container Toolkit on "
+                "this host (nvidia-ctk runtime configure --runtime=docker) and restart docker"
+            )
         else:
-            why = ("run where the NVIDIA driver is installed (in a container: docker run --gpus all, with the NVIDIA "
-                   "Container Toolkit)")
+            why = (
+                "run where the NVIDIA driver is installed (in a container: docker run --gpus all, with the NVIDIA "
+                "Container Toolkit)"
+            )
         return f"a driver library is missing, the container is not broken ({text}): {why}"
     if isinstance(exc, ModuleNotFoundError) and getattr(exc, "name", None) == "tensorrt_llm":
         return f"tensorrt_llm is not installed here ({text}): run the check in {image}"
@@ -204,8 +219,14 @@ def run(checks, out):
         out.write(f"[FAILED] tensorrt_llm import: {classify_import_failure(exc, checks)}\n")
         return 1
     pin = checks["pin"]
-    results.append((f"tensorrt_llm {version}", None if version == pin else
-                    f"this TensorRT-LLM is {version}, the plan is pinned to {pin}: use {checks.get('image', 'the pinned container')}"))
+    results.append(
+        (
+            f"tensorrt_llm {version}",
+            None
+            if version == pin
+            else f"this TensorRT-LLM is {version}, the plan is pinned to {pin}: use {checks.get('image', 'the pinned container')}",
+        )
+    )
     for item in checks.get("argvs", []):
         results.append((f"{item['step']}: {' '.join(item['argv'][:2])}", check_argv(item["argv"])))
     if checks.get("model_yaml") is not None:
@@ -213,15 +234,19 @@ def run(checks, out):
     root = checks.get("backends_root", BACKENDS_ROOT)
     for name in checks.get("backends", []):
         path = os.path.join(root, name)
-        results.append((f"Triton backend {name}", None if os.path.isdir(path) else f"{path} does not exist in this image"))
+        results.append(
+            (f"Triton backend {name}", None if os.path.isdir(path) else f"{path} does not exist in this image")
+        )
     for what, problem in results:
         out.write(f"[checked] {what}\n" if problem is None else f"[FAILED] {what}: {problem}\n")
     skipped = checks.get("not_checked", [])
     for item in skipped:
         out.write(f"[not checked] {item['what']}: {item['why']}\n")
     failed = sum(1 for _, p in results if p is not None)
-    out.write(f"first contact: {len(results) - failed} checked, {failed} failed"
-              f"{f', {len(skipped)} not checked' if skipped else ''}\n")
+    out.write(
+        f"first contact: {len(results) - failed} checked, {failed} failed"
+        f"{f', {len(skipped)} not checked' if skipped else ''}\n"
+    )
     return 1 if failed else 0
 
 

@@ -68,15 +68,17 @@ def _more_gpus(request: BuildRequest, draft: Draft, parallel: ParallelChoice, re
         return None
     tp = parallel.tp * 2
     while tp * parallel.pp <= MAX_GPUS:
-        if _fits(replan, replace(request, tp=tp, gpus=GpuCount(max(tp * parallel.pp, parallel.available), "--gpus")),
-                 draft):
+        if _fits(
+            replan, replace(request, tp=tp, gpus=GpuCount(max(tp * parallel.pp, parallel.available), "--gpus")), draft
+        ):
             return f"--tp {tp}" + ("" if tp * parallel.pp <= parallel.available else f" --gpus {tp * parallel.pp}")
         tp *= 2
     return None
 
 
-def suggest_fixes(target: Target, draft: Draft, scheme: Scheme, request: BuildRequest, parallel: ParallelChoice,
-                  replan: Replan) -> list[str]:
+def suggest_fixes(
+    target: Target, draft: Draft, scheme: Scheme, request: BuildRequest, parallel: ParallelChoice, replan: Replan
+) -> list[str]:
     """The single changes that make the plan fit, each checked by ``replan`` (module docstring).
 
     Args:
@@ -111,7 +113,9 @@ def suggest_fixes(target: Target, draft: Draft, scheme: Scheme, request: BuildRe
                 other = resolve_draft(name, None, target, allow_network=False)
             except SpecpipeError:
                 continue
-            choice = _fits(replan, replace(request, draft=name, draft_model=None, choices=None, max_draft_len=None), other)
+            choice = _fits(
+                replan, replace(request, draft=name, draft_model=None, choices=None, max_draft_len=None), other
+            )
             if choice is not None:
                 fixes.append(f"--draft {name} (adds no weights){_picks(request, choice)}")
                 break

@@ -74,7 +74,7 @@ def _program_matches(pattern: tuple[str, ...], argv: list[str]) -> bool:
         return False
     for want, got in zip(pattern, argv):
         if want.startswith("{examples}/"):
-            if not got.endswith("/" + want[len("{examples}/"):]):
+            if not got.endswith("/" + want[len("{examples}/") :]):
                 return False
         elif want != got:
             return False
@@ -109,7 +109,7 @@ def parse_argv(key: str, argv: list[str]) -> dict[str, Any]:
     if not _program_matches(tool.program, argv):
         raise InvalidCommandError(f"{tool.tool}: command must start with {list(tool.program)}, got {argv[:2]}")
     args: list[str] = []
-    for token in argv[len(tool.program):]:  # argparse's --flag=value form
+    for token in argv[len(tool.program) :]:  # argparse's --flag=value form
         if token.startswith("--") and "=" in token:
             args += token.split("=", 1)
         else:
@@ -180,8 +180,12 @@ def _check_rejections(tool: ToolFlags, parsed: dict[str, Any]) -> None:
             if get("--multiple_profiles") == "enable" and get("--opt_num_tokens") is not None:
                 raise InvalidCommandError("trtllm-build rejects --multiple_profiles enable with --opt_num_tokens")
         elif rule == "eagle_limits":
-            if get("--speculative_decoding_mode") == "eagle" and (get("--max_batch_size") > 512 or get("--max_draft_len") > 256):
-                raise InvalidCommandError("trtllm-build (EAGLE) needs --max_batch_size <= 512 and --max_draft_len <= 256")
+            if get("--speculative_decoding_mode") == "eagle" and (
+                get("--max_batch_size") > 512 or get("--max_draft_len") > 256
+            ):
+                raise InvalidCommandError(
+                    "trtllm-build (EAGLE) needs --max_batch_size <= 512 and --max_draft_len <= 256"
+                )
         elif rule == "eagle_pp_must_be_1":
             if get("--pp_size") != 1:
                 raise InvalidCommandError("EAGLE convert_checkpoint.py asserts --pp_size 1")
@@ -190,9 +194,14 @@ def _check_rejections(tool: ToolFlags, parsed: dict[str, Any]) -> None:
                 raise InvalidCommandError("EAGLE convert_checkpoint.py asserts --max_draft_len <= 256")
         elif rule == "int4_awq_needs_quantize_py":
             if get("--use_weight_only") and get("--weight_only_precision") == "int4_awq":
-                raise InvalidCommandError("llama convert_checkpoint.py does not quantize to AWQ: use quantize.py --qformat int4_awq")
+                raise InvalidCommandError(
+                    "llama convert_checkpoint.py does not quantize to AWQ: use quantize.py --qformat int4_awq"
+                )
         elif rule == "quant_ckpt_path_only_gptq":
-            if get("--quant_ckpt_path") is not None and get("--weight_only_precision") not in ("int4_gptq", "int8_gptq"):
+            if get("--quant_ckpt_path") is not None and get("--weight_only_precision") not in (
+                "int4_gptq",
+                "int8_gptq",
+            ):
                 raise InvalidCommandError("llama convert_checkpoint.py takes --quant_ckpt_path only for GPTQ/QServe")
         elif rule == "medusa_model_type":
             pass  # checked as the flag's "allowed" values

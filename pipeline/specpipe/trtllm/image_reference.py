@@ -48,7 +48,9 @@ def check(image: str, *, example: str = "nvcr.io/nvidia/tritonserver:26.04-trtll
     if not image or not image.strip():
         raise ImageReferenceError(f"the container image is empty: {form}")
     if image.startswith("-"):
-        raise ImageReferenceError(f"the container image {image!r} starts with '-' and would be read as a docker flag: {form}")
+        raise ImageReferenceError(
+            f"the container image {image!r} starts with '-' and would be read as a docker flag: {form}"
+        )
     match = REFERENCE.fullmatch(image)
     if match is None:
         hint = " (the name must be lower case)" if REFERENCE.fullmatch(image.lower()) else ""

@@ -54,5 +54,7 @@ def kv_cache_fractions(memory: dict[str, Any], two_engines: bool) -> tuple[float
     if not two_engines:
         return max(MIN_FRACTION, _floor2(usable / free)), None
     share_t = kv_t / need if need else 0.5
-    return (max(MIN_FRACTION, _floor2(share_t * usable / free)),
-            max(MIN_FRACTION, _floor2((1 - share_t) * usable / free)))
+    return (
+        max(MIN_FRACTION, _floor2(share_t * usable / free)),
+        max(MIN_FRACTION, _floor2((1 - share_t) * usable / free)),
+    )

@@ -55,8 +55,9 @@ def container_path(engines_root: Path | str, host_path: Path | str) -> str:
     return str(PurePosixPath(CONTAINER_ENGINES) / rel.as_posix()) if str(rel) != "." else CONTAINER_ENGINES
 
 
-def speculative_config(spec: SpeculativeSettings, *, draft: str | None, pp: int, version: str,
-                       name: str) -> dict[str, Any] | None:
+def speculative_config(
+    spec: SpeculativeSettings, *, draft: str | None, pp: int, version: str, name: str
+) -> dict[str, Any] | None:
     """The ``speculative_config`` mapping (``None`` without speculation); ``draft``: the container path
     of the draft checkpoint, ``name``: the engine (for messages).
 
@@ -74,13 +75,25 @@ def speculative_config(spec: SpeculativeSettings, *, draft: str | None, pp: int,
         )
     check_pipeline_parallel(Runtime.TRTLLM_LLMAPI, spec.method, pp)
     if method.weights is not None and draft is None:
-        raise CompatibilityError(f"{spec.method.value} needs a draft checkpoint, engine {name} has none: rebuild with --draft-model")
+        raise CompatibilityError(
+            f"{spec.method.value} needs a draft checkpoint, engine {name} has none: rebuild with --draft-model"
+        )
     return build_speculative_config(spec, draft if method.weights is not None else None, version)
 
 
-def llm_arguments(*, name: str, engines_root: Path | str, target_path: Path | str, draft_path: Path | str | None,
-                  tp: int, pp: int, limits: dict[str, int], memory: dict[str, Any], speculative: SpeculativeSettings,
-                  version: str) -> dict[str, Any]:
+def llm_arguments(
+    *,
+    name: str,
+    engines_root: Path | str,
+    target_path: Path | str,
+    draft_path: Path | str | None,
+    tp: int,
+    pp: int,
+    limits: dict[str, int],
+    memory: dict[str, Any],
+    speculative: SpeculativeSettings,
+    version: str,
+) -> dict[str, Any]:
     """The ``LLM(...)`` arguments (model.yaml without ``triton_config``). ``limits``: ``max_batch_size``
     (requests) and ``max_seq_len`` (tokens); ``memory``: the memory plan (``MemoryPlan.as_dict()``, bytes per GPU).
 
@@ -127,10 +140,17 @@ def plan_facts(doc: dict[str, Any]) -> dict[str, Any]:
     """
     try:
         engine_dir = Path(doc["engine_dir"]).absolute()
-        return {"name": str(doc.get("engine_name", engine_dir.name)), "engines_root": engine_dir.parent,
-                "target_path": doc["target"]["path"], "draft_path": doc["draft"]["path"],
-                "tp": int(doc["parallel"]["tp"]), "pp": int(doc["parallel"]["pp"]), "limits": doc["limits"],
-                "memory": doc["memory"], "speculative": SpeculativeSettings.from_json(doc["speculative"], "the plan"),
-                "version": str(doc["release"]["tensorrt_llm"])}
+        return {
+            "name": str(doc.get("engine_name", engine_dir.name)),
+            "engines_root": engine_dir.parent,
+            "target_path": doc["target"]["path"],
+            "draft_path": doc["draft"]["path"],
+            "tp": int(doc["parallel"]["tp"]),
+            "pp": int(doc["parallel"]["pp"]),
+            "limits": doc["limits"],
+            "memory": doc["memory"],
+            "speculative": SpeculativeSettings.from_json(doc["speculative"], "the plan"),
+            "version": str(doc["release"]["tensorrt_llm"]),
+        }
     except (KeyError, TypeError) as exc:
         raise SpecpipeError(f"the plan lacks {exc}: regenerate it with 'specpipe build ... --dry-run --json'") from exc

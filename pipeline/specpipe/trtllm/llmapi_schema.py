@@ -46,17 +46,43 @@ from specpipe.errors import SpecpipeError
 from specpipe.speculative import METHODS, NGRAM_MATCH_DEFAULT, Method, SpeculativeSettings, entry_for
 from specpipe.trtllm.release import CONTAINER_IMAGE, TRTLLM_VERSION
 
-SOURCE = {"repo": "NVIDIA/TensorRT-LLM", "path": "tensorrt_llm/llmapi/llm_args.py", "release": "1.2.x",
-          "identified_by": "Eagle3DecodingConfig Literal['Eagle3']; DraftTargetDecodingConfig Literal['Draft_Target']"}
+SOURCE = {
+    "repo": "NVIDIA/TensorRT-LLM",
+    "path": "tensorrt_llm/llmapi/llm_args.py",
+    "release": "1.2.x",
+    "identified_by": "Eagle3DecodingConfig Literal['Eagle3']; DraftTargetDecodingConfig Literal['Draft_Target']",
+}
 
 #: ``decoding_type`` -> every key its config class accepts (the common ones included).
-_COMMON = {"decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model", "speculative_model_dir",
-           "max_concurrency", "draft_len_schedule", "load_format", "acceptance_window",
-           "acceptance_length_threshold", "allow_advanced_sampling"}
+_COMMON = {
+    "decoding_type",
+    "max_draft_len",
+    "max_total_draft_tokens",
+    "speculative_model",
+    "speculative_model_dir",
+    "max_concurrency",
+    "draft_len_schedule",
+    "load_format",
+    "acceptance_window",
+    "acceptance_length_threshold",
+    "allow_advanced_sampling",
+}
 ACCEPTED_KEYS: dict[str, frozenset[str]] = {
-    "Eagle3": frozenset(_COMMON | {"eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree",
-                                   "dynamic_tree_max_topK", "num_eagle_layers", "max_non_leaves_per_layer",
-                                   "eagle3_one_model", "eagle3_layers_to_capture", "eagle3_model_arch"}),
+    "Eagle3": frozenset(
+        _COMMON
+        | {
+            "eagle_choices",
+            "greedy_sampling",
+            "posterior_threshold",
+            "use_dynamic_tree",
+            "dynamic_tree_max_topK",
+            "num_eagle_layers",
+            "max_non_leaves_per_layer",
+            "eagle3_one_model",
+            "eagle3_layers_to_capture",
+            "eagle3_model_arch",
+        }
+    ),
     "NGram": frozenset(_COMMON | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"}),
     "Draft_Target": frozenset(_COMMON),
 }
@@ -66,8 +92,19 @@ NEEDS_MODEL = frozenset({"Eagle3", "Draft_Target"})
 
 #: Top-level keys specpipe writes into ``model.yaml`` / the ``trtllm-serve`` options file (all are
 #: ``TorchLlmArgs`` fields in the source above; ``triton_config`` is read by the Triton model only).
-TOP_LEVEL_KEYS = frozenset({"model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size",
-                            "max_seq_len", "kv_cache_config", "speculative_config", "disable_overlap_scheduler"})
+TOP_LEVEL_KEYS = frozenset(
+    {
+        "model",
+        "backend",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "max_batch_size",
+        "max_seq_len",
+        "kv_cache_config",
+        "speculative_config",
+        "disable_overlap_scheduler",
+    }
+)
 KV_CACHE_KEYS = frozenset({"free_gpu_memory_fraction", "enable_block_reuse", "max_tokens", "dtype"})
 
 
@@ -96,15 +133,24 @@ _BEFORE_1_2 = {Method.EAGLE: "Eagle", Method.NGRAM: "NGram", Method.DRAFT_MODEL:
 
 #: ``major.minor`` -> its spellings. A release missing here uses the nearest older row.
 SPELLINGS: dict[str, Spelling] = {
-    "1.0": Spelling(_BEFORE_1_2, "speculative_model_dir",
-                    "TensorRT-LLM docs/source/features/speculative-decoding.md @ 35dac55 (1.0: 'Eagle' is EAGLE-3, "
-                    "DraftTarget, speculative_model_dir; no Eagle3 literal)"),
-    "1.1": Spelling(_BEFORE_1_2, "speculative_model_dir",
-                    "as 1.0 (issue 13: 1.0/1.1 sources spell DraftTarget, speculative_model_dir, no Eagle3); "
-                    "confirmed on a container by the first-contact check"),
-    "1.2": Spelling(PINNED_DECODING_TYPES, "speculative_model",
-                    "tensorrt_llm/llmapi/llm_args.py, 1.2-era copy (see module docstring): Eagle3DecodingConfig, "
-                    "DraftTargetDecodingConfig Literal['Draft_Target'], speculative_model (alias speculative_model_dir)"),
+    "1.0": Spelling(
+        _BEFORE_1_2,
+        "speculative_model_dir",
+        "TensorRT-LLM docs/source/features/speculative-decoding.md @ 35dac55 (1.0: 'Eagle' is EAGLE-3, "
+        "DraftTarget, speculative_model_dir; no Eagle3 literal)",
+    ),
+    "1.1": Spelling(
+        _BEFORE_1_2,
+        "speculative_model_dir",
+        "as 1.0 (issue 13: 1.0/1.1 sources spell DraftTarget, speculative_model_dir, no Eagle3); "
+        "confirmed on a container by the first-contact check",
+    ),
+    "1.2": Spelling(
+        PINNED_DECODING_TYPES,
+        "speculative_model",
+        "tensorrt_llm/llmapi/llm_args.py, 1.2-era copy (see module docstring): Eagle3DecodingConfig, "
+        "DraftTargetDecodingConfig Literal['Draft_Target'], speculative_model (alias speculative_model_dir)",
+    ),
 }
 
 
@@ -118,18 +164,27 @@ def spelling_for(version: str) -> Spelling:
     rows = sorted((tuple(int(p) for p in key.split(".")), key) for key in SPELLINGS)
     older = [key for nums, key in rows if nums <= parts]
     if not older:
-        raise SpecpipeError(f"TensorRT-LLM {version} predates the LLM API spellings specpipe knows "
-                            f"({rows[0][1]} and newer): use {CONTAINER_IMAGE}")
+        raise SpecpipeError(
+            f"TensorRT-LLM {version} predates the LLM API spellings specpipe knows "
+            f"({rows[0][1]} and newer): use {CONTAINER_IMAGE}"
+        )
     return SPELLINGS[older[-1]]
 
 
 def _eagle_keys(settings: SpeculativeSettings) -> dict[str, Any]:
-    return {"eagle3_one_model": True, **({"eagle_choices": settings.tree.to_list()} if settings.tree is not None else {})}
+    return {
+        "eagle3_one_model": True,
+        **({"eagle_choices": settings.tree.to_list()} if settings.tree is not None else {}),
+    }
 
 
 def _ngram_keys(settings: SpeculativeSettings) -> dict[str, Any]:
-    return {"max_matching_ngram_size": int(settings.max_matching_ngram_size or NGRAM_MATCH_DEFAULT),
-            "is_keep_all": True, "is_use_oldest": True, "is_public_pool": True}
+    return {
+        "max_matching_ngram_size": int(settings.max_matching_ngram_size or NGRAM_MATCH_DEFAULT),
+        "is_keep_all": True,
+        "is_use_oldest": True,
+        "is_public_pool": True,
+    }
 
 
 #: The method's own ``speculative_config`` keys (besides ``decoding_type``, ``max_draft_len`` and the
@@ -141,8 +196,9 @@ METHOD_KEYS: dict[Method, Callable[[SpeculativeSettings], dict[str, Any]]] = {
 }
 
 
-def build_speculative_config(settings: SpeculativeSettings, draft_path: str | None,
-                             version: str = TRTLLM_VERSION) -> dict[str, Any] | None:
+def build_speculative_config(
+    settings: SpeculativeSettings, draft_path: str | None, version: str = TRTLLM_VERSION
+) -> dict[str, Any] | None:
     """THE ``speculative_config`` mapping (``None`` without speculation), spelled for ``version``.
 
     Used by the plan (:func:`specpipe.trtllm.plan.llmapi_settings`) and the repository writer
@@ -158,8 +214,10 @@ def build_speculative_config(settings: SpeculativeSettings, draft_path: str | No
     row = spelling_for(version)
     decoding_type = row.decoding_types.get(settings.method)
     if decoding_type is None:
-        raise SpecpipeError(f"{settings.method.value} has no LLM API decoding_type in TensorRT-LLM {version}: "
-                            f"build with --runtime trtllm for the engine flow")
+        raise SpecpipeError(
+            f"{settings.method.value} has no LLM API decoding_type in TensorRT-LLM {version}: "
+            f"build with --runtime trtllm for the engine flow"
+        )
     config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": settings.max_draft_len}
     if settings.spec.weights is not None and draft_path is not None:
         config[row.model_key] = draft_path
@@ -168,6 +226,8 @@ def build_speculative_config(settings: SpeculativeSettings, draft_path: str | No
     if accepted is not None:
         unknown = set(config) - accepted
         if unknown:
-            raise SpecpipeError(f"speculative_config keys {sorted(unknown)} are not {decoding_type} options in "
-                                f"TensorRT-LLM {version}: report this as a bug")
+            raise SpecpipeError(
+                f"speculative_config keys {sorted(unknown)} are not {decoding_type} options in "
+                f"TensorRT-LLM {version}: report this as a bug"
+            )
     return config

@@ -116,8 +116,14 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return (self.target_weights + self.draft_weights + self.target_kv_cache + self.draft_kv_cache
-                + self.activations + self.runtime_overhead)
+        return (
+            self.target_weights
+            + self.draft_weights
+            + self.target_kv_cache
+            + self.draft_kv_cache
+            + self.activations
+            + self.runtime_overhead
+        )
 
     @property
     def usable(self) -> int | None:
@@ -171,7 +177,9 @@ class DraftTerms:
 
 def _eagle_terms(d: DraftInputs) -> DraftTerms:
     nets = max(d.num_eagle_layers, 1)  # a chain (the LLM API's EAGLE-3) still runs one net
-    return DraftTerms(extra_seq=d.max_draft_len + nets, extra_kv_layers=nets, weights=eagle_weight_bytes(d.target, nets, d.tp))
+    return DraftTerms(
+        extra_seq=d.max_draft_len + nets, extra_kv_layers=nets, weights=eagle_weight_bytes(d.target, nets, d.tp)
+    )
 
 
 def _medusa_terms(d: DraftInputs) -> DraftTerms:
@@ -182,10 +190,14 @@ def _medusa_terms(d: DraftInputs) -> DraftTerms:
 def _draft_model_terms(d: DraftInputs) -> DraftTerms:
     if d.draft_arch is None:
         return DraftTerms(extra_seq=d.max_draft_len)
-    return DraftTerms(extra_seq=d.max_draft_len, weights=model_weight_bytes(d.draft_arch, d.scheme, d.tp, d.pp),
-                      kv_cache=kv_cache_bytes(d.draft_arch, d.draft_arch.num_layers, d.tp, d.pp, d.scheme.kv_bytes,
-                                              d.batch, d.max_seq_len),
-                      engines=1)
+    return DraftTerms(
+        extra_seq=d.max_draft_len,
+        weights=model_weight_bytes(d.draft_arch, d.scheme, d.tp, d.pp),
+        kv_cache=kv_cache_bytes(
+            d.draft_arch, d.draft_arch.num_layers, d.tp, d.pp, d.scheme.kv_bytes, d.batch, d.max_seq_len
+        ),
+        engines=1,
+    )
 
 
 #: Each method's memory terms, for every method a TensorRT-LLM or vLLM plan can hold.
@@ -199,9 +211,21 @@ DRAFT_TERMS: dict[Method, Callable[[DraftInputs], DraftTerms]] = {
 }
 
 
-def plan_memory(*, target: Architecture, scheme: Scheme, tp: int, pp: int, batch: int, max_seq_len: int,
-                method: str, max_draft_len: int, num_eagle_layers: int = 0, medusa: tuple[int, int] | None = None,
-                draft_arch: Architecture | None = None, gpu: Gpu | None = None) -> MemoryPlan:
+def plan_memory(
+    *,
+    target: Architecture,
+    scheme: Scheme,
+    tp: int,
+    pp: int,
+    batch: int,
+    max_seq_len: int,
+    method: str,
+    max_draft_len: int,
+    num_eagle_layers: int = 0,
+    medusa: tuple[int, int] | None = None,
+    draft_arch: Architecture | None = None,
+    gpu: Gpu | None = None,
+) -> MemoryPlan:
     """The memory plan per GPU.
 
     Args:
@@ -215,14 +239,24 @@ def plan_memory(*, target: Architecture, scheme: Scheme, tp: int, pp: int, batch
     Raises:
         MethodTableError: ``method`` has no entry in :data:`DRAFT_TERMS`.
     """
-    inputs = DraftInputs(target, scheme, tp, pp, batch, max_seq_len, max_draft_len, num_eagle_layers, medusa, draft_arch)
+    inputs = DraftInputs(
+        target, scheme, tp, pp, batch, max_seq_len, max_draft_len, num_eagle_layers, medusa, draft_arch
+    )
     terms = entry_for(DRAFT_TERMS, method, "trtllm.memory.DRAFT_TERMS")(inputs)
     return MemoryPlan(
-        tp=tp, pp=pp,
+        tp=tp,
+        pp=pp,
         target_weights=model_weight_bytes(target, scheme, tp, pp),
         draft_weights=terms.weights,
-        target_kv_cache=kv_cache_bytes(target, target.num_layers + terms.extra_kv_layers, tp, pp, scheme.kv_bytes,
-                                       batch, max_seq_len + terms.extra_seq),
+        target_kv_cache=kv_cache_bytes(
+            target,
+            target.num_layers + terms.extra_kv_layers,
+            tp,
+            pp,
+            scheme.kv_bytes,
+            batch,
+            max_seq_len + terms.extra_seq,
+        ),
         draft_kv_cache=terms.kv_cache,
         activations=activation_bytes(target, tp, batch, max_draft_len),
         runtime_overhead=RUNTIME_OVERHEAD_BYTES * (1 + terms.engines),

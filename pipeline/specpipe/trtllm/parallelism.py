@@ -47,17 +47,25 @@ class ParallelismError(CompatibilityError):
 #: Every refusal of ``--pp > 1`` reads this table (:func:`check_pipeline_parallel`), and ``--pp auto``
 #: never tries PP > 1 there; the fix is always TP.
 PP_REFUSED: dict[tuple[Runtime, Method], str] = {
-    (Runtime.TRTLLM, Method.EAGLE):
-        "TensorRT-LLM's EAGLE converter asserts pp_size == 1 (examples/eagle/convert_checkpoint.py @ 65b31db)",
-    (Runtime.TRTLLM_LLMAPI, Method.EAGLE):
-        "EAGLE-3 does not support pipeline parallelism on the LLM API (docs/source/features/"
-        "feature-combination-matrix.md @ 4d942aa; PyExecutor refuses a drafter in its PP loop)",
-    (Runtime.TRTLLM_LLMAPI, Method.NGRAM):
-        "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
-        "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
-    (Runtime.TRTLLM_LLMAPI, Method.DRAFT_MODEL):
-        "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
-        "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
+    (
+        Runtime.TRTLLM,
+        Method.EAGLE,
+    ): "TensorRT-LLM's EAGLE converter asserts pp_size == 1 (examples/eagle/convert_checkpoint.py @ 65b31db)",
+    (
+        Runtime.TRTLLM_LLMAPI,
+        Method.EAGLE,
+    ): "EAGLE-3 does not support pipeline parallelism on the LLM API (docs/source/features/"
+    "feature-combination-matrix.md @ 4d942aa; PyExecutor refuses a drafter in its PP loop)",
+    (
+        Runtime.TRTLLM_LLMAPI,
+        Method.NGRAM,
+    ): "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
+    "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
+    (
+        Runtime.TRTLLM_LLMAPI,
+        Method.DRAFT_MODEL,
+    ): "the LLM API's PyExecutor raises NotImplementedError for a drafter with the pipeline-parallel executor loop "
+    "(tensorrt_llm/_torch/pyexecutor/py_executor.py @ 9521caf)",
 }
 
 
@@ -89,9 +97,13 @@ def check_parallelism(name: str, arch: Architecture, tp: int, pp: int, method: s
         )
     kv = arch.num_kv_heads
     if kv % tp and tp % kv:
-        raise ParallelismError(f"--tp {tp} and the {kv} KV heads of {name} do not divide each other: use a --tp that divides {kv}")
+        raise ParallelismError(
+            f"--tp {tp} and the {kv} KV heads of {name} do not divide each other: use a --tp that divides {kv}"
+        )
     if pp > arch.num_layers:
-        raise ParallelismError(f"--pp {pp} exceeds the {arch.num_layers} layers of {name}: use --pp <= {arch.num_layers}")
+        raise ParallelismError(
+            f"--pp {pp} exceeds the {arch.num_layers} layers of {name}: use --pp <= {arch.num_layers}"
+        )
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,14 @@ class Option:
         return self.tp * self.pp
 
     def as_dict(self) -> dict:
-        return {"tp": self.tp, "pp": self.pp, "gpus": self.gpus, "total": self.total, "fits": self.fits, "why": self.why}
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "gpus": self.gpus,
+            "total": self.total,
+            "fits": self.fits,
+            "why": self.why,
+        }
 
 
 @dataclass
@@ -152,10 +171,19 @@ class ParallelChoice:
     def as_dict(self) -> dict:
         """The plan's ``parallel`` block: ``tp``, ``pp``, ``gpus`` (= tp x pp) as before, plus the choice:
         ``chosen``, per size ``tp_from``/``pp_from`` (``explicit`` or ``auto``), ``checked`` (fitted to a GPU)."""
-        return {"tp": self.tp, "pp": self.pp, "gpus": self.tp * self.pp, "chosen": self.chosen,
-                "tp_from": self.tp_from, "pp_from": self.pp_from, "checked": self.fits is not None,
-                "available": self.available, "available_from": self.available_from,
-                "tried": [o.as_dict() for o in self.tried], "notes": list(self.notes)}
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "gpus": self.tp * self.pp,
+            "chosen": self.chosen,
+            "tp_from": self.tp_from,
+            "pp_from": self.pp_from,
+            "checked": self.fits is not None,
+            "available": self.available,
+            "available_from": self.available_from,
+            "tried": [o.as_dict() for o in self.tried],
+            "notes": list(self.notes),
+        }
 
 
 def available_gpus(gpus: GpuCount | None) -> GpuCount:
@@ -186,9 +214,17 @@ def _candidates(arch: Architecture, tp: ParallelSize, pp: ParallelSize, availabl
     yield from sorted(more, key=lambda option: (option[0] * option[1], option[1]))
 
 
-def choose_parallelism(*, runtime: str, method: str, models: list[tuple[str, Architecture, str]], tp: ParallelSize,
-                       pp: ParallelSize, gpu: Gpu | None, gpus: GpuCount | None,
-                       plan: Callable[[int, int], MemoryPlan]) -> ParallelChoice:
+def choose_parallelism(
+    *,
+    runtime: str,
+    method: str,
+    models: list[tuple[str, Architecture, str]],
+    tp: ParallelSize,
+    pp: ParallelSize,
+    gpu: Gpu | None,
+    gpus: GpuCount | None,
+    plan: Callable[[int, int], MemoryPlan],
+) -> ParallelChoice:
     """The TP x PP for a plan: both given -> checked as given; either ``auto`` -> searched (module docstring).
 
     Args:
@@ -208,18 +244,30 @@ def choose_parallelism(*, runtime: str, method: str, models: list[tuple[str, Arc
         for name, arch, model_method in models:
             check_parallelism(name, arch, tp if tp != AUTO else 1, pp if pp != AUTO else 1, model_method)
     pp_allowed = (Runtime(runtime), Method(method)) not in PP_REFUSED
-    choice = ParallelChoice(tp=1, pp=1, chosen="explicit" if AUTO not in (tp, pp) else "auto",
-                            available=available.count, available_from=available.source,
-                            tp_from="auto" if tp == AUTO else "explicit", pp_from="auto" if pp == AUTO else "explicit")
+    choice = ParallelChoice(
+        tp=1,
+        pp=1,
+        chosen="explicit" if AUTO not in (tp, pp) else "auto",
+        available=available.count,
+        available_from=available.source,
+        tp_from="auto" if tp == AUTO else "explicit",
+        pp_from="auto" if pp == AUTO else "explicit",
+    )
     candidates = _candidates(models[0][1], tp, pp, available.count, pp_allowed)
     if choice.chosen == "explicit" or gpu is None:
         # nothing to search: the sizes given, or (no GPU to fit) the smallest valid ones
-        choice.tp, choice.pp = (tp, pp) if choice.chosen == "explicit" else next(
-            (t, p) for t, p in candidates if _problem(models, t, p) is None)
+        choice.tp, choice.pp = (
+            (tp, pp)
+            if choice.chosen == "explicit"
+            else next((t, p) for t, p in candidates if _problem(models, t, p) is None)
+        )
         memory = plan(choice.tp, choice.pp)
         choice.fits = memory.fits
-        choice.tried.append(Option(choice.tp, choice.pp, memory.total, memory.fits,
-                                   None if memory.fits is not False else _too_big(memory)))
+        choice.tried.append(
+            Option(
+                choice.tp, choice.pp, memory.total, memory.fits, None if memory.fits is not False else _too_big(memory)
+            )
+        )
     else:
         best: Option | None = None
         for t, p in candidates:
@@ -239,8 +287,9 @@ def choose_parallelism(*, runtime: str, method: str, models: list[tuple[str, Arc
     if tp != AUTO and all(o.pp == 1 for o in choice.tried):
         choice.chosen = "explicit"  # --tp given and no PP searched: the sizes are the ones asked for
     if gpu is None and choice.chosen == "auto":
-        choice.notes.append(f"no GPU to fit (name it with --gpu): auto took the smallest valid size, "
-                            f"TP {choice.tp} x PP {choice.pp}")
+        choice.notes.append(
+            f"no GPU to fit (name it with --gpu): auto took the smallest valid size, TP {choice.tp} x PP {choice.pp}"
+        )
     if not pp_allowed and pp == AUTO and choice.fits is False:
         choice.notes.append(f"PP > 1 not tried: {PP_REFUSED[(Runtime(runtime), Method(method))]}")
     return _note_count(choice, gpus)
@@ -250,8 +299,10 @@ def _note_count(choice: ParallelChoice, gpus: GpuCount | None) -> ParallelChoice
     """Say so when the chosen sizes need more GPUs than were detected, given or assumed."""
     need = choice.tp * choice.pp
     if need > choice.available:
-        choice.notes.append(f"TP {choice.tp} x PP {choice.pp} needs {n_gpus(need)}, {choice.available} available "
-                            f"({choice.available_from}): the engine can be built elsewhere, serving it needs {n_gpus(need)}")
+        choice.notes.append(
+            f"TP {choice.tp} x PP {choice.pp} needs {n_gpus(need)}, {choice.available} available "
+            f"({choice.available_from}): the engine can be built elsewhere, serving it needs {n_gpus(need)}"
+        )
     return choice
 
 
@@ -276,12 +327,19 @@ def _too_big(memory: MemoryPlan) -> str:
 
 def render_parallel(choice: ParallelChoice, gpu: str | None) -> str:
     """The table of the TP x PP options tried (GiB per GPU, fits, why passed over) and how the sizes were chosen."""
-    how = ("as given (--tp/--pp)" if choice.chosen == "explicit" else
-           f"auto: the smallest TP, then PP, that fits {gpu}" if gpu else "auto, not fitted to a GPU (no --gpu)")
+    how = (
+        "as given (--tp/--pp)"
+        if choice.chosen == "explicit"
+        else f"auto: the smallest TP, then PP, that fits {gpu}"
+        if gpu
+        else "auto, not fitted to a GPU (no --gpu)"
+    )
     if choice.chosen == "auto" and choice.tp_from != choice.pp_from:
         how += f" ({'TP' if choice.tp_from == 'explicit' else 'PP'} as given)"
-    lines = [f"parallelism: TP {choice.tp} x PP {choice.pp}, {how}; {n_gpus(choice.available)} available ({choice.available_from}):",
-             f"  {'TP':>4}{'PP':>4}{'GPUs':>6}{'GiB/GPU':>10}  {'fits':<5} why"]
+    lines = [
+        f"parallelism: TP {choice.tp} x PP {choice.pp}, {how}; {n_gpus(choice.available)} available ({choice.available_from}):",
+        f"  {'TP':>4}{'PP':>4}{'GPUs':>6}{'GiB/GPU':>10}  {'fits':<5} why",
+    ]
     for o in choice.tried:
         total = "-" if o.total is None else f"{o.total / GIB:.2f}"
         fits = "-" if o.fits is None else ("yes" if o.fits else "no")

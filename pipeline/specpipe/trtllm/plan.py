@@ -38,7 +38,7 @@ from typing import Any
 from specpipe.build_request import BuildRequest
 from specpipe.speculative import Method, Runtime, entry_for, spec_of
 from specpipe.trtllm import release
-from specpipe.trtllm.eagle_head import PREPARE_STEP, prepare_argv, preparation_for
+from specpipe.trtllm.eagle_head import PREPARE_STEP, preparation_for, prepare_argv
 from specpipe.trtllm.flagcheck import check_argv
 from specpipe.trtllm.llmapi_schema import build_speculative_config
 from specpipe.trtllm.preflight import PreflightResult
@@ -74,8 +74,16 @@ class Step:
     description: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "argv": self.argv, "output": self.output, "inputs": self.inputs,
-                "runs_in": self.runs_in, "hash": self.hash, "tool": self.tool, "description": self.description}
+        return {
+            "name": self.name,
+            "argv": self.argv,
+            "output": self.output,
+            "inputs": self.inputs,
+            "runs_in": self.runs_in,
+            "hash": self.hash,
+            "tool": self.tool,
+            "description": self.description,
+        }
 
 
 @dataclass
@@ -112,14 +120,30 @@ class Plan:
             "engine_dir": str(self.engine_dir),
             "release": release.summary(),
             "executor": self.executor,
-            "target": {"preset": self.target.name, "source": self.target.source, "dtype": self.target.dtype,
-                       "architecture": vars(self.target.arch) | {}, "path": self.target_path},
-            "draft": {"preset": self.draft.name, "method": self.draft.method, "flavour": self.draft.flavour,
-                      "source": self.draft.source, "path": self.draft_path},
+            "target": {
+                "preset": self.target.name,
+                "source": self.target.source,
+                "dtype": self.target.dtype,
+                "architecture": vars(self.target.arch) | {},
+                "path": self.target_path,
+            },
+            "draft": {
+                "preset": self.draft.name,
+                "method": self.draft.method,
+                "flavour": self.draft.flavour,
+                "source": self.draft.source,
+                "path": self.draft_path,
+            },
             "speculative": pre.speculative.to_json(),
             "quantization": pre.scheme.name,
-            "parallel": pre.parallel.as_dict() if pre.parallel else {"tp": req.tp, "pp": req.pp, "gpus": req.tp * req.pp},
-            "limits": {"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len, "max_seq_len": req.max_seq_len},
+            "parallel": pre.parallel.as_dict()
+            if pre.parallel
+            else {"tp": req.tp, "pp": req.pp, "gpus": req.tp * req.pp},
+            "limits": {
+                "max_batch_size": req.max_batch_size,
+                "max_input_len": req.max_input_len,
+                "max_seq_len": req.max_seq_len,
+            },
             "gpu": pre.gpu.name if pre.gpu else None,
             "checks": [vars(c) for c in pre.checks],
             "steps": [s.as_dict() for s in self.steps],
@@ -138,9 +162,14 @@ def llmapi_settings(plan: Plan) -> dict[str, Any]:
     (:func:`specpipe.trtllm.llmapi_schema.build_speculative_config`).
     """
     spec = plan.preflight.speculative
-    out: dict[str, Any] = {"model": plan.target_path, "backend": "pytorch", "tensor_parallel_size": plan.request.tp,
-                           "pipeline_parallel_size": plan.request.pp, "max_batch_size": plan.request.max_batch_size,
-                           "max_seq_len": plan.request.max_seq_len}
+    out: dict[str, Any] = {
+        "model": plan.target_path,
+        "backend": "pytorch",
+        "tensor_parallel_size": plan.request.tp,
+        "pipeline_parallel_size": plan.request.pp,
+        "max_batch_size": plan.request.max_batch_size,
+        "max_seq_len": plan.request.max_seq_len,
+    }
     config = build_speculative_config(spec, plan.draft_path, release.TRTLLM_VERSION)
     if config is not None:
         out["speculative_config"] = config
@@ -158,7 +187,9 @@ class StepBuilder:
         self.work, self.examples_root = work, examples_root
         self.steps: list[Step] = []
 
-    def add(self, name: str, template: list[str], inputs: list[str], runs_in: str, description: str, slug: str = "") -> Step:
+    def add(
+        self, name: str, template: list[str], inputs: list[str], runs_in: str, description: str, slug: str = ""
+    ) -> Step:
         """Add a step; ``template`` may hold ``{out}``, ``{examples}`` and ``{step:NAME}`` placeholders."""
         upstream = {n: self.get(n).hash for n in inputs}
         digest = _digest({"step": name, "argv": template, "inputs": upstream, "release": release.TRTLLM_VERSION})[:16]
@@ -191,9 +222,14 @@ def _download(b: StepBuilder, name: str, source: dict[str, Any], what: str) -> s
     # Meta's repos also carry the original consolidated .pth weights under original/: not needed. The files
     # go into the Hugging Face cache (resumable, shared with other tools), then are hard-linked into {out}
     # (executor.run_download), so the argv names no output folder.
-    b.add(name, ["hf", "download", repo, "--revision", rev, "--exclude", "original/*"], [], "host",
-          f"download {what} {repo}@{rev} into the Hugging Face cache, then hard-link its files into the step's folder",
-          slug=repo.replace("/", "--").lower())
+    b.add(
+        name,
+        ["hf", "download", repo, "--revision", rev, "--exclude", "original/*"],
+        [],
+        "host",
+        f"download {what} {repo}@{rev} into the Hugging Face cache, then hard-link its files into the step's folder",
+        slug=repo.replace("/", "--").lower(),
+    )
     return "{step:" + name + "}"
 
 
@@ -204,8 +240,17 @@ def _resolve(b: StepBuilder, value: str, inputs: list[str]) -> str:
     return value
 
 
-def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: PreflightResult, *, engine_name: str,
-              engines_dir: Path, executor: str, examples_root: str) -> Plan:
+def make_plan(
+    request: BuildRequest,
+    target: Target,
+    draft: Draft,
+    pre: PreflightResult,
+    *,
+    engine_name: str,
+    engines_dir: Path,
+    executor: str,
+    examples_root: str,
+) -> Plan:
     """The ordered steps for ``request`` (see module docstring); every argv is flag-checked.
 
     Raises:
@@ -215,17 +260,31 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
     work = engines_dir / WORK_DIRNAME
     b = StepBuilder(work, examples_root)
     spec, scheme, tp, pp = pre.speculative, pre.scheme, request.tp, request.pp
-    plan = Plan(request.runtime, engine_name, engines_dir / engine_name, work, executor, examples_root,
-                target, draft, pre, request)
+    plan = Plan(
+        request.runtime,
+        engine_name,
+        engines_dir / engine_name,
+        work,
+        executor,
+        examples_root,
+        target,
+        draft,
+        pre,
+        request,
+    )
     # EAGLE on the engine flow: the head first, so that its preparation (which checks it against the
     # converter's contract) runs before the target's download.
     eagle_engine = request.runtime == Runtime.TRTLLM.value and Method(draft.method) is Method.EAGLE
     heads = None
     if draft.source is not None and eagle_engine:
         heads = _download(b, "download-draft", draft.source, WEIGHTS_WHAT[Method.EAGLE])
-        b.add(PREPARE_STEP, prepare_argv(heads, target),
-              ["download-draft"] if draft.source["kind"] == "hf" else [], "host",
-              f"prepare the EAGLE head for TensorRT-LLM's converter: check it, add {', '.join(preparation_for(draft, target))}")
+        b.add(
+            PREPARE_STEP,
+            prepare_argv(heads, target),
+            ["download-draft"] if draft.source["kind"] == "hf" else [],
+            "host",
+            f"prepare the EAGLE head for TensorRT-LLM's converter: check it, add {', '.join(preparation_for(draft, target))}",
+        )
     model = _download(b, "download-target", target.source, "target")
     if draft.source is not None and not eagle_engine:
         what = entry_for(WEIGHTS_WHAT, draft.method, "trtllm.plan.WEIGHTS_WHAT")
@@ -243,14 +302,29 @@ def make_plan(request: BuildRequest, target: Target, draft: Draft, pre: Prefligh
     template, desc, tdeps = convert(model, heads, spec, scheme, tp, pp, tdeps)
     b.add("convert-target", template, tdeps, "trtllm", desc)
     if two_engines:
-        b.add("convert-draft", checkpoint_argv(heads, scheme, tp, pp), [d for d in deps if d == "download-draft"],
-              "trtllm", f"convert draft model ({scheme.name}) to a TensorRT-LLM checkpoint")
+        b.add(
+            "convert-draft",
+            checkpoint_argv(heads, scheme, tp, pp),
+            [d for d in deps if d == "download-draft"],
+            "trtllm",
+            f"convert draft model ({scheme.name}) to a TensorRT-LLM checkpoint",
+        )
     mode = spec.spec.build_mode
     extra = ["--speculative_decoding_mode", mode, "--max_draft_len", str(spec.max_draft_len)] if mode else []
-    b.add("build-target", build_argv("{step:convert-target}", request, extra), ["convert-target"], "trtllm",
-          f"build the target engine{' (' + mode + ')' if mode else ''}")
+    b.add(
+        "build-target",
+        build_argv("{step:convert-target}", request, extra),
+        ["convert-target"],
+        "trtllm",
+        f"build the target engine{' (' + mode + ')' if mode else ''}",
+    )
     if two_engines:
-        b.add("build-draft", build_argv("{step:convert-draft}", request, []), ["convert-draft"], "trtllm",
-              "build the draft engine")
+        b.add(
+            "build-draft",
+            build_argv("{step:convert-draft}", request, []),
+            ["convert-draft"],
+            "trtllm",
+            "build the draft engine",
+        )
     plan.steps = b.steps
     return plan

@@ -23,9 +23,10 @@ def render_text(plan: Plan, docker_prefix: list[str] | None = None) -> str:
         f"  settings {pre.scheme.name}, {pre.parallel.sizes if pre.parallel else f'TP {req.tp} x PP {req.pp}'}"
         f"{'' if pre.parallel is None or pre.parallel.fits is not None else ', not fitted to a GPU'}"
         f", batch {req.max_batch_size}, input {req.max_input_len}, "
-        f"seq {req.max_seq_len} tokens, " + ", ".join(f"{k}={v}" for k, v in pre.speculative.to_json().items()
-                                                       if k not in ("choices", "method")),
-        f"  executor {plan.executor}" + (f" (each TensorRT-LLM step runs as: {shlex.join(docker_prefix)} ...)" if docker_prefix else ""),
+        f"seq {req.max_seq_len} tokens, "
+        + ", ".join(f"{k}={v}" for k, v in pre.speculative.to_json().items() if k not in ("choices", "method")),
+        f"  executor {plan.executor}"
+        + (f" (each TensorRT-LLM step runs as: {shlex.join(docker_prefix)} ...)" if docker_prefix else ""),
         f"  output   {plan.engine_dir}",
         "",
         "checks:",
@@ -50,9 +51,14 @@ def _src(source: dict[str, Any] | None) -> str:
 def render_memory(pre: PreflightResult) -> str:
     """The memory table per GPU (GiB; bytes in the JSON)."""
     m = pre.memory
-    rows = [("target weights", m.target_weights), ("draft weights", m.draft_weights),
-            ("target KV cache", m.target_kv_cache), ("draft KV cache", m.draft_kv_cache),
-            ("activations (est.)", m.activations), ("runtime overhead (est.)", m.runtime_overhead)]
+    rows = [
+        ("target weights", m.target_weights),
+        ("draft weights", m.draft_weights),
+        ("target KV cache", m.target_kv_cache),
+        ("draft KV cache", m.draft_kv_cache),
+        ("activations (est.)", m.activations),
+        ("runtime overhead (est.)", m.runtime_overhead),
+    ]
     lines = [f"memory per GPU ({n_gpus(m.tp * m.pp)}, {pre.scheme.name}):"]
     lines += [f"  {name:<24}{value / GIB:>9.2f} GiB" for name, value in rows]
     lines.append(f"  {'total':<24}{m.total / GIB:>9.2f} GiB")

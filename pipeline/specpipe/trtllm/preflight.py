@@ -140,17 +140,26 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
             )
         cfg = draft.checkpoint.config if draft.checkpoint else {}
         if draft.method == Method.EAGLE and draft.flavour == "eagle1":
-            for key, want in (("num_attention_heads", arch.num_attention_heads), ("intermediate_size", arch.intermediate_size),
-                              ("num_key_value_heads", arch.num_kv_heads)):
+            for key, want in (
+                ("num_attention_heads", arch.num_attention_heads),
+                ("intermediate_size", arch.intermediate_size),
+                ("num_key_value_heads", arch.num_kv_heads),
+            ):
                 if key in cfg and int(cfg[key]) != want:
                     raise CompatibilityError(
                         f"EAGLE head {where} has {key} {cfg[key]}, target {target.name} has {want}: the head was made "
                         f"for another base model; use a head made for {target.name}"
                     )
         unknown = [n for n in (("hidden size", draft.hidden_size), ("vocabulary", draft.vocab_size)) if n[1] is None]
-        checks.append(Check(f"{kind} vs target", "ok" if not unknown else "not checked",
-                            f"hidden {draft.hidden_size}, vocabulary {draft.vocab_size} vs {arch.hidden_size}, {arch.vocab_size}"
-                            if not unknown else f"{', '.join(u[0] for u in unknown)} unknown ({'; '.join(draft.notes)})"))
+        checks.append(
+            Check(
+                f"{kind} vs target",
+                "ok" if not unknown else "not checked",
+                f"hidden {draft.hidden_size}, vocabulary {draft.vocab_size} vs {arch.hidden_size}, {arch.vocab_size}"
+                if not unknown
+                else f"{', '.join(u[0] for u in unknown)} unknown ({'; '.join(draft.notes)})",
+            )
+        )
     elif weights == "model":
         if draft.vocab_size != arch.vocab_size:
             raise CompatibilityError(
@@ -161,35 +170,66 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
     return checks
 
 
-def _memory(target: Target, draft: Draft, spec: SpeculativeSettings, scheme: Scheme, tp: int, pp: int, batch: int,
-            seq: int, gpu: Gpu | None) -> MemoryPlan:
+def _memory(
+    target: Target,
+    draft: Draft,
+    spec: SpeculativeSettings,
+    scheme: Scheme,
+    tp: int,
+    pp: int,
+    batch: int,
+    seq: int,
+    gpu: Gpu | None,
+) -> MemoryPlan:
     return plan_memory(
-        target=target.arch, scheme=scheme, tp=tp, pp=pp, batch=batch, max_seq_len=seq, method=spec.method.value,
+        target=target.arch,
+        scheme=scheme,
+        tp=tp,
+        pp=pp,
+        batch=batch,
+        max_seq_len=seq,
+        method=spec.method.value,
         max_draft_len=spec.max_draft_len,
         num_eagle_layers=spec.num_eagle_layers or 0,
         medusa=(spec.num_medusa_heads, spec.num_medusa_layers) if spec.num_medusa_heads else None,
-        draft_arch=draft.arch if spec.spec.weights == "model" else None, gpu=gpu,
+        draft_arch=draft.arch if spec.spec.weights == "model" else None,
+        gpu=gpu,
     )
 
 
-def _memory_error(target: Target, draft: Draft, scheme: Scheme, request: BuildRequest, gpu: Gpu,
-                  parallel: ParallelChoice, memory: MemoryPlan) -> str:
+def _memory_error(
+    target: Target,
+    draft: Draft,
+    scheme: Scheme,
+    request: BuildRequest,
+    gpu: Gpu,
+    parallel: ParallelChoice,
+    memory: MemoryPlan,
+) -> str:
     """Why the plan does not fit ``gpu`` and the fixes that were re-planned and fit (one line,
     :func:`specpipe.trtllm.fit_fixes.suggest_fixes`); for an automatic choice, the best option tried."""
+
     def replan(changed: BuildRequest, other: Draft):
         return run_preflight(changed, target, other, suggest=False)
 
     found = suggest_fixes(target, draft, scheme, request, parallel, replan)
-    fixes = ("try " + " or ".join(found) if found else
-             "no single change of GPUs, TP, quantization, batch size or draft fits: use a GPU with more memory")
+    fixes = (
+        "try " + " or ".join(found)
+        if found
+        else "no single change of GPUs, TP, quantization, batch size or draft fits: use a GPU with more memory"
+    )
     limits = f"batch {request.max_batch_size} x {request.max_seq_len} tokens"
     has = f"{gpu.name} has {gpu.memory_bytes / GIB:.1f} GiB ({memory.usable / GIB:.1f} usable)"
     if parallel.chosen == "explicit":
-        return (f"the plan needs {memory.total / GIB:.1f} GiB per GPU ({scheme.name}, TP {parallel.tp}, {limits}), "
-                f"{has}: {fixes}")
-    return (f"no TP x PP fits {gpu.name} within the {n_gpus(parallel.available)} available ({parallel.available_from}): "
-            f"the best tried, TP {parallel.tp} x PP {parallel.pp}, needs {memory.total / GIB:.1f} GiB per GPU "
-            f"({scheme.name}, {limits}), {has}: {fixes}")
+        return (
+            f"the plan needs {memory.total / GIB:.1f} GiB per GPU ({scheme.name}, TP {parallel.tp}, {limits}), "
+            f"{has}: {fixes}"
+        )
+    return (
+        f"no TP x PP fits {gpu.name} within the {n_gpus(parallel.available)} available ({parallel.available_from}): "
+        f"the best tried, TP {parallel.tp} x PP {parallel.pp}, needs {memory.total / GIB:.1f} GiB per GPU "
+        f"({scheme.name}, {limits}), {has}: {fixes}"
+    )
 
 
 def parallel_check(parallel: ParallelChoice, request: BuildRequest, hint: Callable[[], str]) -> Check:
@@ -200,13 +240,19 @@ def parallel_check(parallel: ParallelChoice, request: BuildRequest, hint: Callab
     detail = f"{parallel.sizes} = {n_gpus(parallel.tp * parallel.pp)}{where}"
     if parallel.fits is None:
         why = request.gpu_unknown or "no GPU named"
-        return Check("parallelism", "not checked", f"{detail}; not fitted to a GPU: {why}; {hint()} (name it with --gpu)")
+        return Check(
+            "parallelism", "not checked", f"{detail}; not fitted to a GPU: {why}; {hint()} (name it with --gpu)"
+        )
     if parallel.fits is False:
         return Check("parallelism", "failed", detail)
     if parallel.beyond:
-        return Check("parallelism", "warning", f"{detail}: needs {n_gpus(parallel.tp * parallel.pp)}, "
-                                               f"{parallel.available} available; serving needs a machine with "
-                                               f"{n_gpus(parallel.tp * parallel.pp)}")
+        return Check(
+            "parallelism",
+            "warning",
+            f"{detail}: needs {n_gpus(parallel.tp * parallel.pp)}, "
+            f"{parallel.available} available; serving needs a machine with "
+            f"{n_gpus(parallel.tp * parallel.pp)}",
+        )
     return Check("parallelism", "ok", detail)
 
 
@@ -233,15 +279,22 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
             f"--quantization {scheme.name} on --runtime trtllm-llmapi: this stage plans no quantization step for the "
             f"LLM API flow; use bf16/fp16, or --runtime trtllm"
         )
-    checks.append(Check("quantization x method x GPU", "ok",
-                        f"{scheme.name} with {draft.method} on {gpu.name + ' (SM ' + str(gpu.sm) + ')' if gpu else 'any GPU (no --gpu)'}"))
+    checks.append(
+        Check(
+            "quantization x method x GPU",
+            "ok",
+            f"{scheme.name} with {draft.method} on {gpu.name + ' (SM ' + str(gpu.sm) + ')' if gpu else 'any GPU (no --gpu)'}",
+        )
+    )
     models = [(target.name, target.arch, draft.method)]
     if draft.arch is not None:
         models.append((f"draft {draft.name}", draft.arch, "draft-model"))
     if request.pp != AUTO:
         check_pipeline_parallel(request.runtime, draft.method, request.pp)
     for name, arch, method in models:
-        check_parallelism(name, arch, 1 if request.tp == AUTO else request.tp, 1 if request.pp == AUTO else request.pp, method)
+        check_parallelism(
+            name, arch, 1 if request.tp == AUTO else request.tp, 1 if request.pp == AUTO else request.pp, method
+        )
     if request.max_input_len > request.max_seq_len:
         raise CompatibilityError(
             f"--max-input-len {request.max_input_len} exceeds --max-seq-len {request.max_seq_len}: raise --max-seq-len "
@@ -257,7 +310,9 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
         checks.append(Check("EAGLE head vs TensorRT-LLM's converter", *eagle_head.preflight(draft, target)))
     spec = resolve_speculative(request, draft)
     if spec.method is Method.EAGLE and request.max_batch_size > EAGLE_MAX_BATCH:
-        raise CompatibilityError(f"--max-batch-size {request.max_batch_size} exceeds EAGLE's limit of {EAGLE_MAX_BATCH} in TensorRT-LLM: use <= 512")
+        raise CompatibilityError(
+            f"--max-batch-size {request.max_batch_size} exceeds EAGLE's limit of {EAGLE_MAX_BATCH} in TensorRT-LLM: use <= 512"
+        )
     if spec.method is not Method.NONE:
         checks.append(Check("draft length vs tree/method", "ok", describe(spec)))
 
@@ -266,13 +321,24 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
             f"max_draft_len {spec.max_draft_len}{f' of lookahead (W, N, G) = {spec.lookahead}' if spec.lookahead else ''} "
             f"does not fit the engine: a step's draft tokens must "
             f"be fewer than --max-seq-len {request.max_seq_len} tokens: lower the draft length"
-            + (" (smaller --lookahead W,N,G)" if spec.lookahead else " (--max-draft-len)") + " or raise --max-seq-len")
+            + (" (smaller --lookahead W,N,G)" if spec.lookahead else " (--max-draft-len)")
+            + " or raise --max-seq-len"
+        )
 
     def choose(on: Gpu | None) -> ParallelChoice:
         def plan(tp: int, pp: int) -> MemoryPlan:
             return _memory(target, draft, spec, scheme, tp, pp, request.max_batch_size, request.max_seq_len, on)
-        return choose_parallelism(runtime=request.runtime, method=draft.method, models=models, tp=request.tp,
-                                  pp=request.pp, gpu=on, gpus=request.gpus, plan=plan)
+
+        return choose_parallelism(
+            runtime=request.runtime,
+            method=draft.method,
+            models=models,
+            tp=request.tp,
+            pp=request.pp,
+            gpu=on,
+            gpus=request.gpus,
+            plan=plan,
+        )
 
     def supported(on: Gpu) -> ParallelChoice | None:
         try:
@@ -282,15 +348,33 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
         return choose(on)
 
     parallel = choose(gpu)
-    checks.append(parallel_check(parallel, request, lambda: on_common_gpus(supported, [lookup_gpu(g) for g in COMMON_GPUS])))
-    memory = _memory(target, draft, spec, scheme, parallel.tp, parallel.pp, request.max_batch_size, request.max_seq_len, gpu)
+    checks.append(
+        parallel_check(parallel, request, lambda: on_common_gpus(supported, [lookup_gpu(g) for g in COMMON_GPUS]))
+    )
+    memory = _memory(
+        target, draft, spec, scheme, parallel.tp, parallel.pp, request.max_batch_size, request.max_seq_len, gpu
+    )
     memory_error = None
     if gpu is None:
         memory.notes.append("fit not checked: name the GPU with --gpu")
     elif not memory.fits:
-        memory_error = _memory_error(target, draft, scheme, request, gpu, parallel, memory) if suggest else "does not fit"
-    checks.append(Check("memory plan", "ok" if memory.fits else ("not checked" if gpu is None else "failed"),
-                        f"{memory.total / GIB:.1f} GiB per GPU (TP {parallel.tp} x PP {parallel.pp})"
-                        + (f" of {memory.usable / GIB:.1f} usable on {gpu.name}" if gpu else ": name the GPU with --gpu")))
-    return PreflightResult(scheme=scheme, speculative=spec, gpu=gpu, memory=memory, checks=checks, memory_error=memory_error,
-                           parallel=parallel)
+        memory_error = (
+            _memory_error(target, draft, scheme, request, gpu, parallel, memory) if suggest else "does not fit"
+        )
+    checks.append(
+        Check(
+            "memory plan",
+            "ok" if memory.fits else ("not checked" if gpu is None else "failed"),
+            f"{memory.total / GIB:.1f} GiB per GPU (TP {parallel.tp} x PP {parallel.pp})"
+            + (f" of {memory.usable / GIB:.1f} usable on {gpu.name}" if gpu else ": name the GPU with --gpu"),
+        )
+    )
+    return PreflightResult(
+        scheme=scheme,
+        speculative=spec,
+        gpu=gpu,
+        memory=memory,
+        checks=checks,
+        memory_error=memory_error,
+        parallel=parallel,
+    )

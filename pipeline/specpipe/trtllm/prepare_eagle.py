@@ -30,7 +30,13 @@ from safetensors.torch import load_file, save_file
 
 from specpipe.progress import note
 from specpipe.trtllm.checkpoint_flavour import CheckpointFlavourError, read_config
-from specpipe.trtllm.eagle_head import CONVERTER_WEIGHTS, EagleHeadError, check_config, check_tensors, positions_override
+from specpipe.trtllm.eagle_head import (
+    CONVERTER_WEIGHTS,
+    EagleHeadError,
+    check_config,
+    check_tensors,
+    positions_override,
+)
 
 #: Pickled files in a Hugging Face folder that are not weights (training state).
 _NOT_WEIGHTS = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")
@@ -46,7 +52,9 @@ def load_head(src: Path) -> dict[str, torch.Tensor]:
     if not files:
         files = [f for f in sorted(src.glob("*.bin")) if f.name not in _NOT_WEIGHTS]
     if not files:
-        raise EagleHeadError(f"EAGLE head {src} has no weights (*.safetensors or pytorch_model*.bin): pass the exported head")
+        raise EagleHeadError(
+            f"EAGLE head {src} has no weights (*.safetensors or pytorch_model*.bin): pass the exported head"
+        )
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_weights(file))
@@ -68,8 +76,9 @@ def load_weights(file: Path) -> dict[str, torch.Tensor]:
         if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
             raise ValueError("it holds no name -> tensor mapping")
     except Exception as exc:  # safetensors' SafetensorError, pickle's UnpicklingError, zip and I/O errors
-        raise EagleHeadError(f"{file} is not a safetensors/PyTorch weights file ({weights_error(exc)}): "
-                             "re-download it") from exc
+        raise EagleHeadError(
+            f"{file} is not a safetensors/PyTorch weights file ({weights_error(exc)}): re-download it"
+        ) from exc
     return state
 
 
@@ -99,8 +108,11 @@ def prepare(src: Path | str, dst: Path | str, max_position_embeddings: int | Non
     if "fc.bias" not in state:
         state["fc.bias"] = torch.zeros(fc.shape[0], dtype=fc.dtype)
     written = {**config, "bias": True}
-    raised = positions_override(config.get("max_position_embeddings"), max_position_embeddings) \
-        if max_position_embeddings is not None else None
+    raised = (
+        positions_override(config.get("max_position_embeddings"), max_position_embeddings)
+        if max_position_embeddings is not None
+        else None
+    )
     if raised is not None:
         written["max_position_embeddings"] = raised
         added.append(f"max_position_embeddings {config.get('max_position_embeddings')} -> {raised}")
@@ -111,20 +123,29 @@ def prepare(src: Path | str, dst: Path | str, max_position_embeddings: int | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specpipe.trtllm.prepare_eagle",
-                                     description="Write an EAGLE-1/2 head as TensorRT-LLM's EAGLE converter reads it.")
+    parser = argparse.ArgumentParser(
+        prog="python -m specpipe.trtllm.prepare_eagle",
+        description="Write an EAGLE-1/2 head as TensorRT-LLM's EAGLE converter reads it.",
+    )
     parser.add_argument("src", type=Path, help="the head's directory (config.json and weights)")
     parser.add_argument("dst", type=Path, help=f"the directory to write (config.json, {CONVERTER_WEIGHTS})")
-    parser.add_argument("--max-position-embeddings", type=int, default=None, metavar="N",
-                        help="the target's positions (tokens): written into the head's config when its own are fewer")
+    parser.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the target's positions (tokens): written into the head's config when its own are fewer",
+    )
     args = parser.parse_args(argv)
     try:
         done = prepare(args.src, args.dst, args.max_position_embeddings)
     except (EagleHeadError, CheckpointFlavourError) as exc:
         note(f"error: {exc}")
         return 1
-    note(f"prepared {done['source']} -> {args.dst}: {done['tensors']} tensors ({done['dtype']})"
-         + (f", added {', '.join(done['added'])}" if done["added"] else ""))
+    note(
+        f"prepared {done['source']} -> {args.dst}: {done['tensors']} tensors ({done['dtype']})"
+        + (f", added {', '.join(done['added'])}" if done["added"] else "")
+    )
     return 0
 
 

@@ -75,6 +75,7 @@ SCHEMES: dict[str, Scheme] = {
     "int4-wo": Scheme("int4-wo", "bfloat16", "convert", 0.5, 2, blocked_sm=(100, 119)),
 }
 
+
 def resolve_scheme(name: str, default_dtype: str = "bfloat16") -> Scheme:
     """The scheme for ``--quantization name``; ``auto`` is the checkpoint's own 16-bit type.
 

@@ -79,12 +79,34 @@ CONTAINER_FLAVOUR = "trtllm-python-py3"
 #: triton-inference-server/server ``docs/introduction/compatibility.md`` @ 4b54459107911180d3c3b24cea1c5bc832563c0a
 #: ("Container Name: trtllm-python-py3" table, column "TensorRT-LLM version"), every row of it.
 CONTAINER_RELEASES: dict[str, str] = {
-    "24.04": "0.9.0", "24.05": "0.9.0", "24.06": "0.10.0", "24.07": "0.11.0", "24.08": "0.12.0",
-    "24.09": "0.13.0", "24.10": "0.14.0", "24.11": "0.15.0", "24.12": "0.16.0", "25.01": "0.17.0",
-    "25.02": "0.17.0.post1", "25.03": "0.18.0", "25.04": "0.18.2", "25.05": "0.19.0", "25.06": "0.20.0",
-    "25.07": "0.20.0", "25.08": "0.21.0", "25.09": "1.0.0", "25.10": "1.0.0", "25.11": "1.0.3.2510",
-    "25.12": "1.1.0", "26.01": "1.1.0", "26.02": "1.1.0", "26.03": "1.2.0", "26.04": "1.2.1",
-    "26.05": "1.2.1", "26.06": "1.2.1", "26.07": "1.2.1",
+    "24.04": "0.9.0",
+    "24.05": "0.9.0",
+    "24.06": "0.10.0",
+    "24.07": "0.11.0",
+    "24.08": "0.12.0",
+    "24.09": "0.13.0",
+    "24.10": "0.14.0",
+    "24.11": "0.15.0",
+    "24.12": "0.16.0",
+    "25.01": "0.17.0",
+    "25.02": "0.17.0.post1",
+    "25.03": "0.18.0",
+    "25.04": "0.18.2",
+    "25.05": "0.19.0",
+    "25.06": "0.20.0",
+    "25.07": "0.20.0",
+    "25.08": "0.21.0",
+    "25.09": "1.0.0",
+    "25.10": "1.0.0",
+    "25.11": "1.0.3.2510",
+    "25.12": "1.1.0",
+    "26.01": "1.1.0",
+    "26.02": "1.1.0",
+    "26.03": "1.2.0",
+    "26.04": "1.2.1",
+    "26.05": "1.2.1",
+    "26.06": "1.2.1",
+    "26.07": "1.2.1",
 }
 
 CONTAINER_LLMAPI_MODEL_DIR = "/app/all_models/llmapi/tensorrt_llm/1"
@@ -142,8 +164,7 @@ def check_container_for_engine(image: str, engine_release: str, engine: str) -> 
     shipped = container_trtllm_release(image)
     if shipped != engine_release:
         matching = sorted(t for t, r in CONTAINER_RELEASES.items() if r == engine_release)
-        fix = (f"use {container_image(matching[0])}" if matching
-               else f"rebuild the engine with TensorRT-LLM {shipped}")
+        fix = f"use {container_image(matching[0])}" if matching else f"rebuild the engine with TensorRT-LLM {shipped}"
         raise ReleaseMismatchError(
             f"container {image} ships TensorRT-LLM {shipped}, engine {engine} was built with {engine_release}: {fix}"
         )

@@ -29,7 +29,12 @@ from specpipe.trtllm.checkpoint_flavour import CheckpointFlavourError, Checkpoin
 
 #: Checkpoint flavour -> the method that uses it (the registry's ``flavours``).
 FLAVOUR_METHOD = {flavour: method.value for method, spec in METHODS.items() for flavour in spec.flavours}
-FLAVOUR_NAMES = {"eagle1": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "causal-lm": "causal LM"}
+FLAVOUR_NAMES = {
+    "eagle1": "EAGLE-1/2 head",
+    "eagle3": "EAGLE-3 head",
+    "medusa": "Medusa heads",
+    "causal-lm": "causal LM",
+}
 
 
 class OfflineError(SpecpipeError):
@@ -127,8 +132,10 @@ def _hf_config(repo_id: str, revision: str, allow_network: bool) -> dict[str, An
     try:
         return json.loads(Path(hf_hub_download(repo_id, "config.json", revision=revision)).read_text())
     except Exception as exc:  # network, auth, missing repo: all mean the same to the user
-        raise OfflineError(f"cannot read config.json of {repo_id}@{revision} ({type(exc).__name__}: {exc}): check the id, "
-                           f"your network and HF token, or pass a local directory") from exc
+        raise OfflineError(
+            f"cannot read config.json of {repo_id}@{revision} ({type(exc).__name__}: {exc}): check the id, "
+            f"your network and HF token, or pass a local directory"
+        ) from exc
 
 
 def flavour_from_config(config: dict[str, Any]) -> str | None:
@@ -149,7 +156,9 @@ def _info_from_config(config: dict[str, Any], where: str) -> CheckpointInfo:
     if flavour is None:
         raise CheckpointFlavourError(f"{where}: config.json matches no known draft layout (EAGLE, Medusa, causal LM)")
     if flavour == "medusa" and "medusa_num_heads" not in config:
-        raise CheckpointFlavourError(f"{where}/config.json is a Medusa config without head count: it lacks 'medusa_num_heads'")
+        raise CheckpointFlavourError(
+            f"{where}/config.json is a Medusa config without head count: it lacks 'medusa_num_heads'"
+        )
     info = CheckpointInfo(Path(where), flavour, config)
     info.hidden_size = config.get("target_hidden_size", config.get("hidden_size"))
     info.vocab_size = config.get("vocab_size")
@@ -165,7 +174,9 @@ def _inspect_draft_model(spec: str, allow_network: bool) -> tuple[CheckpointInfo
     if path.exists():
         return inspect_checkpoint(path), {"kind": "local", "path": str(path.resolve())}
     if "/" not in spec or spec.startswith((".", "/")):
-        raise CheckpointFlavourError(f"--draft-model {spec}: no such directory (and not a Hugging Face id 'owner/name')")
+        raise CheckpointFlavourError(
+            f"--draft-model {spec}: no such directory (and not a Hugging Face id 'owner/name')"
+        )
     repo, _, revision = spec.partition("@")
     config = _hf_config(repo, revision or "main", allow_network)
     return _info_from_config(config, repo), {"kind": "hf", "repo_id": repo, "revision": revision or "main"}
@@ -189,15 +200,22 @@ def resolve_draft(name: str, draft_model: str | None, target: Target, allow_netw
             name = method if spec_of(method).weights == "heads" else Method.NONE.value
     preset = load_draft(name) if (name != "none" or draft_model is None) else None
     if preset is None:  # a plain causal LM passed with --draft none: a draft-model preset made up for it
-        preset = DraftPreset(name=Path(draft_model).name or "draft", description=f"draft model {draft_model}",
-                             kind=Method.DRAFT_MODEL.value, source=source,
-                             speculative={"max_draft_len": spec_of(Method.DRAFT_MODEL).max_draft_len}, for_targets=(),
-                             path=Path(draft_model))
+        preset = DraftPreset(
+            name=Path(draft_model).name or "draft",
+            description=f"draft model {draft_model}",
+            kind=Method.DRAFT_MODEL.value,
+            source=source,
+            speculative={"max_draft_len": spec_of(Method.DRAFT_MODEL).max_draft_len},
+            for_targets=(),
+            path=Path(draft_model),
+        )
     method = preset.kind
     draft = Draft(method=method, preset=preset)
     if spec_of(method).weights is None:
         if draft_model is not None:
-            raise PresetError(f"--draft-model has no meaning with --draft {preset.name} ({method} uses no draft weights): drop it")
+            raise PresetError(
+                f"--draft-model has no meaning with --draft {preset.name} ({method} uses no draft weights): drop it"
+            )
         return draft
     if info is not None:
         wanted = method
@@ -208,7 +226,11 @@ def resolve_draft(name: str, draft_model: str | None, target: Target, allow_netw
                 f"use --draft {FLAVOUR_METHOD[info.flavour] if info.flavour != 'causal-lm' else 'none'} or another checkpoint"
             )
         draft.source, draft.flavour, draft.checkpoint = source, info.flavour, info
-        draft.hidden_size, draft.vocab_size, draft.draft_vocab_size = info.hidden_size, info.vocab_size, info.draft_vocab_size
+        draft.hidden_size, draft.vocab_size, draft.draft_vocab_size = (
+            info.hidden_size,
+            info.vocab_size,
+            info.draft_vocab_size,
+        )
         draft.num_heads, draft.num_layers, draft.notes = info.num_heads, info.num_layers, list(info.notes)
         if info.flavour == "causal-lm":
             draft.arch = architecture_from_hf_config(info.config, f"{draft_model}/config.json")

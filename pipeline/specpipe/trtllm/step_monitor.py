@@ -60,7 +60,14 @@ _COUNTER = re.compile(r"^(?:(?P<desc>.*?):\s*)?(?P<n>\d+)(?P<unit>[A-Za-z]+) \[\
 _WORDS = r"layers?|shards?|batch(?:es)?|steps?|engines?|ranks?"
 _WORD_FRACTION = re.compile(rf"\b(?P<word>{_WORDS})\b\D{{0,3}}?(?P<n>\d+)\s*/\s*(?P<total>\d+)", re.IGNORECASE)
 _FRACTION_WORD = re.compile(rf"\b(?P<n>\d+)\s*/\s*(?P<total>\d+)\s+(?P<word>{_WORDS})\b", re.IGNORECASE)
-_PLURAL = {"layer": "layers", "shard": "shards", "batch": "batches", "step": "steps", "engine": "engines", "rank": "ranks"}
+_PLURAL = {
+    "layer": "layers",
+    "shard": "shards",
+    "batch": "batches",
+    "step": "steps",
+    "engine": "engines",
+    "rank": "ranks",
+}
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,12 @@ def parse_progress(line: str) -> Progress | None:
     fraction = _WORD_FRACTION.search(line) or _FRACTION_WORD.search(line)
     if fraction and 0 < int(fraction["total"]) and int(fraction["n"]) <= int(fraction["total"]):
         word = fraction["word"].lower()
-        return Progress(100.0 * int(fraction["n"]) / int(fraction["total"]), fraction["n"], fraction["total"],
-                        _PLURAL.get(word, word))
+        return Progress(
+            100.0 * int(fraction["n"]) / int(fraction["total"]),
+            fraction["n"],
+            fraction["total"],
+            _PLURAL.get(word, word),
+        )
     return None
 
 
@@ -158,7 +169,7 @@ def status_text(label: str, seconds: float, follower: LogFollower) -> str:
     parts = [elapsed_text(seconds)]
     if follower.progress is not None:
         parts.append(follower.progress.text())
-    last = follower.last if len(follower.last) <= _LINE_CHARS else follower.last[:_LINE_CHARS - 3] + "..."
+    last = follower.last if len(follower.last) <= _LINE_CHARS else follower.last[: _LINE_CHARS - 3] + "..."
     parts.append(f"last: {last}" if last else "no output yet")
     return f"{label}: " + ", ".join(parts)
 
@@ -182,9 +193,16 @@ def log_tail(log_path: Path, lines: int = TAIL_LINES, *, skip: int = 1) -> list[
     return list(kept)
 
 
-def run_monitored(command: list[str], log: IO[str], *, label: str, report: Callable[[str], None],
-                  interval_s: float = HEARTBEAT_S, terminal: bool | None = None,
-                  refresh_s: float = REFRESH_S) -> int:
+def run_monitored(
+    command: list[str],
+    log: IO[str],
+    *,
+    label: str,
+    report: Callable[[str], None],
+    interval_s: float = HEARTBEAT_S,
+    terminal: bool | None = None,
+    refresh_s: float = REFRESH_S,
+) -> int:
     """Run ``command`` with stdout and stderr appended to ``log`` (an open file) and stdin closed, showing
     its status until it exits; returns its exit status.
 
@@ -206,10 +224,16 @@ def run_monitored(command: list[str], log: IO[str], *, label: str, report: Calla
     try:
         if terminal:
             with progress.live_line(status_text(label, 0.0, follower)) as show:
-                _watch(process, follower, refresh_s, lambda: show(status_text(label, time.monotonic() - start, follower)))
+                _watch(
+                    process, follower, refresh_s, lambda: show(status_text(label, time.monotonic() - start, follower))
+                )
         else:
-            _watch(process, follower, interval_s,
-                   lambda: report("  " + status_text(label, time.monotonic() - start, follower)))
+            _watch(
+                process,
+                follower,
+                interval_s,
+                lambda: report("  " + status_text(label, time.monotonic() - start, follower)),
+            )
     except BaseException:
         _stop(process)
         raise

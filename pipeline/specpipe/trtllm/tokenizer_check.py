@@ -70,5 +70,9 @@ def compare_tokenizers(target: Path, draft: Path, target_vocab: int, draft_vocab
     renamed = sorted(i for i in set(t_special) & set(d_special) if t_special[i] != d_special[i])
     detail = f"same {len(t_base)} regular tokens; len(tokenizer) {t_len} / {d_len}"
     if renamed:
-        return Check("tokenizers (content)", "note", f"{detail}; special tokens differ in text at {len(renamed)} ids (e.g. {renamed[0]})")
+        return Check(
+            "tokenizers (content)",
+            "note",
+            f"{detail}; special tokens differ in text at {len(renamed)} ids (e.g. {renamed[0]})",
+        )
     return Check("tokenizers (content)", "ok", detail)

@@ -30,16 +30,33 @@ def manifest_of(plan: VllmPlan) -> Manifest:
     req = plan.request
     draft = None
     if spec_of(plan.draft.method).weights is not None:
-        draft = Part(preset=plan.draft.name, source=plan.draft.source, method=Method(plan.draft.method).value,
-                     flavour=plan.draft.flavour)
+        draft = Part(
+            preset=plan.draft.name,
+            source=plan.draft.source,
+            method=Method(plan.draft.method).value,
+            flavour=plan.draft.flavour,
+        )
     return Manifest(
-        name=plan.engine_name, runtime=Runtime.VLLM, inputs_hash=plan.inputs_hash,
+        name=plan.engine_name,
+        runtime=Runtime.VLLM,
+        inputs_hash=plan.inputs_hash,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        target=Part(preset=plan.target.name, source=plan.target.source), draft=draft, speculative=plan.speculative,
-        quantization=plan.quantization, parallel={"tp": plan.parallel.tp, "pp": plan.parallel.pp},
-        limits={"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len, "max_seq_len": req.max_seq_len},
-        vllm={**release.summary(), "command": list(plan.argv), "speculative_config": plan.speculative_config,
-              "memory": plan.memory.as_dict()},
+        target=Part(preset=plan.target.name, source=plan.target.source),
+        draft=draft,
+        speculative=plan.speculative,
+        quantization=plan.quantization,
+        parallel={"tp": plan.parallel.tp, "pp": plan.parallel.pp},
+        limits={
+            "max_batch_size": req.max_batch_size,
+            "max_input_len": req.max_input_len,
+            "max_seq_len": req.max_seq_len,
+        },
+        vllm={
+            **release.summary(),
+            "command": list(plan.argv),
+            "speculative_config": plan.speculative_config,
+            "memory": plan.memory.as_dict(),
+        },
     )
 
 
@@ -65,6 +82,8 @@ def build_vllm(request: BuildRequest) -> Path | None:
         return plan.engine_dir
     check_writable(plan.engine_dir.parent)
     write_dir_atomically(plan.engine_dir, lambda tmp: write_manifest(tmp, manifest_of(plan)))
-    note(f"wrote {plan.engine_dir} (vLLM downloads the weights when it starts: specpipe serve {plan.engine_name} "
-         f"--runtime vllm)")
+    note(
+        f"wrote {plan.engine_dir} (vLLM downloads the weights when it starts: specpipe serve {plan.engine_name} "
+        f"--runtime vllm)"
+    )
     return plan.engine_dir

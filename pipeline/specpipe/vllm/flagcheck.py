@@ -36,7 +36,8 @@ def load_table() -> dict[str, Any]:
     if table["version"] != release.VLLM_VERSION:
         raise InvalidVllmCommandError(
             f"{FLAGS_FILE.name} was read from vLLM {table['version']}, the pin is {release.VLLM_VERSION}: regenerate it "
-            f"with 'python -m specpipe.vllm.vendor {release.WHEEL}'")
+            f"with 'python -m specpipe.vllm.vendor {release.WHEEL}'"
+        )
     return table
 
 
@@ -56,7 +57,9 @@ def check_speculative_config(config: dict[str, Any]) -> None:
             raise InvalidVllmCommandError(f"{where}: {key!r} is refused by SpeculativeConfig, use {refused[key]!r}")
         field = fields.get(key)
         if field is None:
-            raise InvalidVllmCommandError(f"{where}: unknown field {key!r} (SpeculativeConfig has {', '.join(sorted(fields))})")
+            raise InvalidVllmCommandError(
+                f"{where}: unknown field {key!r} (SpeculativeConfig has {', '.join(sorted(fields))})"
+            )
         if not field["init"] or "SkipValidation" in field["annotation"]:
             raise InvalidVllmCommandError(f"{where}: {key!r} is set by vLLM itself, not by the user")
     method = config.get("method")

@@ -62,10 +62,18 @@ OLD_FLAGS: dict[str, str] = {
     "--speculative-model-quantization": "speculative_config.quantization",
     "--use-v2-block-manager": "removed: block manager v2 is the only one",
 }
-_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
-            "-sc": "--speculative-config", "--speculative_config": "--speculative-config"}
-_PROGRAMS = (("vllm", "serve"), ("python", "-m", "vllm.entrypoints.openai.api_server"),
-             ("python3", "-m", "vllm.entrypoints.openai.api_server"))
+_ALIASES = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-q": "--quantization",
+    "-sc": "--speculative-config",
+    "--speculative_config": "--speculative-config",
+}
+_PROGRAMS = (
+    ("vllm", "serve"),
+    ("python", "-m", "vllm.entrypoints.openai.api_server"),
+    ("python3", "-m", "vllm.entrypoints.openai.api_server"),
+)
 
 
 class LegacyArgsError(PresetError):
@@ -91,8 +99,8 @@ def _tokens(text: str) -> list[str]:
     except ValueError as exc:
         raise LegacyArgsError(f"--from-vllm-args is not a shell command line ({exc}): quote it as one string") from None
     for program in _PROGRAMS:
-        if tuple(words[:len(program)]) == program:
-            return words[len(program):]
+        if tuple(words[: len(program)]) == program:
+            return words[len(program) :]
     return words
 
 
@@ -104,8 +112,10 @@ def _target_for(model: str) -> str:
             return name
     if Path(model).is_dir():
         return model
-    raise LegacyArgsError(f"model {model} is no target preset's Hugging Face repo ({', '.join(available_targets())}) "
-                          f"and no local directory: add a target preset, or give a checkpoint directory")
+    raise LegacyArgsError(
+        f"model {model} is no target preset's Hugging Face repo ({', '.join(available_targets())}) "
+        f"and no local directory: add a target preset, or give a checkpoint directory"
+    )
 
 
 def _draft_for(model: str, target: str | None) -> tuple[str, str | None]:
@@ -158,8 +168,10 @@ def translate(text: str) -> Translation:
         name, _, inline = word.partition("=")
         name = _ALIASES.get(name, name)
         if name not in OLD_FLAGS and name not in current:
-            raise LegacyArgsError(f"--from-vllm-args: {name} is neither a vLLM {release.VLLM_VERSION} flag nor an old "
-                                  f"speculative flag specpipe knows: check the spelling")
+            raise LegacyArgsError(
+                f"--from-vllm-args: {name} is neither a vLLM {release.VLLM_VERSION} flag nor an old "
+                f"speculative flag specpipe knows: check the spelling"
+            )
         switch = name in _SWITCHES or current.get(name, {}).get("kind") == "bool"
         if switch or inline:
             pairs.append((name, inline or None))
@@ -182,7 +194,9 @@ def translate(text: str) -> Translation:
         _flag(t, name, value, ngram)
     if ngram:
         if t.options.get("draft") != "ngram":
-            raise LegacyArgsError("--ngram-prompt-lookup-max/min without an n-gram draft: add --speculative-model [ngram]")
+            raise LegacyArgsError(
+                "--ngram-prompt-lookup-max/min without an n-gram draft: add --speculative-model [ngram]"
+            )
         high = ngram.get("max", ngram.get("min"))
         low = ngram.get("min", 1)
         t.options["ngram_lookup"] = (high, low)
@@ -212,14 +226,20 @@ def _flag(t: Translation, name: str, value: str | None, ngram: dict[str, int]) -
                 t.options["draft_model"] = draft_model
         if "num_speculative_tokens" in config:
             t.options["max_draft_len"] = _int("num_speculative_tokens", str(config["num_speculative_tokens"]))
-        t.say(name, f"current flag, read: --draft {t.options.get('draft', 'none')}"
-              + (f", --max-draft-len {t.options['max_draft_len']}" if "max_draft_len" in t.options else ""))
+        t.say(
+            name,
+            f"current flag, read: --draft {t.options.get('draft', 'none')}"
+            + (f", --max-draft-len {t.options['max_draft_len']}" if "max_draft_len" in t.options else ""),
+        )
     elif name == "--num-speculative-tokens":
         t.options["max_draft_len"] = _int(name, value)
         t.say(name, f"{became} -> --max-draft-len {value}")
     elif name in ("--speculative-draft-tensor-parallel-size", "--draft-model-tp-size"):
-        t.say(name, f"{became}: vLLM allows 1 or the target's TP; specpipe runs the draft at the target's TP "
-                    f"({value} not carried over)")
+        t.say(
+            name,
+            f"{became}: vLLM allows 1 or the target's TP; specpipe runs the draft at the target's TP "
+            f"({value} not carried over)",
+        )
     elif name in ("--target-model-tp-size", "--tensor-parallel-size"):
         t.options["tp"] = _int(name, value)
         t.say(name, f"--tensor-parallel-size -> --tp {value}" if old else f"current flag -> --tp {value}")
@@ -232,9 +252,11 @@ def _flag(t: Translation, name: str, value: str | None, ngram: dict[str, int]) -
     elif name == "--spec-decoding-acceptance-method":
         if value == "typical_acceptance_sampler":
             methods = ("standard", "synthetic", "block", "fly")  # RejectionSampleMethod, vllm/config/speculative.py
-            raise LegacyArgsError(f"{name} typical_acceptance_sampler: vLLM {release.VLLM_VERSION} has no typical "
-                                  f"acceptance (rejection_sample_method: {', '.join(methods)}): drop the flag for "
-                                  f"rejection sampling (the target's distribution kept)")
+            raise LegacyArgsError(
+                f"{name} typical_acceptance_sampler: vLLM {release.VLLM_VERSION} has no typical "
+                f"acceptance (rejection_sample_method: {', '.join(methods)}): drop the flag for "
+                f"rejection sampling (the target's distribution kept)"
+            )
         t.say(name, f"removed: {value} is vLLM's default now (rejection_sample_method standard), nothing to pass")
     elif name in ("--max-model-len",):
         t.options["max_seq_len"] = _int(name, value)
@@ -245,9 +267,11 @@ def _flag(t: Translation, name: str, value: str | None, ngram: dict[str, int]) -
     elif name == "--quantization":
         mapped = {"fp8": "fp8", "int8_per_channel_weight_only": "int8-wo"}.get(value or "")
         if mapped is None:
-            raise LegacyArgsError(f"--quantization {value}: specpipe plans vLLM's online quantizations only (fp8, "
-                                  f"int8_per_channel_weight_only): use --quantization fp8, or a quantized checkpoint "
-                                  f"directory as the model")
+            raise LegacyArgsError(
+                f"--quantization {value}: specpipe plans vLLM's online quantizations only (fp8, "
+                f"int8_per_channel_weight_only): use --quantization fp8, or a quantized checkpoint "
+                f"directory as the model"
+            )
         t.options["quantization"] = mapped
         t.say(name, f"current flag -> --quantization {mapped}")
     elif name == "--dtype":
@@ -262,5 +286,7 @@ def _flag(t: Translation, name: str, value: str | None, ngram: dict[str, int]) -
     elif old:
         t.say(name, f"now {became}, not part of a specpipe spec: dropped")
     else:
-        t.say(name, "current vllm serve flag, not part of a specpipe spec: not translated (specpipe serve sets "
-                    "ports and host)")
+        t.say(
+            name,
+            "current vllm serve flag, not part of a specpipe spec: not translated (specpipe serve sets ports and host)",
+        )

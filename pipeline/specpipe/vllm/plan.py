@@ -34,7 +34,12 @@ from specpipe.speculative import Method, Runtime, SpeculativeSettings
 from specpipe.trtllm.gpus import GIB, Gpu, lookup_gpu
 from specpipe.trtllm.memory import MemoryPlan, plan_memory
 from specpipe.trtllm.parallelism import (
-    COMMON_GPUS, ParallelChoice, check_parallelism, choose_parallelism, on_common_gpus, render_parallel,
+    COMMON_GPUS,
+    ParallelChoice,
+    check_parallelism,
+    choose_parallelism,
+    on_common_gpus,
+    render_parallel,
 )
 from specpipe.trtllm.preflight import Check, check_heads_match, parallel_check
 from specpipe.trtllm.quant import resolve_scheme
@@ -74,30 +79,53 @@ class VllmPlan:
 
     @property
     def inputs_hash(self) -> str:
-        return canonical_hash({"runtime": Runtime.VLLM.value, "name": self.engine_name, "argv": self.argv,
-                               "release": release.summary()})
+        return canonical_hash(
+            {"runtime": Runtime.VLLM.value, "name": self.engine_name, "argv": self.argv, "release": release.summary()}
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The ``--dry-run --json`` document."""
         req = self.request
         return {
-            "format": PLAN_FORMAT, "runtime": Runtime.VLLM.value, "engine_name": self.engine_name,
-            "engine_dir": str(self.engine_dir), "release": release.summary(), "inputs_hash": self.inputs_hash,
+            "format": PLAN_FORMAT,
+            "runtime": Runtime.VLLM.value,
+            "engine_name": self.engine_name,
+            "engine_dir": str(self.engine_dir),
+            "release": release.summary(),
+            "inputs_hash": self.inputs_hash,
             "target": {"preset": self.target.name, "source": self.target.source},
-            "draft": {"preset": self.draft.name, "method": Method(self.draft.method).value, "source": self.draft.source,
-                      "flavour": self.draft.flavour},
-            "speculative": self.speculative.to_json(), "speculative_config": self.speculative_config,
-            "quantization": self.quantization, "parallel": self.parallel.as_dict(),
-            "limits": {"max_batch_size": req.max_batch_size, "max_input_len": req.max_input_len,
-                       "max_seq_len": req.max_seq_len},
-            "memory": self.memory.as_dict(), "command": list(self.argv),
+            "draft": {
+                "preset": self.draft.name,
+                "method": Method(self.draft.method).value,
+                "source": self.draft.source,
+                "flavour": self.draft.flavour,
+            },
+            "speculative": self.speculative.to_json(),
+            "speculative_config": self.speculative_config,
+            "quantization": self.quantization,
+            "parallel": self.parallel.as_dict(),
+            "limits": {
+                "max_batch_size": req.max_batch_size,
+                "max_input_len": req.max_input_len,
+                "max_seq_len": req.max_seq_len,
+            },
+            "memory": self.memory.as_dict(),
+            "command": list(self.argv),
             "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in self.checks],
             "error": self.memory_error,
         }
 
 
-def _argv(target: Target, plan_name: str, dtype: str, quantization: str | None, tp: int, pp: int,
-          request: BuildRequest, spec_config: dict[str, Any] | None) -> list[str]:
+def _argv(
+    target: Target,
+    plan_name: str,
+    dtype: str,
+    quantization: str | None,
+    tp: int,
+    pp: int,
+    request: BuildRequest,
+    spec_config: dict[str, Any] | None,
+) -> list[str]:
     model, revision = settings.model_reference(target.source)
     argv = ["vllm", "serve", model, "--served-model-name", plan_name]
     if revision is not None:
@@ -105,8 +133,16 @@ def _argv(target: Target, plan_name: str, dtype: str, quantization: str | None, 
     argv += ["--dtype", dtype]
     if quantization is not None:
         argv += ["--quantization", quantization]
-    argv += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
-             "--max-model-len", str(request.max_seq_len), "--max-num-seqs", str(request.max_batch_size)]
+    argv += [
+        "--tensor-parallel-size",
+        str(tp),
+        "--pipeline-parallel-size",
+        str(pp),
+        "--max-model-len",
+        str(request.max_seq_len),
+        "--max-num-seqs",
+        str(request.max_batch_size),
+    ]
     if spec_config is not None:
         argv += ["--speculative-config", json.dumps(spec_config, separators=(",", ":"))]
     return argv
@@ -133,71 +169,130 @@ def make_plan(request: BuildRequest) -> VllmPlan:
     scheme_name, quantization = settings.resolve_quantization(request.quantization, target)
     scheme = resolve_scheme(scheme_name, target.dtype)
     gpu = lookup_gpu(request.gpu) if request.gpu else None
-    checks = [Check("method on vLLM", "ok", f"{Method(draft.method).value} -> speculative_config.method "
-                    f"{settings.vllm_method(draft.method, draft.flavour)}"),
-              Check("quantization", "ok", f"{scheme_name} -> --quantization {quantization or '(none)'}")]
+    checks = [
+        Check(
+            "method on vLLM",
+            "ok",
+            f"{Method(draft.method).value} -> speculative_config.method "
+            f"{settings.vllm_method(draft.method, draft.flavour)}",
+        ),
+        Check("quantization", "ok", f"{scheme_name} -> --quantization {quantization or '(none)'}"),
+    ]
     checks += check_heads_match(target, draft)
     if request.max_input_len > request.max_seq_len:
-        raise CompatibilityError(f"--max-input-len {request.max_input_len} exceeds --max-seq-len {request.max_seq_len}: "
-                                 f"raise --max-seq-len or lower --max-input-len")
+        raise CompatibilityError(
+            f"--max-input-len {request.max_input_len} exceeds --max-seq-len {request.max_seq_len}: "
+            f"raise --max-seq-len or lower --max-input-len"
+        )
     if request.max_seq_len > target.arch.max_position_embeddings:
-        raise CompatibilityError(f"--max-seq-len {request.max_seq_len} exceeds target {target.name}'s "
-                                 f"{target.arch.max_position_embeddings} positions: use --max-seq-len <= "
-                                 f"{target.arch.max_position_embeddings}")
+        raise CompatibilityError(
+            f"--max-seq-len {request.max_seq_len} exceeds target {target.name}'s "
+            f"{target.arch.max_position_embeddings} positions: use --max-seq-len <= "
+            f"{target.arch.max_position_embeddings}"
+        )
     spec = settings.resolve_speculative(request, draft)
     models = [(target.name, target.arch, draft.method)]
     if draft.arch is not None:
         models.append((f"draft {draft.name}", draft.arch, Method.DRAFT_MODEL.value))
     for name, arch, method in models:
-        check_parallelism(name, arch, 1 if request.tp == AUTO else request.tp, 1 if request.pp == AUTO else request.pp, method)
+        check_parallelism(
+            name, arch, 1 if request.tp == AUTO else request.tp, 1 if request.pp == AUTO else request.pp, method
+        )
 
     def memory(tp: int, pp: int, on: Gpu | None = gpu) -> MemoryPlan:
-        return plan_memory(target=target.arch, scheme=scheme, tp=tp, pp=pp, batch=request.max_batch_size,
-                           max_seq_len=request.max_seq_len, method=spec.method.value, max_draft_len=spec.max_draft_len,
-                           num_eagle_layers=spec.num_eagle_layers or 0,
-                           draft_arch=draft.arch if spec.spec.weights == "model" else None, gpu=on)
+        return plan_memory(
+            target=target.arch,
+            scheme=scheme,
+            tp=tp,
+            pp=pp,
+            batch=request.max_batch_size,
+            max_seq_len=request.max_seq_len,
+            method=spec.method.value,
+            max_draft_len=spec.max_draft_len,
+            num_eagle_layers=spec.num_eagle_layers or 0,
+            draft_arch=draft.arch if spec.spec.weights == "model" else None,
+            gpu=on,
+        )
 
     def choose(on: Gpu | None) -> ParallelChoice:
-        return choose_parallelism(runtime=Runtime.VLLM.value, method=draft.method, models=models, tp=request.tp,
-                                  pp=request.pp, gpu=on, gpus=request.gpus, plan=lambda tp, pp: memory(tp, pp, on))
+        return choose_parallelism(
+            runtime=Runtime.VLLM.value,
+            method=draft.method,
+            models=models,
+            tp=request.tp,
+            pp=request.pp,
+            gpu=on,
+            gpus=request.gpus,
+            plan=lambda tp, pp: memory(tp, pp, on),
+        )
 
     parallel = choose(gpu)
     mem = memory(parallel.tp, parallel.pp)
-    checks.append(parallel_check(parallel, request, lambda: on_common_gpus(choose, [lookup_gpu(g) for g in COMMON_GPUS])))
+    checks.append(
+        parallel_check(parallel, request, lambda: on_common_gpus(choose, [lookup_gpu(g) for g in COMMON_GPUS]))
+    )
     engine_name = request.engine_name(target.name, draft.name)
     if not is_engine_name(engine_name):
         raise PresetError(f"engine name {engine_name!r} is not a plain name: give one with --name")
-    spec_config = settings.speculative_config(spec, draft, parallel.tp,
-                                              lookup_min=request.ngram_lookup[1] if request.ngram_lookup else 1)
+    spec_config = settings.speculative_config(
+        spec, draft, parallel.tp, lookup_min=request.ngram_lookup[1] if request.ngram_lookup else 1
+    )
     dtype = settings.DTYPES.get(target.dtype, "bfloat16") if scheme_name != "fp16" else "float16"
     argv = _argv(target, engine_name, dtype, quantization, parallel.tp, parallel.pp, request, spec_config)
     parse_serve_argv(argv)
-    checks.append(Check("vllm serve flags", "ok", f"every flag and speculative_config field is vLLM {release.VLLM_VERSION}'s"))
+    checks.append(
+        Check("vllm serve flags", "ok", f"every flag and speculative_config field is vLLM {release.VLLM_VERSION}'s")
+    )
     error = None
     if gpu is not None and not mem.fits:
-        error = (f"the plan needs {mem.total / GIB:.1f} GiB per GPU ({scheme_name}, TP {parallel.tp} x PP {parallel.pp}, "
-                 f"{request.max_batch_size} x {request.max_seq_len} tokens), {gpu.name} has {mem.usable / GIB:.1f} usable: "
-                 f"try more GPUs (--gpus), --quantization fp8, or a smaller --max-batch-size/--max-seq-len")
-    checks.append(Check("memory plan", "not checked" if gpu is None else ("ok" if mem.fits else "failed"),
-                        f"{mem.total / GIB:.1f} GiB per GPU" + (f" of {mem.usable / GIB:.1f} usable on {gpu.name}" if gpu else
-                                                              " (name the GPU with --gpu)")))
-    return VllmPlan(request, engine_name, request.engines_dir / engine_name, target, draft, spec, scheme_name, parallel,
-                    mem, argv, spec_config, checks, error)
+        error = (
+            f"the plan needs {mem.total / GIB:.1f} GiB per GPU ({scheme_name}, TP {parallel.tp} x PP {parallel.pp}, "
+            f"{request.max_batch_size} x {request.max_seq_len} tokens), {gpu.name} has {mem.usable / GIB:.1f} usable: "
+            f"try more GPUs (--gpus), --quantization fp8, or a smaller --max-batch-size/--max-seq-len"
+        )
+    checks.append(
+        Check(
+            "memory plan",
+            "not checked" if gpu is None else ("ok" if mem.fits else "failed"),
+            f"{mem.total / GIB:.1f} GiB per GPU"
+            + (f" of {mem.usable / GIB:.1f} usable on {gpu.name}" if gpu else " (name the GPU with --gpu)"),
+        )
+    )
+    return VllmPlan(
+        request,
+        engine_name,
+        request.engines_dir / engine_name,
+        target,
+        draft,
+        spec,
+        scheme_name,
+        parallel,
+        mem,
+        argv,
+        spec_config,
+        checks,
+        error,
+    )
 
 
 def render_text(plan: VllmPlan) -> str:
     """The plan as the terminal shows it: the release, checks, parallelism table and the command."""
     from shlex import join
 
-    lines = [f"specpipe build plan: {plan.engine_name} (vllm, vLLM {release.VLLM_VERSION}, {release.IMAGE})",
-             f"  target {plan.target.name}, draft {plan.draft.name} ({Method(plan.draft.method).value}), "
-             f"quantization {plan.quantization}", "checks:"]
+    lines = [
+        f"specpipe build plan: {plan.engine_name} (vllm, vLLM {release.VLLM_VERSION}, {release.IMAGE})",
+        f"  target {plan.target.name}, draft {plan.draft.name} ({Method(plan.draft.method).value}), "
+        f"quantization {plan.quantization}",
+        "checks:",
+    ]
     lines += [f"  [{c.status}] {c.name}: {c.detail}" for c in plan.checks]
     lines.append(render_parallel(plan.parallel, plan.request.gpu))
     if plan.speculative_config is not None:
         lines.append("speculative config: " + json.dumps(plan.speculative_config))
-    lines += ["command (vLLM builds nothing ahead of time; `specpipe serve NAME --runtime vllm` runs it):",
-              "  " + join(plan.argv)]
+    lines += [
+        "command (vLLM builds nothing ahead of time; `specpipe serve NAME --runtime vllm` runs it):",
+        "  " + join(plan.argv),
+    ]
     if plan.memory_error:
         lines.append(f"does not fit: {plan.memory_error}")
     return "\n".join(lines)

@@ -19,18 +19,32 @@ from typing import Any, Callable
 
 from specpipe.build_request import BuildRequest
 from specpipe.errors import CompatibilityError, PresetError
-from specpipe.speculative import (METHODS, NGRAM_MATCH_DEFAULT, VLLM_FLAVOUR_METHODS, Method, Runtime, SpeculativeSettings,
-                                  entry_for, methods_for, spec_of)
+from specpipe.speculative import (
+    METHODS,
+    NGRAM_MATCH_DEFAULT,
+    VLLM_FLAVOUR_METHODS,
+    Method,
+    Runtime,
+    SpeculativeSettings,
+    entry_for,
+    methods_for,
+    spec_of,
+)
 from specpipe.trtllm.draft_settings import LLMAPI_EAGLE_CHAIN
 from specpipe.trtllm.resolve import Draft, Target
 from specpipe.vllm import release
 
 #: specpipe quantization -> ``vllm serve --quantization`` value (``None``: none, the checkpoint's dtype).
-QUANTIZATIONS: dict[str, str | None] = {"bf16": None, "fp16": None, "fp8": "fp8", "int8-wo": "int8_per_channel_weight_only"}
+QUANTIZATIONS: dict[str, str | None] = {
+    "bf16": None,
+    "fp16": None,
+    "fp8": "fp8",
+    "int8-wo": "int8_per_channel_weight_only",
+}
 #: specpipe quantizations vLLM cannot apply to a 16-bit checkpoint -> why, and the nearest that works.
 REFUSED_QUANTIZATIONS: dict[str, str] = {
     "int4-awq": "vLLM's 'awq' reads a checkpoint already quantized with AWQ and quantizes nothing itself: use "
-                "--quantization fp8 or int8-wo (online), or pass an AWQ checkpoint directory as --target",
+    "--quantization fp8 or int8-wo (online), or pass an AWQ checkpoint directory as --target",
     "int4-wo": "vLLM 0.34.0 has no online int4 weight-only quantization: use --quantization int8-wo",
 }
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
@@ -68,7 +82,8 @@ def check_method(name: str, method: Method | str) -> None:
         f"--draft {name} ({spec.method.value}) has no vLLM {release.VLLM_VERSION} speculative method "
         f"(speculative_config.method has no {spec.method.value}): use "
         + (f"--draft {near.value} ({METHODS[near].description}) with --runtime vllm, or " if near else "")
-        + f"{others}")
+        + f"{others}"
+    )
 
 
 def resolve_quantization(name: str, target: Target) -> tuple[str, str | None]:
@@ -95,20 +110,31 @@ def resolve_speculative(request: BuildRequest, draft: Draft) -> SpeculativeSetti
     """
     method, settings = Method(draft.method), draft.preset.speculative
     if request.choices is not None:
-        raise PresetError(f"--choices on --runtime vllm: vLLM {release.VLLM_VERSION} drafts a chain of "
-                          f"num_speculative_tokens (no token tree): drop --choices, set --max-draft-len")
+        raise PresetError(
+            f"--choices on --runtime vllm: vLLM {release.VLLM_VERSION} drafts a chain of "
+            f"num_speculative_tokens (no token tree): drop --choices, set --max-draft-len"
+        )
     if request.lookahead is not None:
-        raise PresetError("--lookahead on --runtime vllm: vLLM has no lookahead decoding: drop it (or --runtime trtllm)")
+        raise PresetError(
+            "--lookahead on --runtime vllm: vLLM has no lookahead decoding: drop it (or --runtime trtllm)"
+        )
     base = SpeculativeSettings(method, flavour=draft.flavour)
     if method is Method.NONE:
         if request.max_draft_len is not None:
             raise PresetError("--max-draft-len has no meaning with --draft none (no draft tokens): drop it")
         return base
-    default = settings.get("llmapi_max_draft_len", LLMAPI_EAGLE_CHAIN) if method is Method.EAGLE else \
-        settings.get("max_draft_len", spec_of(method).max_draft_len)
+    default = (
+        settings.get("llmapi_max_draft_len", LLMAPI_EAGLE_CHAIN)
+        if method is Method.EAGLE
+        else settings.get("max_draft_len", spec_of(method).max_draft_len)
+    )
     chain = base.with_(max_draft_len=request.max_draft_len or int(default))
     if method is Method.NGRAM:
-        longest = request.ngram_lookup[0] if request.ngram_lookup else settings.get("max_matching_ngram_size", NGRAM_MATCH_DEFAULT)
+        longest = (
+            request.ngram_lookup[0]
+            if request.ngram_lookup
+            else settings.get("max_matching_ngram_size", NGRAM_MATCH_DEFAULT)
+        )
         chain = chain.with_(max_matching_ngram_size=int(longest))
     elif request.ngram_lookup is not None:
         raise PresetError(f"n-gram lookup sizes have no meaning with {method.value}: use --draft ngram")
@@ -146,8 +172,10 @@ def speculative_config(spec: SpeculativeSettings, draft: Draft, tp: int, lookup_
 #: Each speculating vLLM method's own ``--speculative-config`` keys, from ``(settings, tp, lookup_min)``
 #: (see :func:`speculative_config`).
 CONFIG_KEYS: dict[Method, Callable[[SpeculativeSettings, int, int], dict[str, Any]]] = {
-    Method.NGRAM: lambda spec, tp, lookup_min: {"prompt_lookup_max": spec.max_matching_ngram_size,
-                                                "prompt_lookup_min": lookup_min},
+    Method.NGRAM: lambda spec, tp, lookup_min: {
+        "prompt_lookup_max": spec.max_matching_ngram_size,
+        "prompt_lookup_min": lookup_min,
+    },
     Method.DRAFT_MODEL: lambda spec, tp, lookup_min: {"draft_tensor_parallel_size": tp},
     Method.EAGLE: lambda spec, tp, lookup_min: {},
 }

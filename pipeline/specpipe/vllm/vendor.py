@@ -40,8 +40,11 @@ class VendorError(SpecpipeError):
 
 def _literal_values(tree: ast.Module, name: str) -> list[str]:
     """The strings of the module-level ``name = Literal[...]``, nested Literal aliases expanded in order."""
-    aliases = {node.targets[0].id: node.value for node in tree.body
-               if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)}
+    aliases = {
+        node.targets[0].id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    }
 
     def expand(node: ast.AST) -> list[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -108,7 +111,9 @@ def read_wheel(wheel: Path) -> dict[str, Any]:
     """
     match = _WHEEL.match(Path(wheel).name)
     if match is None:
-        raise VendorError(f"{wheel} is not a vLLM wheel (vllm-X-*.whl): download one with 'pip download --no-deps vllm==X'")
+        raise VendorError(
+            f"{wheel} is not a vLLM wheel (vllm-X-*.whl): download one with 'pip download --no-deps vllm==X'"
+        )
     try:
         with zipfile.ZipFile(wheel) as archive:
             sources = {path: archive.read(path).decode() for path in (SPECULATIVE, ARG_UTILS, FRONTEND, QUANTIZATION)}
@@ -122,7 +127,12 @@ def read_wheel(wheel: Path) -> dict[str, Any]:
 
     def add(flag: str, field_name: str | None, annotation: str | None, source: str) -> None:
         if flag.startswith("--") and flag not in flags:
-            flags[flag] = {"field": field_name, "annotation": annotation, "kind": _kind(annotation or ""), "source": source}
+            flags[flag] = {
+                "field": field_name,
+                "annotation": annotation,
+                "kind": _kind(annotation or ""),
+                "source": source,
+            }
 
     for flag in _added_flags(_function(engine, "add_cli_args")):
         name = flag[2:].replace("-", "_")
@@ -138,11 +148,15 @@ def read_wheel(wheel: Path) -> dict[str, Any]:
         "tool": "vllm serve",
         "version": match.group("version"),
         "wheel": Path(wheel).name,
-        "sources": [{"path": path, "read": what} for path, what in (
-            (SPECULATIVE, "SpeculativeConfig fields, SpeculativeMethod literal"),
-            (ARG_UTILS, "EngineArgs.add_cli_args add_argument names, EngineArgs field annotations"),
-            (FRONTEND, "BaseFrontendArgs/FrontendArgs fields, make_arg_parser add_argument names"),
-            (QUANTIZATION, "QuantizationMethods literal"))],
+        "sources": [
+            {"path": path, "read": what}
+            for path, what in (
+                (SPECULATIVE, "SpeculativeConfig fields, SpeculativeMethod literal"),
+                (ARG_UTILS, "EngineArgs.add_cli_args add_argument names, EngineArgs field annotations"),
+                (FRONTEND, "BaseFrontendArgs/FrontendArgs fields, make_arg_parser add_argument names"),
+                (QUANTIZATION, "QuantizationMethods literal"),
+            )
+        ],
         "speculative_methods": _literal_values(trees[SPECULATIVE], "SpeculativeMethod"),
         "speculative_fields": spec_fields,
         # SpeculativeConfig._verify_args raises for it: "'tensor_parallel_size' is not a valid argument in the

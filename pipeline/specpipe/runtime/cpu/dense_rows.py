@@ -28,10 +28,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.model.prepack import (ALL_ROWS, drop_dense_copies, drop_packed_weights, mkl_packed_gemm_available,
-                                                set_dense_rows)
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
+from specpipe.runtime.cpu.model.prepack import (
+    ALL_ROWS,
+    drop_dense_copies,
+    drop_packed_weights,
+    mkl_packed_gemm_available,
+    set_dense_rows,
+)
 from specpipe.runtime.cpu.model.weights_memory import release_freed_memory
 
 #: Row counts timed by :func:`choose_dense_rows` as one token per request (12: an EAGLE tree verification).
@@ -76,7 +81,9 @@ class DenseRowsChoice:
         if not self.measured_rows:
             kernel = "MKL's packed GEMM" if mkl_packed_gemm_available() else "oneDNN"
             return f"no dense copies loaded: packed kernels only ({kernel}, one copy of the weights)"
-        timings = ", ".join(f"{n} rows {d:.1f} vs {p:.1f} ms" for n, d, p in zip(self.measured_rows, self.dense_ms, self.packed_ms))
+        timings = ", ".join(
+            f"{n} rows {d:.1f} vs {p:.1f} ms" for n, d, p in zip(self.measured_rows, self.dense_ms, self.packed_ms)
+        )
         if self.rows >= ALL_ROWS:
             verdict = f"dense weights only, packed copies dropped ({self.copy_bytes / 2**20:.0f} MiB freed)"
         elif self.rows:
@@ -86,9 +93,14 @@ class DenseRowsChoice:
         return f"{verdict}; forward with dense copies vs packed only: {timings}"
 
 
-def rows_from_timings(measured_rows: Sequence[int], dense_ms: Sequence[float], packed_ms: Sequence[float],
-                      margin: float = MARGIN, one_copy_margin: float = ONE_COPY_MARGIN,
-                      one_copy_worst: float = ONE_COPY_WORST) -> int:
+def rows_from_timings(
+    measured_rows: Sequence[int],
+    dense_ms: Sequence[float],
+    packed_ms: Sequence[float],
+    margin: float = MARGIN,
+    one_copy_margin: float = ONE_COPY_MARGIN,
+    one_copy_worst: float = ONE_COPY_WORST,
+) -> int:
     """:data:`~specpipe.runtime.cpu.model.prepack.ALL_ROWS` (dense weights only) when the dense kernel's time
     over the packed one has a geometric mean of at most ``one_copy_margin`` and is at most
     ``one_copy_worst`` at every measured count; else the largest measured row count up to which it is
@@ -114,8 +126,13 @@ def dense_copies_wanted(rows: int | None) -> bool:
     return rows != 0
 
 
-def choose_dense_rows(engine, measured_rows: Sequence[int] = MEASURED_ROWS, context: int = 64,
-                      repeats: int = 3, chunk_rows: Sequence[int] = CHUNK_ROWS) -> DenseRowsChoice:
+def choose_dense_rows(
+    engine,
+    measured_rows: Sequence[int] = MEASURED_ROWS,
+    context: int = 64,
+    repeats: int = 3,
+    chunk_rows: Sequence[int] = CHUNK_ROWS,
+) -> DenseRowsChoice:
     """Time the target's batched forward (plus ``lm_head``) with and without its dense copies at each
     row count in ``measured_rows`` (one token per request, each after ``context`` cached tokens) and
     ``chunk_rows`` (one request's prompt chunk; one warm-up round, then ``repeats`` interleaved rounds,
@@ -174,12 +191,16 @@ def parse_dense_rows(setting: str | None) -> int | None:
     if text == "all":
         return ALL_ROWS
     if not (text.isascii() and text.isdigit()):
-        raise ValueError(f"dense_rows must be 'auto', 'all' (dense weights only) or a row count >= 0 "
-                         f"(0: packed kernels only), got {setting!r}")
+        raise ValueError(
+            f"dense_rows must be 'auto', 'all' (dense weights only) or a row count >= 0 "
+            f"(0: packed kernels only), got {setting!r}"
+        )
     rows = int(text)
     if rows > MAX_ROW_COUNT:
-        raise ValueError(f"dense_rows {rows} is more rows than a forward has (at most {MAX_ROW_COUNT} is "
-                         f"meaningful): give 'all' for the dense weights only")
+        raise ValueError(
+            f"dense_rows {rows} is more rows than a forward has (at most {MAX_ROW_COUNT} is "
+            f"meaningful): give 'all' for the dense weights only"
+        )
     return rows
 
 

@@ -54,9 +54,16 @@ class Deployment:
         drafter, max_draft_len, acceptance, max_context: as given (``max_context`` resolved).
     """
 
-    def __init__(self, target: PreTrainedModel, drafter: Drafter | TreeDrafter, max_draft_len: int, *,
-                 acceptance: str = ACCEPTANCE_RULES[0], max_context: int | None = None,
-                 eos_token_id: int | Iterable[int] | None = None):
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: Drafter | TreeDrafter,
+        max_draft_len: int,
+        *,
+        acceptance: str = ACCEPTANCE_RULES[0],
+        max_context: int | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+    ):
         self.target = CachedLM(target)
         self.drafter = drafter
         self.tree = isinstance(drafter, TreeDrafter)

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 import torch
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
-from specpipe.runtime.cpu.verify.accept import chain_tree, follow_choices
-from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.validation import validate_request
+from specpipe.runtime.cpu.verify.accept import chain_tree, follow_choices
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
 
 class DraftVerifier:
@@ -58,7 +58,9 @@ class DraftVerifier:
         validate_request(input_ids, params, vocab_size=target.vocab_size, max_context=self.engine.max_context)
         outside = [t for t in self.draft_ids if not 0 <= t < target.vocab_size]
         if outside:
-            raise ValueError(f"draft_input_ids contains ids outside the vocabulary [0, {target.vocab_size}): {outside[:5]}")
+            raise ValueError(
+                f"draft_input_ids contains ids outside the vocabulary [0, {target.vocab_size}): {outside[:5]}"
+            )
         room = min(params.max_tokens - 1, self.engine.max_context - len(input_ids) - 1)
         drafts = self.draft_ids[: max(0, room)]
         return self._step(input_ids, drafts, params)
@@ -74,18 +76,23 @@ class DraftVerifier:
         target = self.engine.target
         with torch.inference_mode():
             target.reset()
-            logits = target.forward(input_ids + drafts)[len(input_ids) - 1:]  # [K + 1, vocab]
+            logits = target.forward(input_ids + drafts)[len(input_ids) - 1 :]  # [K + 1, vocab]
             target.reset()
         chain = chain_tree(drafts)
         paths = chain.row_paths()
-        path, token = follow_choices(chain, lambda row: sampler.choose(logits[row: row + 1], path=paths[row])[0])
+        path, token = follow_choices(chain, lambda row: sampler.choose(logits[row : row + 1], path=paths[row])[0])
         accepted, committed = len(path), [*drafts[: len(path)], token]
         stop = StopConditions(end_ids, params.stop_words, params.max_tokens)
         tokens, reason = stop.push(committed)
         if reason is None:
             tokens += stop.finish()
         # as the scheduler counts (RequestStats): a draft that ends the request is the step's own token
-        stats = RequestStats(num_input_tokens=len(input_ids), num_output_tokens=len(tokens),
-                             num_generated_tokens=stop.committed, total_draft_tokens=len(drafts),
-                             total_accepted_draft_tokens=min(accepted, stop.committed - 1), target_forwards=1)
+        stats = RequestStats(
+            num_input_tokens=len(input_ids),
+            num_output_tokens=len(tokens),
+            num_generated_tokens=stop.committed,
+            total_draft_tokens=len(drafts),
+            total_accepted_draft_tokens=min(accepted, stop.committed - 1),
+            target_forwards=1,
+        )
         yield StepOutput(tokens, True, reason or "length", stats)

@@ -18,22 +18,29 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from specpipe.errors import CompatibilityError, ManifestError, SpecpipeError
 from specpipe.heads_format import COMPACT_FILES, compact_style, load_draft_vocab
 from specpipe.manifest import Manifest, read_manifest
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.drafters.eagle import load_eagle_drafter
 from specpipe.runtime.cpu.drafters.eagle3 import load_eagle3_drafter
-from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.medusa import load_medusa_drafter
-from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
+from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.model.fused_projections import fuse_projections
 from specpipe.runtime.cpu.model.prepack import PrepackedLinear, bf16_prepack_available, prepack_linear_layers
 from specpipe.runtime.cpu.model.quant_scheme import manifest_quantization
-from specpipe.runtime.cpu.quantized_models import quantize_drafter, quantize_model
-from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
-from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.model.weights_memory import own_memory, release_freed_memory
+from specpipe.runtime.cpu.quantized_models import quantize_drafter, quantize_model
 from specpipe.speculative import (
-    ACCEPTANCE_RULES, DRAFT_VOCAB_DEFAULT, DYNAMIC_TREE_DEFAULTS, NGRAM_MATCH_DEFAULT, Method, Runtime,
-    SpeculativeSettings, methods_for, names,
+    ACCEPTANCE_RULES,
+    DRAFT_VOCAB_DEFAULT,
+    DYNAMIC_TREE_DEFAULTS,
+    NGRAM_MATCH_DEFAULT,
+    Method,
+    Runtime,
+    SpeculativeSettings,
+    methods_for,
+    names,
 )
 from specpipe.tree import Tree
 
@@ -58,7 +65,9 @@ def load_checkpoint(path: Path, role: str) -> PreTrainedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except Exception as exc:  # any loading failure means an unusable checkpoint, whatever raised it
-        raise SpecpipeError(f"{role} checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}): {_REBUILD}") from exc
+        raise SpecpipeError(
+            f"{role} checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}): {_REBUILD}"
+        ) from exc
     return model.eval()
 
 
@@ -92,8 +101,10 @@ class DraftSource:
         method = self.settings.method
         draft = self.manifest.draft
         if draft is None or draft.method != method.value or not draft.path:
-            raise ManifestError(f"{self.engine_dir}: speculative method '{method.value}' needs a 'draft' entry "
-                                f"of that method with a 'path': {_REBUILD}")
+            raise ManifestError(
+                f"{self.engine_dir}: speculative method '{method.value}' needs a 'draft' entry "
+                f"of that method with a 'path': {_REBUILD}"
+            )
         return self.engine_dir / draft.path
 
     def tree(self) -> Tree:
@@ -104,10 +115,11 @@ class DraftSource:
         """
         settings = self.settings
         if settings.tree is None:
-            raise ManifestError(f"{self.engine_dir}: method '{settings.method.value}' needs a tree (choices) in "
-                                f"the manifest: {_REBUILD}")
-        return settings.tree.check(max_nodes=settings.max_draft_len or None,
-                                   what=f"{settings.method.value}_choices")
+            raise ManifestError(
+                f"{self.engine_dir}: method '{settings.method.value}' needs a tree (choices) in "
+                f"the manifest: {_REBUILD}"
+            )
+        return settings.tree.check(max_nodes=settings.max_draft_len or None, what=f"{settings.method.value}_choices")
 
     @property
     def draft_vocab(self) -> bool:
@@ -141,8 +153,14 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
 
 def _medusa_drafter(source: DraftSource) -> TreeDrafter:
     draft_dir = source.draft_dir()
-    drafter = load_medusa_drafter(draft_dir, source.target, source.tree(), draft_vocab=source.draft_vocab,
-                                  prepack=source.prepack and not source.quantization, dtype=source.draft_dtype)
+    drafter = load_medusa_drafter(
+        draft_dir,
+        source.target,
+        source.tree(),
+        draft_vocab=source.draft_vocab,
+        prepack=source.prepack and not source.quantization,
+        dtype=source.draft_dtype,
+    )
     return quantize_drafter(drafter, source.quantization)
 
 
@@ -153,10 +171,15 @@ def _eagle_drafter(source: DraftSource) -> TreeDrafter:
     top_k, depth = DYNAMIC_TREE_DEFAULTS
     load = load_eagle3_drafter if compact_style(draft_dir / COMPACT_FILES["eagle"]) == "eagle3" else load_eagle_drafter
     drafter = load(
-        draft_dir, source.target, None if dynamic else source.tree(), draft_vocab=source.draft_vocab,
-        dynamic=dynamic, top_k=settings.dynamic_top_k if settings.dynamic_top_k is not None else top_k,
+        draft_dir,
+        source.target,
+        None if dynamic else source.tree(),
+        draft_vocab=source.draft_vocab,
+        dynamic=dynamic,
+        top_k=settings.dynamic_top_k if settings.dynamic_top_k is not None else top_k,
         depth=settings.dynamic_depth if settings.dynamic_depth is not None else depth,
-        prepack=source.prepack and not source.quantization, dtype=source.draft_dtype,
+        prepack=source.prepack and not source.quantization,
+        dtype=source.draft_dtype,
     )
     return quantize_drafter(drafter, source.quantization)
 
@@ -192,8 +215,9 @@ def resolve_draft_dtype(name: str = "auto") -> torch.dtype:
     return DRAFT_DTYPES[name]
 
 
-def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "auto",
-                dense_copy: bool = False) -> tuple[Deployment, Manifest]:
+def load_engine(
+    engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "auto", dense_copy: bool = False
+) -> tuple[Deployment, Manifest]:
     """Load an engine directory: its manifest, target and drafter.
 
     Args:
@@ -242,8 +266,9 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
     # memory of their own before drafters take views of them; the linear weights still view the
     # checkpoint's memory map until prepacking replaces them, and then the map goes.
     own_memory(target, skip_prepackable=prepack or bool(quantization))
-    drafter = factory(DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype), dense_copy,
-                                  quantization))
+    drafter = factory(
+        DraftSource(engine_dir, manifest, target, prepack, resolve_draft_dtype(draft_dtype), dense_copy, quantization)
+    )
     if quantization:
         quantize_model(target, quantization, drafter)
     elif prepack:
@@ -251,13 +276,18 @@ def load_engine(engine_dir: Path, *, prepack: bool = True, draft_dtype: str = "a
         prepack_linear_layers(target.model, dense_copy=dense_copy)
         prepack_linear_layers(target)  # after tree heads took their (dense) copies of embedding and lm_head rows
         lm = getattr(drafter, "lm", None)
-        if (isinstance(lm, ReducedLMHead) and lm.draft_vocab is None and lm.dtype == torch.float32
-                and isinstance(target.lm_head, PrepackedLinear)):
+        if (
+            isinstance(lm, ReducedLMHead)
+            and lm.draft_vocab is None
+            and lm.dtype == torch.float32
+            and isinstance(target.lm_head, PrepackedLinear)
+        ):
             lm.use_packed(target.lm_head)  # full draft vocabulary: share the target's packed lm_head
     release_freed_memory()
     try:
-        deployment = Deployment(target, drafter, settings.max_draft_len,
-                                acceptance=settings.acceptance or ACCEPTANCE_RULES[0])
+        deployment = Deployment(
+            target, drafter, settings.max_draft_len, acceptance=settings.acceptance or ACCEPTANCE_RULES[0]
+        )
         return deployment, manifest
     except ValueError as exc:
         raise CompatibilityError(f"{engine_dir}: {exc}") from exc

@@ -34,8 +34,12 @@ def quantize_model(model: torch.nn.Module, scheme: str, drafter: object = None) 
     replaced = quantize_linear_layers(model.model, scheme) + quantize_linear_layers(model, scheme)
     lm = getattr(drafter, "lm", None)
     head = getattr(model, "lm_head", None)
-    if (isinstance(lm, ReducedLMHead) and lm.draft_vocab is None and lm.weight is not None
-            and isinstance(head, QuantizedLinear)):
+    if (
+        isinstance(lm, ReducedLMHead)
+        and lm.draft_vocab is None
+        and lm.weight is not None
+        and isinstance(head, QuantizedLinear)
+    ):
         lm.use_packed(head)  # type: ignore[arg-type]  # scores like a packed layer: out_features, __call__
     return replaced
 

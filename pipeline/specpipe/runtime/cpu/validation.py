@@ -39,14 +39,18 @@ def validate_request(input_ids: list[int], params: SamplingParams, *, vocab_size
     if not is_greedy(params) and not (params.temperature > 0.0 and math.isfinite(params.temperature)):
         raise ValueError(f"temperature must be a finite number > 0 when sampling, got {params.temperature}")
     if not (math.isfinite(params.repetition_penalty) and params.repetition_penalty > 0.0):
-        raise ValueError(f"repetition_penalty must be a finite number > 0 (1 disables it), got {params.repetition_penalty}")
+        raise ValueError(
+            f"repetition_penalty must be a finite number > 0 (1 disables it), got {params.repetition_penalty}"
+        )
     for name in ("presence_penalty", "frequency_penalty"):
         if not math.isfinite(getattr(params, name)):
             raise ValueError(f"{name} must be a finite number (0 disables it), got {getattr(params, name)}")
     if params.min_tokens < 0:
         raise ValueError(f"min_tokens must be >= 0 (0 disables it), got {params.min_tokens}")
     if params.end_id is not None and not 0 <= params.end_id < vocab_size:
-        raise ValueError(f"end_id must be a token id in [0, {vocab_size}) (or unset: the tokenizer's), got {params.end_id}")
+        raise ValueError(
+            f"end_id must be a token id in [0, {vocab_size}) (or unset: the tokenizer's), got {params.end_id}"
+        )
     bad = sorted({t for words in params.bad_words for t in words if not 0 <= t < vocab_size})
     if bad:
         raise ValueError(f"bad_words contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")

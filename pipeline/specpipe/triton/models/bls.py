@@ -88,15 +88,20 @@ class Caller:
     def __init__(self, names: dict[str, str]):
         self.names = names
 
-    def call(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str], decoupled: bool) -> dict[str, np.ndarray]:
+    def call(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: list[str], decoupled: bool
+    ) -> dict[str, np.ndarray]:
         """Outputs of one request to ``model``; for decoupled models the response carrying data.
 
         Raises:
             CalledModelError: the model answered with an error.
         """
         pb = pb_utils()
-        request = pb.InferenceRequest(model_name=self.names[model], requested_output_names=outputs,
-                                      inputs=[pb.Tensor(k, v) for k, v in inputs.items()])
+        request = pb.InferenceRequest(
+            model_name=self.names[model],
+            requested_output_names=outputs,
+            inputs=[pb.Tensor(k, v) for k, v in inputs.items()],
+        )
         responses = request.exec(decoupled=True) if decoupled else [request.exec()]
         found: dict[str, np.ndarray] = {}
         for reply in responses:
@@ -134,15 +139,22 @@ class BlsModel:
 
     def preprocess(self, req: BlsRequest) -> dict[str, np.ndarray]:
         inputs = {"QUERY": req.text, "REQUEST_OUTPUT_LEN": _i32(req.max_tokens), **req.words}
-        return self.caller.call("preprocessing", inputs, ["INPUT_ID", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "OUT_END_ID",
-                                                          "OUT_PAD_ID"], decoupled=False)
+        return self.caller.call(
+            "preprocessing",
+            inputs,
+            ["INPUT_ID", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "OUT_END_ID", "OUT_PAD_ID"],
+            decoupled=False,
+        )
 
     def _engine_inputs(self, sequence: list[int], output_len: int, pre: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         inputs = {
-            "input_ids": _ids(sequence), "input_lengths": _i32(len(sequence)), "request_output_len": _i32(output_len),
+            "input_ids": _ids(sequence),
+            "input_lengths": _i32(len(sequence)),
+            "request_output_len": _i32(output_len),
             "end_id": pre["OUT_END_ID"].astype(np.int32).reshape(1, 1),
             "pad_id": pre["OUT_PAD_ID"].astype(np.int32).reshape(1, 1),
-            "exclude_input_in_output": np.array([[True]]), "streaming": np.array([[False]]),
+            "exclude_input_in_output": np.array([[True]]),
+            "streaming": np.array([[False]]),
         }
         if from_words_layout(pre.get("BAD_WORDS_IDS")):
             inputs["bad_words_list"] = pre["BAD_WORDS_IDS"].astype(np.int32)
@@ -170,7 +182,9 @@ class BlsModel:
             logits = outputs.get("generation_logits")
             if logits is None:
                 raise CalledModelError("the draft model returned no generation_logits for use_draft_logits")
-            logits_out[:] = [np.asarray(logits, dtype=np.float32).reshape(-1, np.asarray(logits).shape[-1])[: len(tokens)]]
+            logits_out[:] = [
+                np.asarray(logits, dtype=np.float32).reshape(-1, np.asarray(logits).shape[-1])[: len(tokens)]
+            ]
         return tokens
 
     def verify(self, sequence: list[int], drafts: list[int], pre, req: BlsRequest, logits: list) -> list[int]:
@@ -183,13 +197,17 @@ class BlsModel:
         return self._tokens(self.caller.call("tensorrt_llm", inputs, ["output_ids", "sequence_length"], decoupled=True))
 
     def postprocess(self, tokens: list[int], prior: list[int]) -> np.ndarray:
-        inputs = {"TOKENS_BATCH": np.array(tokens, dtype=np.int32).reshape(1, 1, len(tokens)),
-                  "SEQUENCE_LENGTH": _i32(len(tokens))}
+        inputs = {
+            "TOKENS_BATCH": np.array(tokens, dtype=np.int32).reshape(1, 1, len(tokens)),
+            "SEQUENCE_LENGTH": _i32(len(tokens)),
+        }
         if prior:
             inputs["PRIOR_TOKENS_BATCH"] = np.array(prior, dtype=np.int32).reshape(1, 1, len(prior))
         return self.caller.call("postprocessing", inputs, ["OUTPUT"], decoupled=False)["OUTPUT"]
 
-    def outputs(self, req: BlsRequest, text: np.ndarray, stats: LoopStats, n_in: int, n_out: int) -> dict[str, np.ndarray]:
+    def outputs(
+        self, req: BlsRequest, text: np.ndarray, stats: LoopStats, n_in: int, n_out: int
+    ) -> dict[str, np.ndarray]:
         out = {"text_output": np.asarray(text, dtype=np.object_).reshape(1, -1)}
         if req.perf:
             out["acceptance_rate"] = np.array([[stats.acceptance_rate]], dtype=np.float32)
@@ -212,15 +230,24 @@ class BlsModel:
         prompt = [int(t) for t in np.asarray(pre["INPUT_ID"]).reshape(-1)]
         end_id = int(np.asarray(pre["OUT_END_ID"]).reshape(-1)[0])
         logits: list = []
-        loop = DraftTargetLoop(lambda seq, k: self.draft(seq, k, pre, req, logits),
-                               lambda seq, drafts: self.verify(seq, drafts, pre, req, logits))
+        loop = DraftTargetLoop(
+            lambda seq, k: self.draft(seq, k, pre, req, logits),
+            lambda seq, drafts: self.verify(seq, drafts, pre, req, logits),
+        )
         generated: list[int] = []
         stats = LoopStats()
-        for chunk in loop.run(prompt, req.max_tokens, req.num_draft_tokens, [end_id] if end_id >= 0 else [],
-                              from_words_layout(pre.get("STOP_WORDS_IDS"))):
+        for chunk in loop.run(
+            prompt,
+            req.max_tokens,
+            req.num_draft_tokens,
+            [end_id] if end_id >= 0 else [],
+            from_words_layout(pre.get("STOP_WORDS_IDS")),
+        ):
             stats = chunk.stats
             if req.stream and (chunk.tokens or chunk.finished):
-                text = self.postprocess(chunk.tokens, generated) if chunk.tokens else np.array([[b""]], dtype=np.object_)
+                text = (
+                    self.postprocess(chunk.tokens, generated) if chunk.tokens else np.array([[b""]], dtype=np.object_)
+                )
                 emit(self.outputs(req, text, stats, len(prompt), len(generated) + len(chunk.tokens)), chunk.finished)
             generated.extend(chunk.tokens)
         if not req.stream:
@@ -242,25 +269,44 @@ def read_request(request, default_draft_tokens: int) -> BlsRequest:
         draft_tokens = scalar(input_array(request, "num_draft_tokens"), "num_draft_tokens")
         min_tokens = scalar(input_array(request, "min_tokens"), "min_tokens")
         if min_tokens is not None and int(min_tokens) != 0:
-            raise RequestError(f"min_tokens is not supported by tensorrt_llm_bls (draft-target), got {int(min_tokens)}: send 0 or leave it out")
+            raise RequestError(
+                f"min_tokens is not supported by tensorrt_llm_bls (draft-target), got {int(min_tokens)}: send 0 or leave it out"
+            )
         sampling = {}
-        for src, dst in (("top_k", "runtime_top_k"), ("top_p", "runtime_top_p"), ("temperature", "temperature"), ("seed", "seed"),
-                         ("repetition_penalty", "repetition_penalty"), ("presence_penalty", "presence_penalty"),
-                         ("frequency_penalty", "frequency_penalty")):
+        for src, dst in (
+            ("top_k", "runtime_top_k"),
+            ("top_p", "runtime_top_p"),
+            ("temperature", "temperature"),
+            ("seed", "seed"),
+            ("repetition_penalty", "repetition_penalty"),
+            ("presence_penalty", "presence_penalty"),
+            ("frequency_penalty", "frequency_penalty"),
+        ):
             value = input_array(request, src)
             if value is not None:
                 sampling[dst] = np.asarray(value).reshape(1, 1)
         words = {}
-        for src, dst in (("bad_words", "BAD_WORDS_DICT"), ("stop_words", "STOP_WORDS_DICT"), ("end_id", "END_ID"), ("pad_id", "PAD_ID")):
+        for src, dst in (
+            ("bad_words", "BAD_WORDS_DICT"),
+            ("stop_words", "STOP_WORDS_DICT"),
+            ("end_id", "END_ID"),
+            ("pad_id", "PAD_ID"),
+        ):
             value = input_array(request, src)
             if value is not None:
                 words[dst] = np.asarray(value).reshape(1, -1)
         return BlsRequest(
-            text=np.asarray(text).reshape(1, 1), max_tokens=int(max_tokens), stream=_flag(request, "stream"),
-            exclude_input=_flag(request, "exclude_input_in_output"), perf=_flag(request, "return_perf_metrics"),
-            num_input=_flag(request, "return_num_input_tokens"), num_output=_flag(request, "return_num_output_tokens"),
+            text=np.asarray(text).reshape(1, 1),
+            max_tokens=int(max_tokens),
+            stream=_flag(request, "stream"),
+            exclude_input=_flag(request, "exclude_input_in_output"),
+            perf=_flag(request, "return_perf_metrics"),
+            num_input=_flag(request, "return_num_input_tokens"),
+            num_output=_flag(request, "return_num_output_tokens"),
             num_draft_tokens=default_draft_tokens if draft_tokens is None else int(draft_tokens),
-            use_draft_logits=_flag(request, "use_draft_logits"), sampling=sampling, words=words,
+            use_draft_logits=_flag(request, "use_draft_logits"),
+            sampling=sampling,
+            words=words,
         )
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
@@ -279,10 +325,15 @@ class TritonPythonModel:
         }
         max_draft_len = int(params.get("max_draft_len") or 0)
         self.default_draft_tokens = int(params.get("num_draft_tokens") or max_draft_len)
-        self.model = BlsModel(Caller(names), max_draft_len, self.default_draft_tokens,
-                              parse_bool(params.get("draft_logits_available"), False))
-        self.pool = ThreadPoolExecutor(max_workers=max(1, int(params.get("max_concurrent_requests") or 1)),
-                                       thread_name_prefix="specpipe-bls")
+        self.model = BlsModel(
+            Caller(names),
+            max_draft_len,
+            self.default_draft_tokens,
+            parse_bool(params.get("draft_logits_available"), False),
+        )
+        self.pool = ThreadPoolExecutor(
+            max_workers=max(1, int(params.get("max_concurrent_requests") or 1)), thread_name_prefix="specpipe-bls"
+        )
 
     def execute(self, requests):
         for request in requests:
@@ -311,7 +362,9 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             pb_utils().Logger.log_error(f"tensorrt_llm_bls failed: {exc}\n{traceback.format_exc()}")
             if not sent_final:
-                sender.send(error_response(f"tensorrt_llm_bls failed: {type(exc).__name__}: {exc}", "INTERNAL"), flags=final)
+                sender.send(
+                    error_response(f"tensorrt_llm_bls failed: {type(exc).__name__}: {exc}", "INTERNAL"), flags=final
+                )
 
     def finalize(self):
         pool = getattr(self, "pool", None)

@@ -77,8 +77,9 @@ def strings(array: np.ndarray | None, name: str = "a STRING input") -> list[str]
         try:
             texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{name} element {index} is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
-                             f"send UTF-8 text") from None
+            raise ValueError(
+                f"{name} element {index} is not valid UTF-8 ({exc.reason} at byte {exc.start}): send UTF-8 text"
+            ) from None
     return texts
 
 

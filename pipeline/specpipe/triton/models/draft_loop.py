@@ -67,12 +67,20 @@ class DraftTargetLoop:
         verify: ``verify(sequence, drafts) -> tokens``: the target's committed tokens after ``sequence``.
     """
 
-    def __init__(self, draft: Callable[[list[int], int], list[int]], verify: Callable[[list[int], list[int]], list[int]]):
+    def __init__(
+        self, draft: Callable[[list[int], int], list[int]], verify: Callable[[list[int], list[int]], list[int]]
+    ):
         self.draft = draft
         self.verify = verify
 
-    def run(self, prompt: list[int], max_tokens: int, num_draft_tokens: int, end_ids: Iterable[int] = (),
-            stop_words: Iterable[Iterable[int]] = ()) -> Iterator[Chunk]:
+    def run(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        num_draft_tokens: int,
+        end_ids: Iterable[int] = (),
+        stop_words: Iterable[Iterable[int]] = (),
+    ) -> Iterator[Chunk]:
         """One :class:`Chunk` per target step; the last has ``finished=True``.
 
         Raises:

@@ -35,7 +35,9 @@ ORPHAN_CHECK_S = 0.5
 #: How the error of a request refused or ended by a draining server begins (the gateway answers 503).
 SERVER_STOPPING = "server stopping"
 #: The errors (``UNAVAILABLE``) of a request refused, or ended unfinished, because the server is stopping.
-REFUSED_WHILE_STOPPING = f"{SERVER_STOPPING}: it takes no new requests; send the request to another replica, or again once this one is back"
+REFUSED_WHILE_STOPPING = (
+    f"{SERVER_STOPPING}: it takes no new requests; send the request to another replica, or again once this one is back"
+)
 ENDED_BY_STOP = f"{SERVER_STOPPING}: the request was ended before it finished; send it again once the server is back"
 
 

@@ -96,7 +96,11 @@ def parse_request(get: Callable[[str], np.ndarray | None], *, exclude_input_defa
 
     penalties = _penalties(get)
     sampling = (top_k is not None and int(top_k) > 1) or top_p is not None
-    greedy = not sampling or (top_k is not None and int(top_k) == 1) or (temperature is not None and float(temperature) == 0.0)
+    greedy = (
+        not sampling
+        or (top_k is not None and int(top_k) == 1)
+        or (temperature is not None and float(temperature) == 0.0)
+    )
     end_id = scalar(get("end_id"), "end_id")
     if end_id is not None and int(end_id) < -1:
         raise ValueError(f"end_id must be a token id >= 0, or -1 for the tokenizer's end id, got {int(end_id)}")
@@ -142,7 +146,9 @@ def _penalties(get: Callable[[str], np.ndarray | None]) -> dict:
     repetition = scalar(get("repetition_penalty"), "repetition_penalty")
     if repetition is not None:
         if not (math.isfinite(float(repetition)) and float(repetition) > 0.0):
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 disables it), got {float(repetition):g}")
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0 (1 disables it), got {float(repetition):g}"
+            )
         found["repetition_penalty"] = float(repetition)
     for name in ("presence_penalty", "frequency_penalty"):
         value = scalar(get(name), name)

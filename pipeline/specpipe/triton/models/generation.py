@@ -33,7 +33,9 @@ def _ids(tokens: list[int]) -> np.ndarray:
     return np.array(tokens, dtype=np.int32).reshape(1, 1, len(tokens))
 
 
-def response_outputs(request: EngineRequest, tokens: list[int], prior: list[int], stats: RequestStats) -> dict[str, np.ndarray]:
+def response_outputs(
+    request: EngineRequest, tokens: list[int], prior: list[int], stats: RequestStats
+) -> dict[str, np.ndarray]:
     """Output tensors of one response carrying ``tokens`` after ``prior`` (see module doc)."""
     outputs = {
         "output_ids": _ids(tokens),

@@ -33,8 +33,10 @@ def container_model(directory: str) -> type:
     """
     path = Path(directory) / "model.py"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: serve this repository in the TensorRT-LLM container "
-                                f"it was written for ('specpipe serve')")
+        raise FileNotFoundError(
+            f"{path} does not exist: serve this repository in the TensorRT-LLM container "
+            f"it was written for ('specpipe serve')"
+        )
     if directory not in sys.path:
         sys.path.insert(0, directory)
     spec = importlib.util.spec_from_file_location("trtllm_llmapi_model", path)

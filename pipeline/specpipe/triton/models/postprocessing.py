@@ -58,7 +58,9 @@ class Detokenizer:
         """Text of ``ids`` without trailing replacement characters."""
         if not ids:
             return ""
-        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False)
+        text = self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
         return text.rstrip(REPLACEMENT)
 
     def delta(self, prior: list[int], new: list[int]) -> str:
@@ -68,7 +70,7 @@ class Detokenizer:
             return now
         before = self.visible(list(prior))
         if now.startswith(before):
-            return now[len(before):]
+            return now[len(before) :]
         # A decoder that rewrote earlier text: send from the first differing character (rare; the
         # concatenation then differs from the non-streamed text there).
         common = 0

@@ -116,8 +116,16 @@ class Preprocessor:
         pad = self.tokenizer.pad_token_id
         return self.default_end_id if pad is None else int(pad)
 
-    def outputs(self, query: str, output_len: int, stop_words: list[str], bad_words: list[str],
-                end_id: int | None, pad_id: int | None, segments: list[str] | None = None) -> dict[str, np.ndarray]:
+    def outputs(
+        self,
+        query: str,
+        output_len: int,
+        stop_words: list[str],
+        bad_words: list[str],
+        end_id: int | None,
+        pad_id: int | None,
+        segments: list[str] | None = None,
+    ) -> dict[str, np.ndarray]:
         """All output tensors for one request (batch size 1), keyed by output name.
 
         Raises:
@@ -151,7 +159,9 @@ def load_tokenizer(tokenizer_dir: str):
         ValueError: ``tokenizer_dir`` is unset (the model config lacks the parameter).
     """
     if not tokenizer_dir:
-        raise ValueError("parameter 'tokenizer_dir' is missing from the model config: regenerate it with 'specpipe package'")
+        raise ValueError(
+            "parameter 'tokenizer_dir' is missing from the model config: regenerate it with 'specpipe package'"
+        )
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tokenizer_dir)

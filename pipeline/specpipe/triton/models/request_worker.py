@@ -20,15 +20,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler, ServerBusy
+from specpipe.runtime.cpu.scheduler.scheduler import Cancelled as SchedulerCancelled
 from specpipe.triton.models.common import ENGINE_FAILED, error_response, pb_utils, response
 from specpipe.triton.models.draining import ENDED_BY_STOP, REFUSED_WHILE_STOPPING, DrainSignal
 from specpipe.triton.models.engine_request import EngineRequest
-from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler, ServerBusy
-from specpipe.runtime.cpu.scheduler.scheduler import Cancelled as SchedulerCancelled
 from specpipe.triton.models.generation import Cancelled, StepResponder, run_request
 from specpipe.triton.models.scheduler_metrics import error_reason
 from specpipe.triton.models.stop_requests import StopRequests
-
 
 #: Prefix of the ids given to requests sent without one (numbered from 1 in each model process).
 ANONYMOUS_ID = "specpipe-anonymous-"
@@ -54,8 +53,13 @@ class TritonSender:
         on_error: called with the reason (:func:`~.scheduler_metrics.error_reason`) of each error sent.
     """
 
-    def __init__(self, sender, request_id: str = "", stops: StopRequests | None = None,
-                 on_error: Callable[[str], None] = lambda reason: None):
+    def __init__(
+        self,
+        sender,
+        request_id: str = "",
+        stops: StopRequests | None = None,
+        on_error: Callable[[str], None] = lambda reason: None,
+    ):
         self._sender, self.request_id, self._stops, self._on_error = sender, request_id, stops, on_error
         self.arrived_s = time.monotonic()  # the request's arrival, for its time to first token
         self._started = False
@@ -133,9 +137,16 @@ class RequestWorker:
             none by default.
     """
 
-    def __init__(self, engine=None, log_error=lambda message: None, *, load: Callable[[], object] | None = None,
-                 on_step: Callable[[BatchScheduler], None] | None = None, drain: DrainSignal | None = None,
-                 track: Callable[[float], Callable] | None = None):
+    def __init__(
+        self,
+        engine=None,
+        log_error=lambda message: None,
+        *,
+        load: Callable[[], object] | None = None,
+        on_step: Callable[[BatchScheduler], None] | None = None,
+        drain: DrainSignal | None = None,
+        track: Callable[[float], Callable] | None = None,
+    ):
         if (engine is None) == (load is None):
             raise ValueError("give exactly one of engine and load")
         self.engine = engine

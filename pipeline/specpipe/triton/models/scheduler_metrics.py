@@ -105,8 +105,9 @@ class SchedulerMetrics:
         except Exception:  # noqa: BLE001 - no Triton (tests) or a backend without custom metrics
             return
         # Triton deletes a family's metrics with the family object: keep every family referenced.
-        self._families = {name: family(name=name, description=doc, kind=getattr(family, kind))
-                          for name, kind, doc in FAMILIES}
+        self._families = {
+            name: family(name=name, description=doc, kind=getattr(family, kind)) for name, kind, doc in FAMILIES
+        }
         self._model = {names.MODEL_LABEL: model_name}
         self._batch = self._families["specpipe_batch_size"].Metric(labels={})
         self._waiting = self._families["specpipe_waiting_requests"].Metric(labels={})
@@ -116,9 +117,13 @@ class SchedulerMetrics:
         self._positions: dict[int, object] = {}
         errors = self._families["specpipe_request_errors_total"]
         self._errors = {reason: errors.Metric(labels={"reason": reason}) for reason in ERROR_REASONS}
-        self._own = {name: self._families[name].Metric(labels=dict(self._model), buckets=list(_BUCKETS[name]))
-                     if name in _BUCKETS else self._families[name].Metric(labels=dict(self._model))
-                     for name, _, _ in FAMILIES if name.startswith("specpipe:") and name != names.NUM_ACCEPTED_PER_POS}
+        self._own = {
+            name: self._families[name].Metric(labels=dict(self._model), buckets=list(_BUCKETS[name]))
+            if name in _BUCKETS
+            else self._families[name].Metric(labels=dict(self._model))
+            for name, _, _ in FAMILIES
+            if name.startswith("specpipe:") and name != names.NUM_ACCEPTED_PER_POS
+        }
 
     def update(self, scheduler) -> None:
         """Record a finished batch step of ``scheduler`` (a

@@ -108,8 +108,10 @@ class StopRequests:
             ValueError: ``request_id`` is empty (a stop names its request by id).
         """
         if not request_id:
-            raise ValueError("a stop request must carry the request id of the request to stop "
-                             "(send it with the same request_id as that request)")
+            raise ValueError(
+                "a stop request must carry the request id of the request to stop "
+                "(send it with the same request_id as that request)"
+            )
         now = self._clock()
         with self._lock:
             self._forget_expired(now)
@@ -154,8 +156,12 @@ def send_stop_request(engine_model: str, request_id: str) -> None:
         RuntimeError: the engine model answered with an error.
     """
     pb = pb_utils()
-    request = pb.InferenceRequest(model_name=engine_model, requested_output_names=[], request_id=request_id,
-                                  inputs=[pb.Tensor(name, value[np.newaxis]) for name, value in stop_request_values().items()])
+    request = pb.InferenceRequest(
+        model_name=engine_model,
+        requested_output_names=[],
+        request_id=request_id,
+        inputs=[pb.Tensor(name, value[np.newaxis]) for name, value in stop_request_values().items()],
+    )
     for reply in request.exec(decoupled=True):
         if reply.has_error():
             raise RuntimeError(f"{engine_model}: {reply.error().message()}")
@@ -176,8 +182,12 @@ class AbandonedRequests:
         clock: monotonic clock in seconds (tests pass a fake one).
     """
 
-    def __init__(self, send: Callable[[str], None], window_s: float = ABANDONED_STOP_WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        send: Callable[[str], None],
+        window_s: float = ABANDONED_STOP_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._send, self.window_s, self._clock = send, window_s, clock
         self._stopped: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()

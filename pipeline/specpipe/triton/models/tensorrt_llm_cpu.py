@@ -49,7 +49,6 @@ from specpipe.triton.models.scheduler_metrics import SchedulerMetrics
 from specpipe.triton.models.stop_requests import StopRequests, is_stop_request
 from specpipe.triton.models.warmup import warm_up_deployment
 
-
 #: Seconds ``finalize`` waits for the engine thread to end its requests.
 FINALIZE_WAIT_S = 5.0
 #: Requests decoded together when the manifest has no ``limits.max_batch_size``.
@@ -68,7 +67,9 @@ class TritonPythonModel:
         params = model_parameters(args)
         engine_dir = params.get("gpt_model_path", "")
         if not engine_dir:
-            raise ValueError("parameter 'gpt_model_path' (the engine directory) is missing: regenerate with 'specpipe package'")
+            raise ValueError(
+                "parameter 'gpt_model_path' (the engine directory) is missing: regenerate with 'specpipe package'"
+            )
         self.exclude_input_default = parse_bool(params.get("exclude_input_in_output"), False)
         logger = pb_utils().Logger
 
@@ -80,9 +81,13 @@ class TritonPythonModel:
             logger.log_info(f"specpipe: linear kernels for few rows: {apply_dense_rows(engine, dense_rows)}")
             limits = self.manifest.limits or {}
             batch = int(limits.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)
-            scheduler = BatchScheduler(engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch))
-            logger.log_info(f"specpipe: batch scheduler for {batch} requests; target forward cost measured at load: "
-                            f"{scheduler.cost_model.describe()}")
+            scheduler = BatchScheduler(
+                engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch)
+            )
+            logger.log_info(
+                f"specpipe: batch scheduler for {batch} requests; target forward cost measured at load: "
+                f"{scheduler.cost_model.describe()}"
+            )
             return scheduler
 
         self.stops = StopRequests()
@@ -93,7 +98,9 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            sender = TritonSender(request.get_response_sender(), request.request_id(), self.stops, self.metrics.request_failed)
+            sender = TritonSender(
+                request.get_response_sender(), request.request_id(), self.stops, self.metrics.request_failed
+            )
             get = functools.partial(input_array, request)
             try:
                 if is_stop_request(get):

@@ -40,8 +40,13 @@ def warmup_prompt(length: int, vocab_size: int) -> list[int]:
     return [100 + (7 * (i % WARMUP_CYCLE)) % max(1, vocab_size - 100) for i in range(length)]
 
 
-def warm_up_deployment(deployment: Deployment, log: Callable[[str], None] | None = None, *,
-                       lengths: tuple[int, ...] = WARMUP_PROMPT_LENGTHS, max_tokens: int = WARMUP_NEW_TOKENS) -> float:
+def warm_up_deployment(
+    deployment: Deployment,
+    log: Callable[[str], None] | None = None,
+    *,
+    lengths: tuple[int, ...] = WARMUP_PROMPT_LENGTHS,
+    max_tokens: int = WARMUP_NEW_TOKENS,
+) -> float:
     """Serve one greedy request per prompt length alone, then all of them in one batch, through a batch
     scheduler of ``deployment`` that drafts every step; return the seconds it took.
 
@@ -71,6 +76,8 @@ def warm_up_deployment(deployment: Deployment, log: Callable[[str], None] | None
         raise errors[0]
     seconds = time.perf_counter() - start
     if log is not None:
-        log(f"specpipe: engine warmed up in {seconds:.2f} s ({len(prompts)} requests alone and together, prompts of "
-            f"{', '.join(map(str, lengths))} tokens, {max_tokens} new tokens each, drafting every step)")
+        log(
+            f"specpipe: engine warmed up in {seconds:.2f} s ({len(prompts)} requests alone and together, prompts of "
+            f"{', '.join(map(str, lengths))} tokens, {max_tokens} new tokens each, drafting every step)"
+        )
     return seconds

@@ -25,7 +25,9 @@ class ReducedLMHead:
             proposals, the target verifies in fp32, so greedy output is unchanged).
     """
 
-    def __init__(self, weight: torch.Tensor, draft_vocab: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, weight: torch.Tensor, draft_vocab: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
+    ):
         # a copy: the list may view a heads file's memory map, which would keep the whole file resident
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(torch.long).clone()
         w = weight.detach()

@@ -11,10 +11,10 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
-from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
-from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
 from specpipe.runtime.cpu.drafters.tree_plan import draft_mask, static_levels
+from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.speculative import DYNAMIC_TREE_DEFAULTS
 from specpipe.tree import Tree
 
@@ -39,9 +39,18 @@ class EagleTreeDrafter(TreeDrafter):
         dtype: the head's dtype (its inputs, the target's fp32 features and embeddings, are cast to it).
     """
 
-    def __init__(self, head, embed: torch.Tensor, lm, tree: Tree | None = None, *, dynamic: bool = False,
-                 top_k: int = DYNAMIC_TREE_DEFAULTS[0], depth: int = DYNAMIC_TREE_DEFAULTS[1],
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        head,
+        embed: torch.Tensor,
+        lm,
+        tree: Tree | None = None,
+        *,
+        dynamic: bool = False,
+        top_k: int = DYNAMIC_TREE_DEFAULTS[0],
+        depth: int = DYNAMIC_TREE_DEFAULTS[1],
+        dtype: torch.dtype = torch.float32,
+    ):
         if tree is None and not dynamic:
             raise SpecpipeError("an EAGLE drafter needs eagle_choices or dynamic=True")
         self.head, self.embed, self.lm, self.dtype = head, embed, lm, dtype
@@ -74,15 +83,20 @@ class EagleTreeDrafter(TreeDrafter):
         n = feats.shape[0]
         tokens = torch.tensor(context_ids[start + 1 : start + 1 + n], dtype=torch.long)
         out, k, v = self.head(
-            feats[None].to(self.dtype), self.embed[tokens][None].to(self.dtype), torch.arange(start, start + n), self._k, self._v
+            feats[None].to(self.dtype),
+            self.embed[tokens][None].to(self.dtype),
+            torch.arange(start, start + n),
+            self._k,
+            self._v,
         )
         self._k, self._v = k, v
         self._stable = start + n
         self._f_last = out[0, -1]
 
     @torch.inference_mode()
-    def _expand(self, parent_feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, dk, dv,
-                visible) -> tuple:
+    def _expand(
+        self, parent_feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, dk, dv, visible
+    ) -> tuple:
         """One draft forward for L nodes; ``visible`` bool ``[L, S]`` (or per node the list of earlier draft
         entries) marks what each attends to. Returns their predicted features and the grown draft cache."""
         if not isinstance(visible, torch.Tensor):
@@ -93,7 +107,9 @@ class EagleTreeDrafter(TreeDrafter):
         past_k = self._k if dk is None else torch.cat([self._k, dk], dim=2)
         past_v = self._v if dv is None else torch.cat([self._v, dv], dim=2)
         mask = draft_mask(s, visible)
-        out, k, v = self.head(parent_feats[None], self.embed[tokens][None].to(self.dtype), positions, past_k, past_v, mask)
+        out, k, v = self.head(
+            parent_feats[None], self.embed[tokens][None].to(self.dtype), positions, past_k, past_v, mask
+        )
         return out[0], k[:, :, s:], v[:, :, s:]
 
     @torch.inference_mode()
@@ -117,8 +133,14 @@ class EagleTreeDrafter(TreeDrafter):
         features = self._f_last[None]  # row 0: the root's; row 1 + s: draft-cache slot s's prediction
         dk = dv = None
         for d, level in enumerate(plan.levels, start=1):
-            out, dk, dv = self._expand(features[level.parent_feature], tokens[level.nodes],
-                                       torch.full((level.nodes.numel(),), n + d - 1), dk, dv, level.visible)
+            out, dk, dv = self._expand(
+                features[level.parent_feature],
+                tokens[level.nodes],
+                torch.full((level.nodes.numel(),), n + d - 1),
+                dk,
+                dv,
+                level.visible,
+            )
             features = torch.cat([features, out])
             child_ids, _ = topk_ids(self.lm.logits(out), tree.max_rank, self.lm)
             tokens[level.child_nodes] = child_ids[level.child_rows, level.child_ranks]
@@ -146,7 +168,10 @@ class EagleTreeDrafter(TreeDrafter):
         ids, logp = topk_ids(self.lm.logits(self._f_last[None]), k, self.lm)
         frontier = []
         for j in range(ids.shape[1]):
-            tokens.append(int(ids[0, j])); parents.append(-1); scores.append(float(logp[0, j])); depths.append(1)
+            tokens.append(int(ids[0, j]))
+            parents.append(-1)
+            scores.append(float(logp[0, j]))
+            depths.append(1)
             frontier.append(len(tokens) - 1)
         slot: dict[int, int] = {}
         pred: dict[int, torch.Tensor] = {}
@@ -155,15 +180,24 @@ class EagleTreeDrafter(TreeDrafter):
             parent_feats = torch.stack([self._f_last if parents[i] < 0 else pred[parents[i]] for i in frontier])
             base = 0 if dk is None else dk.shape[2]
             visible = [self._ancestors(i, parents, slot) for i in frontier]
-            out, dk, dv = self._expand(parent_feats, torch.tensor([tokens[i] for i in frontier]), torch.full((len(frontier),), n + d - 1), dk, dv, visible)
+            out, dk, dv = self._expand(
+                parent_feats,
+                torch.tensor([tokens[i] for i in frontier]),
+                torch.full((len(frontier),), n + d - 1),
+                dk,
+                dv,
+                visible,
+            )
             child_ids, child_logp = topk_ids(self.lm.logits(out), k, self.lm)
             candidates = []
             for row, i in enumerate(frontier):
                 slot[i] = base + row
                 pred[i] = out[row]
                 for j in range(child_ids.shape[1]):
-                    tokens.append(int(child_ids[row, j])); parents.append(i)
-                    scores.append(scores[i] + float(child_logp[row, j])); depths.append(d + 1)
+                    tokens.append(int(child_ids[row, j]))
+                    parents.append(i)
+                    scores.append(scores[i] + float(child_logp[row, j]))
+                    depths.append(d + 1)
                     candidates.append(len(tokens) - 1)
             frontier = sorted(candidates, key=lambda c: -scores[c])[:k]
         order = sorted(range(len(tokens)), key=lambda c: (-scores[c], depths[c]))[:max_nodes]
@@ -178,8 +212,18 @@ class EagleTreeDrafter(TreeDrafter):
         return DraftTree([tokens[c] for c in keep], [index[parents[c]] if parents[c] >= 0 else -1 for c in keep])
 
 
-def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_vocab: bool, dynamic: bool,
-                       top_k: int, depth: int, prepack: bool = True, dtype: torch.dtype = torch.float32) -> EagleTreeDrafter:
+def load_eagle_drafter(
+    draft_dir: Path,
+    target,
+    tree: Tree | None,
+    *,
+    draft_vocab: bool,
+    dynamic: bool,
+    top_k: int,
+    depth: int,
+    prepack: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> EagleTreeDrafter:
     """The EAGLE drafter of an engine's ``draft/`` folder (``eagle_heads.safetensors``) for ``target``.
 
     Args:
@@ -199,10 +243,19 @@ def load_eagle_drafter(draft_dir: Path, target, tree: Tree | None, *, draft_voca
         head = EagleHead(EagleConfig.from_target(target.config))
         head.load_state_dict(heads_file.tensors)
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
-        raise SpecpipeError(f"{heads_file.path} does not hold eagle heads of the expected shape ({exc}): "
-                            f"retrain or rebuild") from exc
+        raise SpecpipeError(
+            f"{heads_file.path} does not hold eagle heads of the expected shape ({exc}): retrain or rebuild"
+        ) from exc
     head = head.to(dtype)
     if prepack:
         prepack_linear_layers(head)
-    return EagleTreeDrafter(head.eval(), target.get_input_embeddings().weight.detach(), heads_file.lm, tree,
-                            dynamic=dynamic, top_k=top_k, depth=depth, dtype=dtype)
+    return EagleTreeDrafter(
+        head.eval(),
+        target.get_input_embeddings().weight.detach(),
+        heads_file.lm,
+        tree,
+        dynamic=dynamic,
+        top_k=top_k,
+        depth=depth,
+        dtype=dtype,
+    )

@@ -35,9 +35,17 @@ class Eagle3TreeDrafter(EagleTreeDrafter):
         capture_layers: the target layers whose outputs :meth:`commit` needs (the engine tells the target).
     """
 
-    def __init__(self, head: Eagle3Head, embed: torch.Tensor, tree: Tree | None = None, *, dynamic: bool = False,
-                 top_k: int = DYNAMIC_TREE_DEFAULTS[0], depth: int = DYNAMIC_TREE_DEFAULTS[1],
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        head: Eagle3Head,
+        embed: torch.Tensor,
+        tree: Tree | None = None,
+        *,
+        dynamic: bool = False,
+        top_k: int = DYNAMIC_TREE_DEFAULTS[0],
+        depth: int = DYNAMIC_TREE_DEFAULTS[1],
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__(head, embed, head, tree, dynamic=dynamic, top_k=top_k, depth=depth, dtype=dtype)
         self.capture_layers = head.layers
 
@@ -51,9 +59,18 @@ class Eagle3TreeDrafter(EagleTreeDrafter):
         self._features.append(check_capture(features, self.head.config.hidden_size, len(self.capture_layers)))
 
 
-def load_eagle3_drafter(draft_dir: Path, target, tree: Tree | None, *, dynamic: bool, top_k: int, depth: int,
-                        draft_vocab: bool = True, prepack: bool = True,
-                        dtype: torch.dtype = torch.float32) -> Eagle3TreeDrafter:
+def load_eagle3_drafter(
+    draft_dir: Path,
+    target,
+    tree: Tree | None,
+    *,
+    dynamic: bool,
+    top_k: int,
+    depth: int,
+    draft_vocab: bool = True,
+    prepack: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> Eagle3TreeDrafter:
     """The EAGLE-3 drafter of an engine's ``draft/`` folder (``eagle_heads.safetensors`` with
     ``style: eagle3``) for ``target``; arguments as :func:`~specpipe.runtime.cpu.drafters.eagle.load_eagle_drafter`,
     except ``draft_vocab``, which it ignores: an EAGLE-3 head always scores its own draft vocabulary.
@@ -67,18 +84,31 @@ def load_eagle3_drafter(draft_dir: Path, target, tree: Tree | None, *, dynamic: 
     check_for_target(meta, target.config, path)
     vocab = tensors.pop("draft_vocab", None)
     if vocab is None or "capture_layers" not in meta:
-        raise SpecpipeError(f"{path} is an EAGLE-3 file without its draft vocabulary or captured layers: retrain "
-                            "with 'specpipe train-draft --method eagle --style eagle3'")
+        raise SpecpipeError(
+            f"{path} is an EAGLE-3 file without its draft vocabulary or captured layers: retrain "
+            "with 'specpipe train-draft --method eagle --style eagle3'"
+        )
     try:
         head = Eagle3Head(EagleConfig.from_target(target.config), tuple(meta["capture_layers"]), vocab)
         head.load_state_dict({k: v.float() for k, v in tensors.items()})
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
-        raise SpecpipeError(f"{path} does not hold an EAGLE-3 head of the expected shape ({exc}): retrain or rebuild") from exc
+        raise SpecpipeError(
+            f"{path} does not hold an EAGLE-3 head of the expected shape ({exc}): retrain or rebuild"
+        ) from exc
     if max(head.layers) >= target.config.num_hidden_layers:
-        raise SpecpipeError(f"{path} reads target layer {max(head.layers)}, but the target has "
-                            f"{target.config.num_hidden_layers}: retrain the head for this target")
+        raise SpecpipeError(
+            f"{path} reads target layer {max(head.layers)}, but the target has "
+            f"{target.config.num_hidden_layers}: retrain the head for this target"
+        )
     head = head.to(dtype)
     if prepack:
         prepack_linear_layers(head)
-    return Eagle3TreeDrafter(head.eval(), target.get_input_embeddings().weight.detach(), tree, dynamic=dynamic,
-                             top_k=top_k, depth=depth, dtype=dtype)
+    return Eagle3TreeDrafter(
+        head.eval(),
+        target.get_input_embeddings().weight.detach(),
+        tree,
+        dynamic=dynamic,
+        top_k=top_k,
+        depth=depth,
+        dtype=dtype,
+    )

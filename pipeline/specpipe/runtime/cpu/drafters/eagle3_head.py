@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from specpipe.errors import SpecpipeError
-from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, RMSNorm, _Attention, _MLP, rope_tables
+from specpipe.runtime.cpu.drafters.eagle_head import _MLP, EagleConfig, RMSNorm, _Attention, rope_tables
 
 
 def capture_layers(num_layers: int) -> tuple[int, int, int]:
@@ -35,8 +35,10 @@ def capture_layers(num_layers: int) -> tuple[int, int, int]:
         SpecpipeError: a target of 5 decoder layers or fewer (TensorRT-LLM refuses them too).
     """
     if num_layers <= 5:
-        raise SpecpipeError(f"EAGLE-3 heads read layers 1, N/2-1 and N-4 of the target, which has only {num_layers} "
-                            "decoder layers (at least 6 needed): train an EAGLE-1 head (--style eagle1)")
+        raise SpecpipeError(
+            f"EAGLE-3 heads read layers 1, N/2-1 and N-4 of the target, which has only {num_layers} "
+            "decoder layers (at least 6 needed): train an EAGLE-1 head (--style eagle1)"
+        )
     return 1, num_layers // 2 - 1, num_layers - 4
 
 
@@ -91,7 +93,9 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(h, int(draft_vocab.numel()), bias=False)
         self.register_buffer("draft_vocab", draft_vocab.to(torch.long).clone(), persistent=False)
 
-    def reset_parameters(self, lm_weight: torch.Tensor, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+    def reset_parameters(
+        self, lm_weight: torch.Tensor, std: float = 0.02, generator: torch.Generator | None = None
+    ) -> None:
         """Training start: projections N(0, std^2), norms at 1, ``fc`` averaging the captured layers, and
         ``lm_head`` the target's rows of the draft vocabulary (``lm_weight`` float ``[V, H]``)."""
         h = self.config.hidden_size
@@ -107,9 +111,15 @@ class Eagle3Head(nn.Module):
                 self.fc.weight[:, i * h : (i + 1) * h] += torch.eye(h) / len(self.layers)
             self.lm_head.weight.copy_(lm_weight.detach()[self.draft_vocab])
 
-    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
-                past_k: torch.Tensor | None = None, past_v: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        features: torch.Tensor,
+        token_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        past_k: torch.Tensor | None = None,
+        past_v: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One pass of the head (the interface of :meth:`EagleHead.forward`).
 
         Args:
@@ -151,7 +161,9 @@ def check_capture(features: torch.Tensor, hidden_size: int, layers: int) -> torc
         SpecpipeError: features without the captured layers (the target was not told to capture them).
     """
     if features.shape[-1] != (1 + layers) * hidden_size:
-        raise SpecpipeError(f"an EAGLE-3 drafter needs the target's final and {layers} captured hidden states "
-                            f"({(1 + layers) * hidden_size} values per position), got {features.shape[-1]}: run it "
-                            "in an engine that sets the target's capture_layers from the drafter")
+        raise SpecpipeError(
+            f"an EAGLE-3 drafter needs the target's final and {layers} captured hidden states "
+            f"({(1 + layers) * hidden_size} values per position), got {features.shape[-1]}: run it "
+            "in an engine that sets the target's capture_layers from the drafter"
+        )
     return features[:, hidden_size:]

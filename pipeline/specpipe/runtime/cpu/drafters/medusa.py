@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpipe.errors import SpecpipeError
+from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
 from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree
-from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
 from specpipe.tree import Tree
 
 
@@ -63,7 +63,6 @@ class MedusaHeads(nn.Module):
         return torch.stack([head(hidden) for head in self.heads])
 
 
-
 class MedusaTreeDrafter(TreeDrafter):
     """Medusa heads on a static choices tree: node ``path`` gets the ``path[-1]``-th best token of head
     ``len(path) - 1`` read from the newest feature (Cai et al. 2024, §2.1.2).
@@ -106,8 +105,9 @@ class MedusaTreeDrafter(TreeDrafter):
         return DraftTree(tokens, list(self.tree.parents)).prune(max_depth, max_nodes)
 
 
-def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: bool,
-                        prepack: bool = True, dtype: torch.dtype = torch.float32) -> MedusaTreeDrafter:
+def load_medusa_drafter(
+    draft_dir: Path, target, tree: Tree, *, draft_vocab: bool, prepack: bool = True, dtype: torch.dtype = torch.float32
+) -> MedusaTreeDrafter:
     """The Medusa drafter of an engine's ``draft/`` folder (``medusa_heads.safetensors``) for ``target``.
 
     Args:
@@ -126,8 +126,9 @@ def load_medusa_drafter(draft_dir: Path, target, tree: Tree, *, draft_vocab: boo
         heads = MedusaHeads(int(meta["hidden_size"]), int(meta["num_heads"]), int(meta["num_layers"]))
         heads.load_flat(heads_file.tensors)
     except RuntimeError as exc:  # missing/unexpected tensors or shape mismatch
-        raise SpecpipeError(f"{heads_file.path} does not hold medusa heads of the expected shape ({exc}): "
-                            f"retrain or rebuild") from exc
+        raise SpecpipeError(
+            f"{heads_file.path} does not hold medusa heads of the expected shape ({exc}): retrain or rebuild"
+        ) from exc
     heads = heads.to(dtype)
     if prepack:
         prepack_linear_layers(heads)

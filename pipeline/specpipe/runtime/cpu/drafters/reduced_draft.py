@@ -45,4 +45,3 @@ class ReducedVocabDraftModelDrafter(DraftModelDrafter):
             tokens.append(token)
             unseen = [token]
         return Draft(tokens)
-

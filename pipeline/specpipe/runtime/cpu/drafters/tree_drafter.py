@@ -68,8 +68,14 @@ class StaticTree:
     def of(cls, tree: Tree) -> "StaticTree":
         """Lay out ``tree`` (any node order) breadth-first, by depth then path."""
         ordered = tree.breadth_first()
-        return cls(paths=ordered.paths, parents=ordered.parents, depths=tuple(len(p) for p in ordered.paths),
-                   ranks=tuple(p[-1] for p in ordered.paths), depth=ordered.depth, max_rank=ordered.max_rank)
+        return cls(
+            paths=ordered.paths,
+            parents=ordered.parents,
+            depths=tuple(len(p) for p in ordered.paths),
+            ranks=tuple(p[-1] for p in ordered.paths),
+            depth=ordered.depth,
+            max_rank=ordered.max_rank,
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -102,8 +108,9 @@ class HeadsFile:
     lm: ReducedLMHead
 
 
-def read_heads(draft_dir: Path, method: str, target, *, draft_vocab: bool, prepack: bool = True,
-               dtype: torch.dtype = torch.float32) -> HeadsFile:
+def read_heads(
+    draft_dir: Path, method: str, target, *, draft_vocab: bool, prepack: bool = True, dtype: torch.dtype = torch.float32
+) -> HeadsFile:
     """Read ``draft_dir``'s compact ``method`` file (:data:`~specpipe.heads_format.COMPACT_FILES`) for
     ``target`` (a ``LlamaForCausalLM``, whose lm_head the heads share).
 

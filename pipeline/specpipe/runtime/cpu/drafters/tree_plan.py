@@ -76,8 +76,16 @@ def static_levels(tree: StaticTree, depth: int) -> StaticLevels:
             slot[node] = base + row
         row_of = {node: row for row, node in enumerate(level)}
         children = [j for j in range(tree.num_nodes) if depths[j] == d + 1 and parents[j] in row_of]
-        levels.append(Level(_long(level), _long(feature), visible, _long(children),
-                            _long(row_of[parents[j]] for j in children), _long(ranks[j] for j in children)))
+        levels.append(
+            Level(
+                _long(level),
+                _long(feature),
+                visible,
+                _long(children),
+                _long(row_of[parents[j]] for j in children),
+                _long(ranks[j] for j in children),
+            )
+        )
     return StaticLevels(_long(first), _long(ranks[i] for i in first), tuple(levels))
 
 
@@ -85,5 +93,6 @@ def draft_mask(context: int, visible: torch.Tensor) -> torch.Tensor:
     """Attention mask bool ``[1, 1, L, context + S + L]`` of L draft inputs over ``context`` stable
     entries (all visible), ``S`` earlier draft entries (``visible`` ``[L, S]``) and themselves (diagonal)."""
     rows = visible.shape[0]
-    return torch.cat([torch.ones(rows, context, dtype=torch.bool), visible,
-                      torch.eye(rows, dtype=torch.bool)], dim=1)[None, None]
+    return torch.cat([torch.ones(rows, context, dtype=torch.bool), visible, torch.eye(rows, dtype=torch.bool)], dim=1)[
+        None, None
+    ]

@@ -34,9 +34,9 @@ from transformers import PreTrainedModel
 
 from specpipe.runtime.cpu.model.prepack import PrepackedLinear, bf16_prepack_available
 
-_BF16_ROUNDOFF = 2.0 ** -8
-_FP32_ROUNDOFF = 2.0 ** -24
-_SMALLEST_NORMAL = 2.0 ** -126
+_BF16_ROUNDOFF = 2.0**-8
+_FP32_ROUNDOFF = 2.0**-24
+_SMALLEST_NORMAL = 2.0**-126
 #: Margin on the bound for the arithmetic that computes it and its rounding to float32.
 _SLACK = 1.01
 #: Most tokens a row may keep: past it the row is left to the full lm_head (rescoring a few hundred
@@ -61,14 +61,16 @@ class ArgmaxScreen:
 
     def __init__(self, weight: torch.Tensor):
         if weight.dim() != 2 or weight.dtype != torch.float32:
-            raise ValueError(f"ArgmaxScreen needs a float32 [vocab, hidden] weight, got {weight.dtype} {tuple(weight.shape)}")
+            raise ValueError(
+                f"ArgmaxScreen needs a float32 [vocab, hidden] weight, got {weight.dtype} {tuple(weight.shape)}"
+            )
         self.weight = weight.detach()
         self.screen = PrepackedLinear.from_weight(self.weight.to(torch.bfloat16))
         self.largest_row_norm = float(self.weight.double().norm(dim=1).max())
         u, n = _BF16_ROUNDOFF, self.weight.shape[1]
         self._product_error = _SLACK * (2 * u + u * u + n * _FP32_ROUNDOFF * (1 + u) ** 2)
         self._output_error = _SLACK * u / (1 - u)
-        self._underflow_error = _SLACK * _SMALLEST_NORMAL * (n ** 0.5 * self.largest_row_norm + n + 1)
+        self._underflow_error = _SLACK * _SMALLEST_NORMAL * (n**0.5 * self.largest_row_norm + n + 1)
 
     @classmethod
     def for_model(cls, model: PreTrainedModel) -> "ArgmaxScreen | None":
@@ -76,8 +78,11 @@ class ArgmaxScreen:
         runs bf16 linear layers natively (:func:`~specpipe.runtime.cpu.model.prepack.bf16_prepack_available`);
         ``None`` otherwise (an untied lm_head keeps no dense fp32 copy to score candidates with)."""
         embedding = model.get_input_embeddings().weight
-        if not (bf16_prepack_available() and getattr(model.config, "tie_word_embeddings", False)
-                and embedding.dtype == torch.float32):
+        if not (
+            bf16_prepack_available()
+            and getattr(model.config, "tie_word_embeddings", False)
+            and embedding.dtype == torch.float32
+        ):
             return None
         return cls(embedding)
 
@@ -89,8 +94,11 @@ class ArgmaxScreen:
         screen = screen.float()  # exact; float32 max/min reductions are vectorised, bf16 ones and aminmax are not
         best = screen.amax(dim=1, keepdim=True)
         largest = torch.maximum(best.abs(), screen.amin(dim=1, keepdim=True).abs())
-        bound = (hidden.double().norm(dim=1, keepdim=True) * (self._product_error * self.largest_row_norm)
-                 + largest.double() * self._output_error + self._underflow_error)
+        bound = (
+            hidden.double().norm(dim=1, keepdim=True) * (self._product_error * self.largest_row_norm)
+            + largest.double() * self._output_error
+            + self._underflow_error
+        )
         return best, bound.float()  # >= 2**-117: a normal float32, its rounding inside _SLACK
 
     @torch.inference_mode()

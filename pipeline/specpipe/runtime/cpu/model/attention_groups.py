@@ -114,8 +114,9 @@ def exact_key_length(tokens: int) -> int:
     return -(-tokens // EXACT_KEY_BLOCK) * EXACT_KEY_BLOCK
 
 
-def _group(entries: list[BatchEntry], starts: list[int], offsets: list[int], members: list[int],
-           every_row: bool) -> AttentionGroup:
+def _group(
+    entries: list[BatchEntry], starts: list[int], offsets: list[int], members: list[int], every_row: bool
+) -> AttentionGroup:
     """One call's group: query rows per slot as many as its longest entry's tokens, keys as many as its
     longest cache; for exact entries (all or none of ``members``) at least :data:`EXACT_MIN_QUERY_ROWS`
     query rows and keys in multiples of :data:`EXACT_KEY_BLOCK`."""
@@ -137,7 +138,9 @@ def _group(entries: list[BatchEntry], starts: list[int], offsets: list[int], mem
     rows = None if every_row else torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in members])
     padding = None
     if queries > 1 or slots != list(range(first, first + len(slots))):
-        padding = (torch.repeat_interleave(torch.tensor(slots) - first, torch.tensor(counts)),
-                   torch.cat([torch.arange(n) for n in counts]))
+        padding = (
+            torch.repeat_interleave(torch.tensor(slots) - first, torch.tensor(counts)),
+            torch.cat([torch.arange(n) for n in counts]),
+        )
     additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # converted once, not per layer
     return AttentionGroup(rows, slice(first, max(slots) + 1), queries, keys, additive, padding)

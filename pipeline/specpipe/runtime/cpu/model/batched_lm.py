@@ -66,8 +66,14 @@ class BatchedLM:
     Not thread-safe: one scheduler thread owns it.
     """
 
-    def __init__(self, model: PreTrainedModel, max_batch_size: int, capacity: int = 128, argmax_screen: bool = True,
-                 capture_layers: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        max_batch_size: int,
+        capacity: int = 128,
+        argmax_screen: bool = True,
+        capture_layers: tuple[int, ...] = (),
+    ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         config = model.config
@@ -160,10 +166,16 @@ class BatchedLM:
         if len(entries) == 1:  # one request: its cache rows are one slice
             cache_rows = (entries[0].slot, slice(starts[0], starts[0] + counts[0]))
         else:
-            cache_rows = (torch.repeat_interleave(torch.tensor([e.slot for e in entries]), torch.tensor(counts)),
-                          torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)]))
-        positions = torch.cat([e.positions if e.positions is not None else torch.arange(s, s + n)
-                               for e, s, n in zip(entries, starts, counts)])
+            cache_rows = (
+                torch.repeat_interleave(torch.tensor([e.slot for e in entries]), torch.tensor(counts)),
+                torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)]),
+            )
+        positions = torch.cat(
+            [
+                e.positions if e.positions is not None else torch.arange(s, s + n)
+                for e, s, n in zip(entries, starts, counts)
+            ]
+        )
         groups = attention_groups(entries, starts)
 
         x = self.decoder.embed_tokens(token_ids)  # [T, H]
@@ -180,8 +192,9 @@ class BatchedLM:
             return torch.cat([self._final_norm(x), *captured], dim=-1)
         return self._final_norm(x)
 
-    def _attention(self, ops: LayerOps, layer_index: int, x: torch.Tensor, rotary, cache_rows,
-                   groups: list["AttentionGroup"]) -> torch.Tensor:
+    def _attention(
+        self, ops: LayerOps, layer_index: int, x: torch.Tensor, rotary, cache_rows, groups: list["AttentionGroup"]
+    ) -> torch.Tensor:
         total, d, heads = x.shape[0], self.head_dim, self.num_heads
         h = ops.input_norm(x)
         # queries and keys rotated together: x * cos + rotate_half(x) * sin, with rotate_half(x) =
@@ -210,10 +223,16 @@ class BatchedLM:
                 padded_q = q.new_zeros(g.slots.stop - g.slots.start, g.queries, heads, d)
                 padded_q[g.padding] = group_q
             group_out = F.scaled_dot_product_attention(
-                padded_q.transpose(1, 2), keys[g.slots, :, : g.keys], values[g.slots, :, : g.keys],
-                attn_mask=g.mask, scale=ops.scaling, enable_gqa=heads != self.num_kv_heads,
+                padded_q.transpose(1, 2),
+                keys[g.slots, :, : g.keys],
+                values[g.slots, :, : g.keys],
+                attn_mask=g.mask,
+                scale=ops.scaling,
+                enable_gqa=heads != self.num_kv_heads,
             ).transpose(1, 2)  # [slots, n, heads, d]
-            group_out = group_out.reshape(-1, heads * d) if g.padding is None else group_out[g.padding].reshape(-1, heads * d)
+            group_out = (
+                group_out.reshape(-1, heads * d) if g.padding is None else group_out[g.padding].reshape(-1, heads * d)
+            )
             if out is None:
                 out = group_out
             else:

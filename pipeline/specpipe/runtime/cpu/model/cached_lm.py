@@ -62,8 +62,13 @@ class CachedLM:
         kwargs = {self._cache_argument: self.cache}
         if mask is not None:
             kwargs["attention_mask"] = mask
-        out = self.model.model(input_ids=input_ids, position_ids=positions.unsqueeze(0), use_cache=True,
-                               output_hidden_states=bool(self.capture_layers), **kwargs)
+        out = self.model.model(
+            input_ids=input_ids,
+            position_ids=positions.unsqueeze(0),
+            use_cache=True,
+            output_hidden_states=bool(self.capture_layers),
+            **kwargs,
+        )
         if not self.capture_layers:
             return out.last_hidden_state
         # hidden_states[0] is the embedding output, hidden_states[i + 1] decoder layer i's output
@@ -87,8 +92,9 @@ class CachedLM:
         return self.model.lm_head(hidden)[0].float()
 
     @torch.inference_mode()
-    def hidden(self, token_ids: list[int], *, positions: torch.Tensor | None = None,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(
+        self, token_ids: list[int], *, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Feed ``token_ids`` after the cached tokens and return their final hidden states (after the final
         norm: the features EAGLE/Medusa heads read, and the input of :meth:`project`).
 

@@ -56,9 +56,11 @@ class FusedSlice(nn.Module):
 
 def _fusable(linears: list) -> bool:
     first = linears[0]
-    return (all(type(m) is nn.Linear for m in linears)
-            and all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype for m in linears)
-            and len({m.bias is None for m in linears}) == 1)
+    return (
+        all(type(m) is nn.Linear for m in linears)
+        and all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype for m in linears)
+        and len({m.bias is None for m in linears}) == 1
+    )
 
 
 def fuse_projections(decoder: nn.Module) -> int:
@@ -79,8 +81,9 @@ def fuse_projections(decoder: nn.Module) -> int:
             if owner is None or hasattr(owner, fused_name) or any(m is None for m in linears) or not _fusable(linears):
                 continue
             weight = torch.cat([m.weight.detach() for m in linears])
-            combined = nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None,
-                                 device="meta", dtype=weight.dtype)
+            combined = nn.Linear(
+                weight.shape[1], weight.shape[0], bias=linears[0].bias is not None, device="meta", dtype=weight.dtype
+            )
             combined.weight = nn.Parameter(weight, requires_grad=False)
             if combined.bias is not None:
                 combined.bias = nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)

@@ -60,8 +60,14 @@ class LayerOps:
     @classmethod
     def of(cls, layer: torch.nn.Module) -> "LayerOps":
         attn, mlp = layer.self_attn, layer.mlp
-        return cls(norm_op(layer.input_layernorm), _qkv_op(attn), _linear_op(attn.o_proj),
-                   norm_op(layer.post_attention_layernorm), _mlp_op(mlp), float(attn.scaling))
+        return cls(
+            norm_op(layer.input_layernorm),
+            _qkv_op(attn),
+            _linear_op(attn.o_proj),
+            norm_op(layer.post_attention_layernorm),
+            _mlp_op(mlp),
+            float(attn.scaling),
+        )
 
 
 def _qkv_op(attn: torch.nn.Module) -> Op:

@@ -61,8 +61,11 @@ def mkl_packed_gemm_available() -> bool:
     on Intel CPUs only (module doc: oneDNN's kernel is faster elsewhere)."""
     if not _intel_cpu():
         return False
-    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
-            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")):
+    if not (
+        torch.backends.mkl.is_available()
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+        and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+    ):
         return False
     return _one_packing_serves_every_row_count()
 
@@ -160,7 +163,9 @@ class PrepackedLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, dense_copy: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.dtype = torch.bfloat16 if linear.weight.dtype == torch.bfloat16 and bf16_prepack_available() else torch.float32
+        self.dtype = (
+            torch.bfloat16 if linear.weight.dtype == torch.bfloat16 and bf16_prepack_available() else torch.float32
+        )
         weight = linear.weight.detach().to(self.dtype).contiguous()
         bias = None if linear.bias is None else linear.bias.detach().to(self.dtype).contiguous()
         self.dense = weight.clone() if dense_copy and self.dtype == torch.float32 else None

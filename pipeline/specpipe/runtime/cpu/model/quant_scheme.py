@@ -32,8 +32,10 @@ def cpu_quantization(value: str | None) -> str | None:
     if value in (None, "auto"):
         return None
     if value not in CPU_QUANTIZATIONS:
-        raise FlagError(f"-q/--quantization {value} is not taken by the CPU runtime (it applies to --runtime trtllm "
-                        f"or trtllm-llmapi): give -q auto (fp32), {' or '.join(CPU_QUANTIZATIONS)}")
+        raise FlagError(
+            f"-q/--quantization {value} is not taken by the CPU runtime (it applies to --runtime trtllm "
+            f"or trtllm-llmapi): give -q auto (fp32), {' or '.join(CPU_QUANTIZATIONS)}"
+        )
     return value
 
 
@@ -46,9 +48,11 @@ def manifest_quantization(value: object, where: str) -> str | None:
     """
     if value is None or value in CPU_QUANTIZATIONS:
         return value  # type: ignore[return-value]
-    raise ManifestError(f"{where}: quantization {value!r} is not run by the CPU runtime (it runs none, "
-                        f"{', '.join(CPU_QUANTIZATIONS)}): rebuild the engine with 'specpipe build --force' and "
-                        f"-q auto, int8-wo or int4-wo")
+    raise ManifestError(
+        f"{where}: quantization {value!r} is not run by the CPU runtime (it runs none, "
+        f"{', '.join(CPU_QUANTIZATIONS)}): rebuild the engine with 'specpipe build --force' and "
+        f"-q auto, int8-wo or int4-wo"
+    )
 
 
 def target_weight_bytes(arch, scheme: str | None) -> int:

@@ -127,7 +127,8 @@ class QuantizedLinear(torch.nn.Module):
             zero = (low + 8 * scale).to(COMPUTE_DTYPE).float()  # w = (q - 8) * scale + zero
             q = torch.clamp(torch.round((grouped - (zero - 8 * scale)[..., None]) / scale[..., None]), 0, 15)
             self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                q.to(torch.int32).reshape(self.out_features, self.in_features), 1)
+                q.to(torch.int32).reshape(self.out_features, self.in_features), 1
+            )
             # [K / group, N, 2]: each group's scale and zero
             self.scales = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE)
         key = (self.scheme, self.out_features, self.in_features, self.group, torch.get_num_threads())
@@ -190,7 +191,7 @@ def _bf16_at_least(scale: torch.Tensor) -> torch.Tensor:
     kept above zero."""
     tiny = torch.finfo(torch.bfloat16).tiny
     rounded = scale.clamp(min=tiny).to(torch.bfloat16).float()
-    return torch.where(rounded < scale, rounded * (1 + 2.0 ** -7), rounded).to(torch.bfloat16).float()
+    return torch.where(rounded < scale, rounded * (1 + 2.0**-7), rounded).to(torch.bfloat16).float()
 
 
 def quantize_linear_layers(module: torch.nn.Module, scheme: str) -> int:

@@ -144,13 +144,16 @@ class DraftCandidate:
     draft_seconds: list[float]
 
     @classmethod
-    def of(cls, acceptance: NodeAcceptance, node_depths: list[int], seconds_per_depth: float,
-           start_seconds: float = 0.0) -> "DraftCandidate":
+    def of(
+        cls, acceptance: NodeAcceptance, node_depths: list[int], seconds_per_depth: float, start_seconds: float = 0.0
+    ) -> "DraftCandidate":
         """Options ``0 .. len(node_depths)`` for a drafter whose first ``m`` nodes reach depth
         ``node_depths[m - 1]``, drafting at ``seconds_per_depth`` per depth after ``start_seconds`` (the
         resume cost charged to any draft, see :class:`ResumeCost`)."""
-        return cls(acceptance.expected_tokens(len(node_depths)),
-                   [0.0, *(start_seconds + d * seconds_per_depth for d in node_depths)])
+        return cls(
+            acceptance.expected_tokens(len(node_depths)),
+            [0.0, *(start_seconds + d * seconds_per_depth for d in node_depths)],
+        )
 
 
 def ewma(average: float, value: float, weight: float) -> float:
@@ -230,9 +233,15 @@ class StartCost:
 DRAFT_MARGIN = 0.08
 
 
-def choose_draft_lengths(cost: ForwardCostModel, candidates: list[DraftCandidate], fixed_tokens: int,
-                         fixed_outputs: int = 0, sweeps: int = 3, margin: float = DRAFT_MARGIN,
-                         prefill: bool = False) -> list[int]:
+def choose_draft_lengths(
+    cost: ForwardCostModel,
+    candidates: list[DraftCandidate],
+    fixed_tokens: int,
+    fixed_outputs: int = 0,
+    sweeps: int = 3,
+    margin: float = DRAFT_MARGIN,
+    prefill: bool = False,
+) -> list[int]:
     """Draft tokens per candidate maximising the batch's expected tokens per second (module doc).
 
     Coordinate ascent runs twice, from nobody drafting and from everybody drafting all it may (the
@@ -273,8 +282,9 @@ class _Batch:
     def rate(self, choice: list[int]) -> float:
         """Expected tokens per second of the whole batch with ``choice``."""
         drafting = sum(k > 0 for k in choice)
-        seconds = self.cost.cost(self.fixed_tokens + sum(choice), self._mixed(drafting, len(choice) - drafting),
-                                 drafting=drafting > 0)
+        seconds = self.cost.cost(
+            self.fixed_tokens + sum(choice), self._mixed(drafting, len(choice) - drafting), drafting=drafting > 0
+        )
         seconds += sum(c.draft_seconds[k] for c, k in zip(self.candidates, choice))
         outputs = self.fixed_outputs + sum(c.expected[k] for c, k in zip(self.candidates, choice))
         return outputs / max(seconds, 1e-12)
@@ -300,8 +310,11 @@ class _Batch:
                 best_k, best_rate = 0, -1.0
                 for k in range(len(c.expected)):
                     mixed = self._mixed(others_drafting + (k > 0), others_plain + (k == 0))
-                    seconds = (self.cost.cost(base_tokens + k, mixed, drafting=others_drafting + (k > 0) > 0)
-                               + base_draft + c.draft_seconds[k])
+                    seconds = (
+                        self.cost.cost(base_tokens + k, mixed, drafting=others_drafting + (k > 0) > 0)
+                        + base_draft
+                        + c.draft_seconds[k]
+                    )
                     rate = (base_outputs + c.expected[k]) / max(seconds, 1e-12)
                     if k == 0:
                         best_rate = rate * (1 + self.margin)

@@ -23,9 +23,9 @@ import torch
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
-from specpipe.runtime.cpu.scheduler.adaptive import NodeAcceptance
-from specpipe.runtime.cpu.model.cached_lm import CachedLM
 from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
+from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.scheduler.adaptive import NodeAcceptance
 from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
 _MASK64 = (1 << 64) - 1
@@ -47,8 +47,9 @@ class PositionKeyedChooser:
         params: validated sampling settings; seed: the request's seed (drawn at random when it gave none).
     """
 
-    def __init__(self, params: SamplingParams, seed: int, history: list[int] | None = None,
-                 end_ids: frozenset[int] | None = None):
+    def __init__(
+        self, params: SamplingParams, seed: int, history: list[int] | None = None, end_ids: frozenset[int] | None = None
+    ):
         generator = torch.Generator()
         generator.manual_seed(seed)
         self.sampler = TokenSampler(params, generator, history=history, end_ids=end_ids)
@@ -61,10 +62,13 @@ class PositionKeyedChooser:
         index ``first_position + r`` and follows the committed history plus ``drafts[:r]`` (for a tree,
         pass per-row positions and paths to :meth:`choose_at`)."""
         rows = logits.shape[0]
-        return self.choose_at(logits, list(range(first_position, first_position + rows)),
-                              [list(drafts[:r]) for r in range(rows)])
+        return self.choose_at(
+            logits, list(range(first_position, first_position + rows)), [list(drafts[:r]) for r in range(rows)]
+        )
 
-    def choose_at(self, logits: torch.Tensor, positions: list[int], paths: list[list[int]] | None = None) -> torch.Tensor:
+    def choose_at(
+        self, logits: torch.Tensor, positions: list[int], paths: list[list[int]] | None = None
+    ) -> torch.Tensor:
         """As :meth:`choose`, row r at output index ``positions[r]`` after the history plus ``paths[r]``
         (the tokens between the committed history and that row; they count for the penalties and
         ``min_tokens``, TensorRT-LLM's per-position semantics)."""

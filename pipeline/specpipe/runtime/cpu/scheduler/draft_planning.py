@@ -18,19 +18,27 @@ class DraftPlanning:
     it is mixed into: it reads the scheduler's ``adaptive``, ``cost_model``, ``max_draft_len``,
     ``max_context``, ``tree``, ``draft_seconds_per_depth``, ``start_cost`` and ``resume_cost``."""
 
-    def _draft_lengths(self, decoding: list[BatchRequest], prefill_tokens: int,
-                       prefill_outputs: int) -> list[tuple[int, int]]:
+    def _draft_lengths(
+        self, decoding: list[BatchRequest], prefill_tokens: int, prefill_outputs: int
+    ) -> list[tuple[int, int]]:
         """``(draft tokens, draft depth)`` per decoding request, by the adaptive rule (module doc)."""
         depths = [self._node_depths(request) for request in decoding]
         if not self.adaptive:
             return [(len(d), d[-1] if d else 0) for d in depths]
         if prefill_tokens:  # beside a prompt chunk only requests already drafting draft (adaptive module doc)
             depths = [d if request.draft_length else [] for request, d in zip(decoding, depths)]
-        candidates = [DraftCandidate.of(request.acceptance, d, request.draft_seconds_per_depth or self.draft_seconds_per_depth,
-                                        self._catch_up_charge(request))
-                      for request, d in zip(decoding, depths)]
-        chosen = choose_draft_lengths(self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs,
-                                      prefill=prefill_tokens > 0)
+        candidates = [
+            DraftCandidate.of(
+                request.acceptance,
+                d,
+                request.draft_seconds_per_depth or self.draft_seconds_per_depth,
+                self._catch_up_charge(request),
+            )
+            for request, d in zip(decoding, depths)
+        ]
+        chosen = choose_draft_lengths(
+            self.cost_model, candidates, prefill_tokens + len(decoding), prefill_outputs, prefill=prefill_tokens > 0
+        )
         if any(request.fresh and d and not m for request, d, m in zip(decoding, depths, chosen)):
             self.start_cost.forget(1.0 - IDLE_FORGETTING)
         return [(m, d[m - 1] if m else 0) for m, d in zip(chosen, depths)]
@@ -55,7 +63,7 @@ class DraftPlanning:
             width = max(1, self.max_draft_len // max(limit, 1))
             spread = [min(limit, 1 + i // width) for i in range(self.max_draft_len)]
             latest = request.node_depths or []
-            depths = latest + [max(latest[-1] if latest else 1, d) for d in spread[len(latest):]]
+            depths = latest + [max(latest[-1] if latest else 1, d) for d in spread[len(latest) :]]
         return [d for d in depths[: self.max_draft_len] if d <= room]
 
     def _tree_depth(self, drafter) -> int:

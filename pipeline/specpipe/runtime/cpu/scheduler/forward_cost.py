@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
 
 #: Token counts of the load-time forward measurements: every count up to 12, where GEMM row blocking
 #: makes the curve step (8 rows to 9 cost a tenth of a step on the 2-core Xeon, not the 1/60 that a
@@ -103,13 +103,21 @@ class ForwardCostModel:
         """One line, e.g. ``1 tok 21.3 ms, 2 tok 22.0 ms, ...; mixed +1.2 ms; drafting x1.00`` (times
         :attr:`speed`)."""
         curve = ", ".join(f"{t} tok {self.cost(t) * 1e3:.1f} ms" for t in self.tokens)
-        return (f"{curve}; one-token and multi-token entries mixed +{self.speed * self.mixed_seconds * 1e3:.1f} ms; "
-                f"forwards verifying drafts x{self.draft_factor:.2f}")
+        return (
+            f"{curve}; one-token and multi-token entries mixed +{self.speed * self.mixed_seconds * 1e3:.1f} ms; "
+            f"forwards verifying drafts x{self.draft_factor:.2f}"
+        )
 
     @classmethod
     @torch.inference_mode()
-    def measure(cls, lm: BatchedLM, token_counts=MEASURED_TOKENS, context: int = 64, repeats: int = 4,
-                learning_rate: float = 0.05) -> "ForwardCostModel":
+    def measure(
+        cls,
+        lm: BatchedLM,
+        token_counts=MEASURED_TOKENS,
+        context: int = 64,
+        repeats: int = 4,
+        learning_rate: float = 0.05,
+    ) -> "ForwardCostModel":
         """Time ``lm``'s batched forward (with greedy logits for every row: ``argmax_only`` rows of
         :meth:`BatchedLM.project`; served forwards teach the model what sampled rows add) at each total
         token count, spread over ``min(count, free slots)`` requests holding ``context`` cached tokens each, and at

@@ -48,8 +48,10 @@ def generate(scheduler: BatchScheduler, input_ids: list[int], params: SamplingPa
         Exception: whatever ended the request in the scheduler (a drafter's failure), from the iterator.
     """
     if scheduler.has_work:
-        raise RuntimeError("the scheduler is serving other requests: one_request.generate needs an idle one "
-                           "(make one with solo_scheduler, or submit to the busy one)")
+        raise RuntimeError(
+            "the scheduler is serving other requests: one_request.generate needs an idle one "
+            "(make one with solo_scheduler, or submit to the busy one)"
+        )
     input_ids = list(input_ids)
     validate_request(input_ids, params, vocab_size=scheduler.lm.vocab_size, max_context=scheduler.max_context)
     return _steps(scheduler, input_ids, params)
@@ -73,7 +75,9 @@ def _steps(scheduler: BatchScheduler, input_ids: list[int], params: SamplingPara
             scheduler.step()  # drops the cancelled request, frees its slot
 
 
-def generate_all(scheduler: BatchScheduler, input_ids: list[int], params: SamplingParams) -> tuple[list[int], RequestStats]:
+def generate_all(
+    scheduler: BatchScheduler, input_ids: list[int], params: SamplingParams
+) -> tuple[list[int], RequestStats]:
     """Run one request to completion on ``scheduler``; returns its returned tokens and final stats.
 
     Raises:

@@ -36,18 +36,29 @@ import torch
 from specpipe.errors import SpecpipeError
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
-from specpipe.runtime.cpu.scheduler.adaptive import (
-    IDLE_FORGETTING, NodeAcceptance, ResumeCost, StartCost, ewma, shared_acceptance,
-)
-from specpipe.runtime.cpu.scheduler.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, fork_drafter, new_seed
-from specpipe.runtime.cpu.scheduler.draft_planning import DraftPlanning
-from specpipe.runtime.cpu.model.batched_lm import BatchEntry, BatchedLM
 from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
+from specpipe.runtime.cpu.model.weights_memory import trim_heap
+from specpipe.runtime.cpu.scheduler.adaptive import (
+    IDLE_FORGETTING,
+    NodeAcceptance,
+    ResumeCost,
+    StartCost,
+    ewma,
+    shared_acceptance,
+)
+from specpipe.runtime.cpu.scheduler.batch_request import (
+    BatchRequest,
+    DraftSampler,
+    PositionKeyedChooser,
+    fork_drafter,
+    new_seed,
+)
+from specpipe.runtime.cpu.scheduler.draft_planning import DraftPlanning
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
+from specpipe.runtime.cpu.validation import validate_request
 from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree, tree_attention
-from specpipe.runtime.cpu.validation import validate_request
-from specpipe.runtime.cpu.model.weights_memory import trim_heap
 
 
 class ServerBusy(SpecpipeError):
@@ -77,9 +88,17 @@ class BatchScheduler(DraftPlanning):
             last-bit differences into flipped near-ties.
     """
 
-    def __init__(self, deployment: Deployment, *, max_batch_size: int = 8, max_queue: int = 32,
-                 prefill_chunk: int = 128, cost_model: ForwardCostModel | None = None, adaptive: bool = True,
-                 exact_greedy: bool | None = None):
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        max_batch_size: int = 8,
+        max_queue: int = 32,
+        prefill_chunk: int = 128,
+        cost_model: ForwardCostModel | None = None,
+        adaptive: bool = True,
+        exact_greedy: bool | None = None,
+    ):
         self.deployment, self.tree, self.acceptance_rule = deployment, deployment.tree, deployment.acceptance
         self.lm = BatchedLM(deployment.target.model, max_batch_size, capture_layers=deployment.target.capture_layers)
         self.exact_greedy = self.lm.quantized if exact_greedy is None else exact_greedy
@@ -98,8 +117,13 @@ class BatchScheduler(DraftPlanning):
 
     # --- requests --------------------------------------------------------------------------------
 
-    def submit(self, input_ids: list[int], params: SamplingParams, emit: Callable[[StepOutput], None],
-               fail: Callable[[BaseException], None] = lambda exc: None) -> BatchRequest:
+    def submit(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        emit: Callable[[StepOutput], None],
+        fail: Callable[[BaseException], None] = lambda exc: None,
+    ) -> BatchRequest:
         """Queue a request (thread-safe); its outputs go to ``emit`` on the scheduler thread.
 
         Raises:
@@ -113,17 +137,26 @@ class BatchScheduler(DraftPlanning):
         end_ids = params.end_ids(self.deployment.default_end_ids)
         with self._lock:
             if len(self.active) + len(self._waiting) >= self.max_batch_size + self.max_queue:
-                raise ServerBusy(f"server busy: it holds {len(self.active) + len(self._waiting)} requests already, the "
-                                 f"most it takes ({self.max_batch_size} decoding together + max_queue {self.max_queue} "
-                                 f"waiting); retry later")
+                raise ServerBusy(
+                    f"server busy: it holds {len(self.active) + len(self._waiting)} requests already, the "
+                    f"most it takes ({self.max_batch_size} decoding together + max_queue {self.max_queue} "
+                    f"waiting); retry later"
+                )
             context = list(input_ids)  # extended in place as tokens commit: the penalties' history
             request = BatchRequest(
-                request_id=self._next_id, prompt=input_ids, params=params,
-                chooser=PositionKeyedChooser(params, params.seed if params.seed is not None else new_seed(),
-                                             history=context, end_ids=end_ids),
+                request_id=self._next_id,
+                prompt=input_ids,
+                params=params,
+                chooser=PositionKeyedChooser(
+                    params, params.seed if params.seed is not None else new_seed(), history=context, end_ids=end_ids
+                ),
                 stop=StopConditions(end_ids, params.stop_words, params.max_tokens),
-                stats=RequestStats(num_input_tokens=len(input_ids)), drafter=None, emit=emit, fail=fail,
-                context=context)
+                stats=RequestStats(num_input_tokens=len(input_ids)),
+                drafter=None,
+                emit=emit,
+                fail=fail,
+                context=context,
+            )
             self._next_id += 1
             self._waiting.append(request)
         return request
@@ -189,8 +222,9 @@ class BatchScheduler(DraftPlanning):
                 break
             chunks.append((request, size))
             budget -= size
-        lengths = self._draft_lengths(decoding, sum(n for _, n in chunks),
-                                      sum(1 for r, n in chunks if r.prefilled + n == len(r.prompt)))
+        lengths = self._draft_lengths(
+            decoding, sum(n for _, n in chunks), sum(1 for r, n in chunks if r.prefilled + n == len(r.prompt))
+        )
         plans, entries = [], []
         for request, (nodes, depth) in zip(decoding, lengths):
             try:
@@ -202,7 +236,9 @@ class BatchScheduler(DraftPlanning):
             entries.append(plan[1])
         for request, size in chunks:
             prompt_chunk = request.prompt[request.prefilled : request.prefilled + size]
-            entries.append(BatchEntry(request.slot, prompt_chunk, exact=self.exact_greedy or not request.chooser.greedy))
+            entries.append(
+                BatchEntry(request.slot, prompt_chunk, exact=self.exact_greedy or not request.chooser.greedy)
+            )
             plans.append((request, entries[-1], None))
         if not entries:
             return
@@ -248,7 +284,12 @@ class BatchScheduler(DraftPlanning):
 
     def _draft(self, request: BatchRequest, nodes: int, depth: int):
         """Propose the request's first ``nodes`` draft tokens (``depth`` deep); returns ``(request, entry, draft)``."""
-        paused, fresh, drafted_last_step, request.draft_length = request.paused, request.fresh, request.draft_length > 0, nodes
+        paused, fresh, drafted_last_step, request.draft_length = (
+            request.paused,
+            request.fresh,
+            request.draft_length > 0,
+            nodes,
+        )
         context, cached = request.context, len(request.context) - 1
         started = time.perf_counter()
         if nodes > 0:
@@ -275,7 +316,9 @@ class BatchScheduler(DraftPlanning):
                 request.node_depths = tree.depths()
             if len(tree):
                 mask, positions = tree_attention(tree.parents, cached)
-                entry = BatchEntry(request.slot, [context[-1], *tree.tokens], positions=cached + positions, mask=mask[0, 0])
+                entry = BatchEntry(
+                    request.slot, [context[-1], *tree.tokens], positions=cached + positions, mask=mask[0, 0]
+                )
             else:  # plain decoding: the root alone, a plain causal entry
                 entry = BatchEntry(request.slot, [context[-1]])
             draft = tree
@@ -293,8 +336,9 @@ class BatchScheduler(DraftPlanning):
         entry.exact = exact
         return request, entry, draft
 
-    def _complete(self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor,
-                  logits: torch.Tensor | None) -> None:
+    def _complete(
+        self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor, logits: torch.Tensor | None
+    ) -> None:
         if request.prefilling:
             request.prefilled += len(entry.token_ids)
             if self.tree:
@@ -326,7 +370,9 @@ class BatchScheduler(DraftPlanning):
             self.shared_acceptance.observe(len(tree), path)
         self._release_tokens(request, committed, len(tree), len(path))
 
-    def _release_tokens(self, request: BatchRequest, committed: list[int], proposed: int = 0, accepted: int = 0) -> None:
+    def _release_tokens(
+        self, request: BatchRequest, committed: list[int], proposed: int = 0, accepted: int = 0
+    ) -> None:
         before = request.stop.committed
         tokens, reason = request.stop.push(committed)
         through_stop = request.stop.committed - before  # committed, or up to the token that ended the request
@@ -343,4 +389,3 @@ class BatchScheduler(DraftPlanning):
         if reason is not None:
             self._finish(request)
         request.emit(StepOutput(tokens, reason is not None, reason, replace(request.stats)))
-

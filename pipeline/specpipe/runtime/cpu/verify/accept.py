@@ -33,7 +33,9 @@ def chain_tree(drafts: Sequence[int]) -> DraftTree:
     return DraftTree(list(drafts), list(range(-1, len(drafts) - 1)))
 
 
-def follow_choices(tree: DraftTree, choice: Sequence[int] | torch.Tensor | Callable[[int], int]) -> tuple[list[int], int]:
+def follow_choices(
+    tree: DraftTree, choice: Sequence[int] | torch.Tensor | Callable[[int], int]
+) -> tuple[list[int], int]:
     """The exact rule: follow, from the root, the child whose token is the target's choice at its parent's row.
 
     Args:
@@ -57,8 +59,9 @@ def follow_choices(tree: DraftTree, choice: Sequence[int] | torch.Tensor | Calla
         row = nxt + 1
 
 
-def typical_accept(probs: torch.Tensor, tree: DraftTree, generator: torch.Generator, epsilon: float = 0.09,
-                   delta: float = 0.3) -> tuple[list[int], int]:
+def typical_accept(
+    probs: torch.Tensor, tree: DraftTree, generator: torch.Generator, epsilon: float = 0.09, delta: float = 0.3
+) -> tuple[list[int], int]:
     """Medusa's typical acceptance (module doc): at each node accept the first child c with
     ``p(c) > min(epsilon, delta * exp(-H(p)))``; the token after the path is sampled from p.
 
@@ -83,8 +86,9 @@ def typical_accept(probs: torch.Tensor, tree: DraftTree, generator: torch.Genera
         row = nxt + 1
 
 
-def accept_block(tree: DraftTree, logits: torch.Tensor, chooser, first_position: int,
-                 rule: str = ACCEPTANCE_RULES[0]) -> tuple[list[int], int]:
+def accept_block(
+    tree: DraftTree, logits: torch.Tensor, chooser, first_position: int, rule: str = ACCEPTANCE_RULES[0]
+) -> tuple[list[int], int]:
     """Which drafts of a verified block a request commits, and the token the target adds after them.
 
     Args:

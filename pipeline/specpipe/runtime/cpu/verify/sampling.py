@@ -106,8 +106,13 @@ class TokenSampler:
         end_ids: the end ids ``min_tokens`` masks (default: ``params.end_id`` when set).
     """
 
-    def __init__(self, params: SamplingParams, generator: torch.Generator, history: list[int] | None = None,
-                 end_ids: frozenset[int] | None = None):
+    def __init__(
+        self,
+        params: SamplingParams,
+        generator: torch.Generator,
+        history: list[int] | None = None,
+        end_ids: frozenset[int] | None = None,
+    ):
         self.params = params
         self.greedy = is_greedy(params)
         self.temperature = params.temperature
@@ -127,8 +132,13 @@ class TokenSampler:
         """Whether the choice is the argmax of the raw logits: greedy, with no bad words, penalties or
         ``min_tokens`` (such a request's logits may be screened,
         :class:`~specpipe.runtime.cpu.model.argmax_screen.ArgmaxScreen`)."""
-        return (self.greedy and not self.banned.numel() and not self.bad_sequences and not self.params.penalised
-                and self.params.min_tokens <= 0)
+        return (
+            self.greedy
+            and not self.banned.numel()
+            and not self.bad_sequences
+            and not self.params.penalised
+            and self.params.min_tokens <= 0
+        )
 
     def _bad_words(self, logits: torch.Tensor, paths: list[list[int]] | None) -> torch.Tensor:
         """Bad words masked: single tokens everywhere; a longer word's last token in each row whose
@@ -144,7 +154,7 @@ class TokenSampler:
             tail = (recent + list(path))[-longest:]
             for words in self.bad_sequences:
                 before = len(words) - 1
-                if len(tail) >= before and tail[len(tail) - before:] == list(words[:-1]):
+                if len(tail) >= before and tail[len(tail) - before :] == list(words[:-1]):
                     rows.append(row)
                     columns.append(words[-1])
         if rows:

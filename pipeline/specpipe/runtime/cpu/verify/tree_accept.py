@@ -7,6 +7,7 @@ position ids and the mask of :func:`tree_attention`; :mod:`~specpipe.runtime.cpu
 decides the accepted path, and the batched target compacts its keys/values
 (:meth:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM.keep_paths`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -72,7 +73,9 @@ class DraftTree:
         if max_nodes is not None:
             keep = keep[:max_nodes]
         new_index = {old: new for new, old in enumerate(keep)}
-        return DraftTree([self.tokens[i] for i in keep], [new_index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep])
+        return DraftTree(
+            [self.tokens[i] for i in keep], [new_index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep]
+        )
 
 
 def tree_attention(parents: Sequence[int], context: int) -> tuple[torch.Tensor, torch.Tensor]:
