@@ -69,6 +69,12 @@ def physical_memory_bytes() -> int:
         return 0
 
 
+def cpu_kv_cache_bytes_per_token(arch) -> int:
+    """Bytes the CPU runtime's fp32 KV cache takes per token of one request: ``2 x layers x kv_heads x
+    head_dim x 4`` (``arch``: a :class:`~specpipe.presets.Architecture`)."""
+    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4
+
+
 def check_cpu_batch_memory(arch, max_batch_size: int, memory_bytes: int | None = None) -> None:
     """Refuse a ``--max-batch-size`` whose KV cache cannot fit in this machine's memory.
 
@@ -85,7 +91,7 @@ def check_cpu_batch_memory(arch, max_batch_size: int, memory_bytes: int | None =
         FlagError: the cache would exceed the memory, naming the largest batch size that fits.
     """
     memory = physical_memory_bytes() if memory_bytes is None else memory_bytes
-    per_request = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4 * arch.max_position_embeddings
+    per_request = cpu_kv_cache_bytes_per_token(arch) * arch.max_position_embeddings
     allowed = max(1, memory // per_request)  # one request is always allowed: few reach the full context
     if not memory or max_batch_size <= allowed:
         return

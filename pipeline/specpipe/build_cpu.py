@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specpipe import __version__
-from specpipe.build_common import check_cpu_batch_memory, check_writable, is_engine_name, up_to_date
+from specpipe.build_common import (
+    check_cpu_batch_memory,
+    check_writable,
+    cpu_kv_cache_bytes_per_token,
+    is_engine_name,
+    up_to_date,
+)
 from specpipe.build_cpu_drafts import make_draft, shipped_weights
 from specpipe.build_cpu_settings import check_cpu_pairing, refused_flags, resolve_speculative
 from specpipe.build_request import BuildRequest
@@ -140,7 +146,7 @@ class CpuPlan:
         return {
             "target_weights_bytes": target_weight_bytes(arch, self.quantization),
             "target_weights_fp32_bytes": target_weight_bytes(arch, None),
-            "kv_cache_bytes_per_token": 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4,
+            "kv_cache_bytes_per_token": cpu_kv_cache_bytes_per_token(arch),
         }
 
     def _memory_text(self) -> str:
