@@ -207,22 +207,11 @@ def write_eagle_layout(
     c = target.config
     state = {k: v.to(dtype).contiguous() for k, v in heads.items() if k.startswith(("fc.", "layers."))}
     state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(dtype).contiguous()
-    rope = getattr(c, "rope_parameters", None) or {}
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "bias": True,
-        "hidden_act": c.hidden_act,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": getattr(c, "head_dim", c.hidden_size // c.num_attention_heads),
-        "num_hidden_layers": 1,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
-        "vocab_size": c.vocab_size,
+        **_one_layer_llama_config(c),
         "tie_word_embeddings": False,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
@@ -262,21 +251,10 @@ def write_eagle3_layout(
     t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
     t2d[vocab] = True
     state["t2d"] = t2d
-    rope = getattr(c, "rope_parameters", None) or {}
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
-        "hidden_act": c.hidden_act,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": getattr(c, "head_dim", c.hidden_size // c.num_attention_heads),
-        "num_hidden_layers": 1,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
-        "vocab_size": c.vocab_size,
+        **_one_layer_llama_config(c),
         "draft_vocab_size": int(vocab.numel()),
         "target_hidden_size": c.hidden_size,
         "tie_word_embeddings": False,
@@ -373,3 +351,22 @@ def write_draft_model(out_dir: Path, layers: dict[str, torch.Tensor], target_dir
     if vocab is not None:
         save_file({"draft_vocab": vocab.to(torch.int64).contiguous()}, str(Path(out_dir) / DRAFT_VOCAB_FILE))
     return out_dir
+
+
+def _one_layer_llama_config(c) -> dict[str, Any]:
+    """The ``config.json`` fields a one-layer Llama draft head takes from its target's config ``c``, in the
+    order the head layouts write them."""
+    rope = getattr(c, "rope_parameters", None) or {}
+    return {
+        "hidden_act": c.hidden_act,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", c.hidden_size // c.num_attention_heads),
+        "num_hidden_layers": 1,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
+        "vocab_size": c.vocab_size,
+    }

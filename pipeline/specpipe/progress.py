@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 console = Console(stderr=True)
@@ -78,3 +79,16 @@ def result(text: str) -> None:
 def result_renderable(renderable: Any, width: int | None = None) -> None:
     """A rich table (or other renderable) on stdout; ``width`` when stdout is not a terminal."""
     Console(width=None if sys.stdout.isatty() else width).print(renderable)
+
+
+def count_bars(show: bool = True) -> Progress:
+    """Progress bars on :data:`console` that count completed items (``description  bar  done/total  elapsed``);
+    ``show`` False: nothing is drawn. Call ``stop()`` when done."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not show,
+    )

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from specpipe.bench.endpoints import Endpoint, parse_endpoints
 from specpipe.bench.load import one_line
 from specpipe.bench.prompts import Prompt, load_prompts
 from specpipe.bench.report import write_results
 from specpipe.bench.runner import BenchRun, BenchSettings, run_bench
 from specpipe.errors import SpecpipeError
-from specpipe.progress import console
+from specpipe.progress import count_bars
 
 
 @dataclass(frozen=True)
@@ -220,14 +218,7 @@ def execute(
         SpecpipeError: a pre-flight check failed (nothing measured).
     """
     run = BenchRun(settings=settings)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not show_progress,
-    )
+    progress = count_bars(show_progress)
     try:
         try:
             asyncio.run(run_bench(endpoints, prompts, settings, run, progress))

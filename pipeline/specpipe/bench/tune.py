@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specpipe.bench.endpoints import Endpoint
@@ -33,7 +32,7 @@ from specpipe.build_cpu import build_cpu
 from specpipe.build_request import BuildRequest
 from specpipe.errors import SpecpipeError
 from specpipe.manifest import read_manifest
-from specpipe.progress import console, warn
+from specpipe.progress import console, count_bars, warn
 from specpipe.serve.local import LocalTritonServer
 from specpipe.speculative import METHODS, Method, Runtime, SpeculativeSettings, entry_for, methods_for
 from specpipe.tree import Tree
@@ -254,14 +253,7 @@ def tune(
             console.rule(f"{name}: {candidate.label} (max_draft_len={candidate.max_draft_len})")
             try:
                 engine = builder(candidate)
-                progress = Progress(
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=console,
-                    disable=not show_progress,
-                )
+                progress = count_bars(show_progress)
                 try:
                     aggregate = measure(engine, candidate.label, work_dir, prompts, settings, progress)
                 finally:

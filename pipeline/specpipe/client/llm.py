@@ -21,23 +21,13 @@ from typing import Any, Callable
 from specpipe.client.probe import not_grpc_hint
 from specpipe.client.request import GenerationRequest, build_inputs, tensor_input
 from specpipe.errors import SpecpipeError
+from specpipe.triton.interface import PERF_OUTPUTS
 from specpipe.triton.models.stop_requests import stop_request_values
 
 logger = logging.getLogger(__name__)
 
 #: Seconds to wait for the answer to a stop request.
 STOP_TIMEOUT_S = 10.0
-
-#: Per-request counters read from a response when present (``draft_length``, ``target_forwards``: CPU runtime only).
-PERF_OUTPUTS = (
-    "acceptance_rate",
-    "total_accepted_draft_tokens",
-    "total_draft_tokens",
-    "num_input_tokens",
-    "num_output_tokens",
-    "draft_length",
-    "target_forwards",
-)
 
 
 @dataclass

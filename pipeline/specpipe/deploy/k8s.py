@@ -47,52 +47,59 @@ def resource_name(repo_name: str) -> str:
     return re.sub(r"-+", "-", text)[:63].strip("-")
 
 
-def _labels(name: str) -> dict[str, str]:
+def labels(name: str) -> dict[str, str]:
+    """The labels of every object of deployment ``name``; the Deployment and Service select on them."""
     return {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specpipe"}
 
 
 def deployment_manifest(
-    name: str, containers: list[dict[str, Any]], pod_volumes: list[dict[str, Any]], options: K8sOptions
+    name: str, pod: dict[str, Any], options: K8sOptions, annotations: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """The ``apps/v1`` Deployment; its rollouts never need spare GPUs (:func:`specpipe.deploy.pod.rollout_strategy`)."""
+    """The ``apps/v1`` Deployment of ``options.replicas`` pods of spec ``pod`` (template ``annotations`` if
+    any); its rollouts never need spare GPUs (:func:`specpipe.deploy.pod.rollout_strategy`)."""
+    template = {"labels": labels(name), **({"annotations": annotations} if annotations else {})}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "labels": _labels(name)},
+        "metadata": {"name": name, "labels": labels(name)},
         "spec": {
             "replicas": options.replicas,
             "strategy": rollout_strategy(options.replicas),
-            "selector": {"matchLabels": _labels(name)},
-            "template": {
-                "metadata": {
-                    "labels": _labels(name),
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(CONTAINER_PORTS["metrics"]),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": {"containers": containers, "volumes": pod_volumes, **scheduling(options)},
-            },
+            "selector": {"matchLabels": labels(name)},
+            "template": {"metadata": template, "spec": pod},
         },
     }
 
 
-def service_manifest(name: str, gateway: bool = False, triton: bool = True) -> dict[str, Any]:
-    """The ``v1`` Service in front of the pods: Triton's metrics port, its HTTP and gRPC ports when
-    ``triton``, the gateway's ``openai`` port when ``gateway``."""
-    ports = {n: p for n, p in CONTAINER_PORTS.items() if triton or n == "metrics"}
-    ports.update({"openai": CONTAINER_PORT} if gateway else {})
+def service_manifest(name: str, ports: dict[str, int]) -> dict[str, Any]:
+    """The ``v1`` ClusterIP Service in front of deployment ``name``'s pods, one TCP port per ``ports`` entry
+    (the container port of that name)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "labels": _labels(name)},
+        "metadata": {"name": name, "labels": labels(name)},
         "spec": {
             "type": "ClusterIP",
-            "selector": _labels(name),
+            "selector": labels(name),
             "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in ports.items()],
         },
     }
+
+
+def _service_ports(gateway: bool, triton: bool) -> dict[str, int]:
+    """Triton's metrics port, its HTTP and gRPC ports when ``triton``, the gateway's ``openai`` port when
+    ``gateway``."""
+    ports = {n: p for n, p in CONTAINER_PORTS.items() if triton or n == "metrics"}
+    ports.update({"openai": CONTAINER_PORT} if gateway else {})
+    return ports
+
+
+#: Where Prometheus's pod discovery finds Triton's metrics.
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(CONTAINER_PORTS["metrics"]),
+    "prometheus.io/path": "/metrics",
+}
 
 
 def _wants_gateway(options: K8sOptions, meta: dict[str, Any], repo_name: str) -> bool:
@@ -137,10 +144,10 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
             check_size_fits(options.storage_size, data)
         size = options.storage_size if options.storage_size is not None else claim_size(data)
         files["pvc.yaml"] = yaml.safe_dump(
-            claim_files.claim_manifest(claim, size, options, _labels(name)), sort_keys=False
+            claim_files.claim_manifest(claim, size, options, labels(name)), sort_keys=False
         )
     if storage == STORAGE_PVC:
-        loader = claim_files.loader_manifest(name, claim, serving, options, _labels(name))
+        loader = claim_files.loader_manifest(name, claim, serving, options, labels(name))
         files["loader.yaml"] = yaml.safe_dump(loader, sort_keys=False)
         files["load-data.sh"] = claim_files.load_script(name, data, defines_claim=not options.pvc)
     if storage == STORAGE_IMAGE:
@@ -152,10 +159,13 @@ def write_k8s(repo_dir: Path, out_dir: Path, options: K8sOptions | None = None, 
     containers = [triton_container(meta, image, storage)]
     if gateway:
         containers.append(gateway_container(repo_dir.name, image, storage, options))
-    deployment = deployment_manifest(name, containers, volumes(storage, repo_dir, meta, claim, options), options)
+    pod = {"containers": containers, "volumes": volumes(storage, repo_dir, meta, claim, options), **scheduling(options)}
+    deployment = deployment_manifest(name, pod, options, SCRAPE_ANNOTATIONS)
     files["deployment.yaml"] = yaml.safe_dump(deployment, sort_keys=False)
     triton_ports = options.expose_triton or not (gateway and options.api_key_secret)
-    files["service.yaml"] = yaml.safe_dump(service_manifest(name, gateway, triton_ports), sort_keys=False)
+    files["service.yaml"] = yaml.safe_dump(
+        service_manifest(name, _service_ports(gateway, triton_ports)), sort_keys=False
+    )
     files["README.md"] = readme(repo_dir.name, name, options, data, gateway, claim, image, serving, sorted(files))
 
     def fill(root: Path) -> None:

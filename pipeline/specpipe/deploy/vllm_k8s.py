@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from specpipe.deploy.k8s import _labels, resource_name
+from specpipe.deploy.k8s import deployment_manifest, resource_name, service_manifest
 from specpipe.deploy.options import DeployOptionError, K8sOptions
-from specpipe.deploy.pod import rollout_strategy, scheduling
+from specpipe.deploy.pod import scheduling
 from specpipe.fsutil import write_dir_atomically
 from specpipe.serve.vllm import CONTAINER_PORT, engine_command
 from specpipe.vllm import release
@@ -98,27 +98,8 @@ def write_vllm_k8s(engine_dir: Path, out_dir: Path, options: K8sOptions) -> Path
         ],
         **scheduling(options),
     }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": _labels(name)},
-        "spec": {
-            "replicas": options.replicas,
-            "strategy": rollout_strategy(options.replicas),
-            "selector": {"matchLabels": _labels(name)},
-            "template": {"metadata": {"labels": _labels(name)}, "spec": pod},
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": _labels(name)},
-        "spec": {
-            "type": "ClusterIP",
-            "selector": _labels(name),
-            "ports": [{"name": "http", "port": CONTAINER_PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    deployment = deployment_manifest(name, pod, options)
+    service = service_manifest(name, {"http": CONTAINER_PORT})
     secret, key = HF_TOKEN_SECRET
     readme = (
         f"# {name}: vLLM {release.VLLM_VERSION} serving {engine}\n\n"

@@ -170,6 +170,24 @@ def check_heads_match(target: Target, draft: Draft) -> list[Check]:
     return checks
 
 
+def check_sequence_lengths(request: BuildRequest, target: Target) -> None:
+    """Refuse ``--max-input-len`` above ``--max-seq-len``, and ``--max-seq-len`` above the target's positions.
+
+    Raises:
+        CompatibilityError: naming the flag and the value that fits.
+    """
+    if request.max_input_len > request.max_seq_len:
+        raise CompatibilityError(
+            f"--max-input-len {request.max_input_len} exceeds --max-seq-len {request.max_seq_len}: raise --max-seq-len "
+            f"or lower --max-input-len"
+        )
+    if request.max_seq_len > target.arch.max_position_embeddings:
+        raise CompatibilityError(
+            f"--max-seq-len {request.max_seq_len} exceeds target {target.name}'s {target.arch.max_position_embeddings} "
+            f"positions: use --max-seq-len <= {target.arch.max_position_embeddings}"
+        )
+
+
 def _memory(
     target: Target,
     draft: Draft,
@@ -295,16 +313,7 @@ def run_preflight(request: BuildRequest, target: Target, draft: Draft, *, sugges
         check_parallelism(
             name, arch, 1 if request.tp == AUTO else request.tp, 1 if request.pp == AUTO else request.pp, method
         )
-    if request.max_input_len > request.max_seq_len:
-        raise CompatibilityError(
-            f"--max-input-len {request.max_input_len} exceeds --max-seq-len {request.max_seq_len}: raise --max-seq-len "
-            f"or lower --max-input-len"
-        )
-    if request.max_seq_len > target.arch.max_position_embeddings:
-        raise CompatibilityError(
-            f"--max-seq-len {request.max_seq_len} exceeds target {target.name}'s {target.arch.max_position_embeddings} "
-            f"positions: use --max-seq-len <= {target.arch.max_position_embeddings}"
-        )
+    check_sequence_lengths(request, target)
     checks.extend(check_heads_match(target, draft))
     if request.runtime == Runtime.TRTLLM.value and draft.method == Method.EAGLE:
         checks.append(Check("EAGLE head vs TensorRT-LLM's converter", *eagle_head.preflight(draft, target)))

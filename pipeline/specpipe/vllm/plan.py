@@ -27,7 +27,7 @@ from typing import Any
 
 from specpipe.build_common import is_engine_name
 from specpipe.build_request import AUTO, BuildRequest
-from specpipe.errors import CompatibilityError, PresetError
+from specpipe.errors import PresetError
 from specpipe.manifest import canonical_hash
 from specpipe.presets import load_draft
 from specpipe.speculative import Method, Runtime, SpeculativeSettings
@@ -41,7 +41,7 @@ from specpipe.trtllm.parallelism import (
     on_common_gpus,
     render_parallel,
 )
-from specpipe.trtllm.preflight import Check, check_heads_match, parallel_check
+from specpipe.trtllm.preflight import Check, check_heads_match, check_sequence_lengths, parallel_check
 from specpipe.trtllm.quant import resolve_scheme
 from specpipe.trtllm.resolve import Draft, Target, resolve_draft, resolve_target
 from specpipe.vllm import release, settings
@@ -179,17 +179,7 @@ def make_plan(request: BuildRequest) -> VllmPlan:
         Check("quantization", "ok", f"{scheme_name} -> --quantization {quantization or '(none)'}"),
     ]
     checks += check_heads_match(target, draft)
-    if request.max_input_len > request.max_seq_len:
-        raise CompatibilityError(
-            f"--max-input-len {request.max_input_len} exceeds --max-seq-len {request.max_seq_len}: "
-            f"raise --max-seq-len or lower --max-input-len"
-        )
-    if request.max_seq_len > target.arch.max_position_embeddings:
-        raise CompatibilityError(
-            f"--max-seq-len {request.max_seq_len} exceeds target {target.name}'s "
-            f"{target.arch.max_position_embeddings} positions: use --max-seq-len <= "
-            f"{target.arch.max_position_embeddings}"
-        )
+    check_sequence_lengths(request, target)
     spec = settings.resolve_speculative(request, draft)
     models = [(target.name, target.arch, draft.method)]
     if draft.arch is not None:
