@@ -49,16 +49,7 @@ def test_a_plan_file_becomes_the_checks_document(tmp_path):
     dry = CliRunner().invoke(
         main,
         [
-            "build",
-            "--target",
-            "llama3-8b",
-            "--draft",
-            "eagle",
-            "--runtime",
-            "trtllm",
-            "--dry-run",
-            "--json",
-            "--engines-dir",
+            *"build --target llama3-8b --draft eagle --runtime trtllm --dry-run --json --engines-dir".split(),
             str(tmp_path / "e"),
         ],
     )

@@ -7,79 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from smollm2_prompts import chat_ids
 
 from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.loader import load_engine, resolve_draft_dtype
 from specpipe.runtime.cpu.model.prepack import bf16_prepack_available
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
-PROMPTS = [
-    [
-        1,
-        9690,
-        198,
-        2683,
-        359,
-        253,
-        5356,
-        5646,
-        11173,
-        3365,
-        3511,
-        308,
-        34519,
-        28,
-        7018,
-        411,
-        407,
-        19712,
-        8182,
-        2,
-        198,
-        1,
-        4093,
-        198,
-        1780,
-        1848,
-        339,
-        1553,
-        645,
-        24488,
-        253,
-        2767,
-        47,
-        2,
-        198,
-        1,
-        520,
-        9531,
-        198,
-    ],
-    [
-        1,
-        4093,
-        198,
-        23325,
-        253,
-        9286,
-        2248,
-        338,
-        12960,
-        3161,
-        1883,
-        3459,
-        359,
-        1030,
-        17165,
-        30,
-        2,
-        198,
-        1,
-        520,
-        9531,
-        198,
-    ],
-]
+PROMPTS = ["What happens when you pet a dog?", "Explain globalization in two sentences."]
 
 
 def test_auto_draft_dtype_follows_the_cpu():
@@ -96,7 +31,8 @@ def test_bf16_drafts_keep_greedy_output_identical(smollm2_engines, draft, single
     engine, _ = load_engine(Path(smollm2_engines[draft]), draft_dtype="bfloat16")
     params = SamplingParams(max_tokens=40)
     accepted = 0
-    for prompt in PROMPTS:
+    for text in PROMPTS:
+        prompt = chat_ids(smollm2_engines["none"], text)
         expected, _ = generate_all(solo_scheduler(baseline), prompt, params)
         got, stats = generate_all(solo_scheduler(engine), prompt, params)
         assert got == expected

@@ -9,10 +9,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
+from smollm2_prompts import chat_ids
 
 from specpipe import heads_format
 from specpipe.cli import main
 from specpipe.models.heads import shipped_dir
+from specpipe.runtime.cpu.deployment import Deployment
+from specpipe.runtime.cpu.drafters.drafters import NoDrafter
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
 H, V, INTER, HEADS, KV, HEAD_DIM = 576, 49152, 1536, 9, 3, 64
@@ -109,49 +112,8 @@ def test_build_heads_for_the_cpu_runtime(tmp_path, method):
         config = json.loads((layout / "config.json").read_text())
         assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (n, 1)
     engine, _ = load_engine(engine_dir)
-    prompt = [
-        1,
-        9690,
-        198,
-        2683,
-        359,
-        253,
-        5356,
-        5646,
-        11173,
-        3365,
-        3511,
-        308,
-        34519,
-        28,
-        7018,
-        411,
-        407,
-        19712,
-        8182,
-        2,
-        198,
-        1,
-        4093,
-        198,
-        1780,
-        314,
-        260,
-        3575,
-        282,
-        4649,
-        47,
-        2,
-        198,
-        1,
-        520,
-        9531,
-        198,
-    ]
+    prompt = chat_ids(engine_dir, "What is the capital of France?")
     tokens, stats = generate_all(solo_scheduler(engine), prompt, SamplingParams(max_tokens=24))
-    from specpipe.runtime.cpu.deployment import Deployment
-    from specpipe.runtime.cpu.drafters.drafters import NoDrafter
-
     plain = Deployment(engine.target.model, NoDrafter(), max_draft_len=0)
     assert tokens == generate_all(solo_scheduler(plain), prompt, SamplingParams(max_tokens=24))[0]
     assert stats.target_forwards <= 24

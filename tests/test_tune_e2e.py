@@ -22,18 +22,11 @@ def test_tune_measures_each_length_and_the_next_build_uses_the_best(tmp_path, mo
     result = CliRunner().invoke(
         main,
         [
-            "tune",
-            "tiny-ngram",
-            "--engines-dir",
+            *"tune tiny-ngram --engines-dir".split(),
             str(engines),
             "--prompts",
             str(prompts),
-            "--max-draft-len",
-            "1,3",
-            "--num-requests",
-            "2",
-            "--max-tokens",
-            "8",
+            *"--max-draft-len 1,3 --num-requests 2 --max-tokens 8".split(),
         ],
     )
     assert result.exit_code == 0, result.output

@@ -166,17 +166,9 @@ def test_parallelism_is_a_check_as_on_tensorrt_llm(tmp_path, monkeypatch):
 
     def parallelism(*args):
         argv = [
-            "build",
-            "--runtime",
-            "vllm",
-            "--engines-dir",
+            *"build --runtime vllm --engines-dir".split(),
             str(tmp_path / "e"),
-            "--target",
-            "llama3-70b",
-            "--draft",
-            "eagle",
-            "--dry-run",
-            "--json",
+            *"--target llama3-70b --draft eagle --dry-run --json".split(),
             *args,
         ]
         result = CliRunner().invoke(main, argv)
