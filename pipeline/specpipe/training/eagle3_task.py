@@ -22,7 +22,7 @@ from specpipe.runtime.cpu.drafters.eagle3_head import Eagle3Head, capture_layers
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig
 from specpipe.training.config import TrainConfig
 from specpipe.training.features import Features
-from specpipe.training.tasks import _PositionSampler, unrolled_attention_mask
+from specpipe.training.tasks import _PositionSampler, unroll_head
 
 
 class Eagle3Task:
@@ -55,13 +55,8 @@ class Eagle3Task:
         window = self.cfg.window
         idx = starts[:, None] + torch.arange(window)[None, :]
         f_in = feats.fused[idx].float()
-        past_k = past_v = None
-        for d in range(1, steps + 1):
-            emb = self.embed[feats.tokens[idx + d]]
-            mask = unrolled_attention_mask(window, d) if d > 1 else None
-            out, past_k, past_v = self.module(f_in, emb, torch.arange(window) + d - 1, past_k, past_v, mask)
+        for d, out in unroll_head(self.module, self.embed, feats.tokens, f_in, idx, steps):
             yield d, out, idx
-            f_in = out
 
     def loss(self, generator: torch.Generator) -> torch.Tensor:
         cfg = self.cfg

@@ -122,6 +122,30 @@ def unrolled_attention_mask(window: int, step: int) -> torch.Tensor:
     return torch.cat(blocks, dim=1)[None, None]
 
 
+def unroll_head(module, embed: torch.Tensor, tokens: torch.Tensor, inputs: torch.Tensor, idx: torch.Tensor, steps: int):
+    """Run an EAGLE head ``steps`` times over a training window, each step fed the previous one's outputs
+    (the training-time test, :func:`unrolled_attention_mask`).
+
+    Args:
+        module: the head: ``module(inputs, embeddings, positions, past_k, past_v, mask) -> (out, past_k, past_v)``.
+        embed: the target's input embeddings, ``[V, H]``.
+        tokens: the corpus token ids, int64 ``[N]``.
+        inputs: step 1's input features, float32 ``[B, L, F]``.
+        idx: corpus position of each root, int64 ``[B, L]``.
+        steps: unrolled steps.
+
+    Yields:
+        ``(d, out)`` for d = 1..steps, ``out`` the head's outputs ``[B, L, H]`` at step d.
+    """
+    window = idx.shape[1]
+    past_k = past_v = None
+    for d in range(1, steps + 1):
+        mask = unrolled_attention_mask(window, d) if d > 1 else None
+        out, past_k, past_v = module(inputs, embed[tokens[idx + d]], torch.arange(window) + d - 1, past_k, past_v, mask)
+        yield d, out
+        inputs = out
+
+
 class EagleTask:
     """EAGLE-1 head trained on ``cfg.unroll`` unrolled steps: step 1 reads the target's features, step
     d >= 2 its own step d-1 predictions (with the run-time attention pattern, see
@@ -144,13 +168,8 @@ class EagleTask:
         f_in = feats.hidden[idx].float()
         if noise is not None and self.cfg.noise > 0:
             f_in = f_in + (torch.rand(f_in.shape, generator=noise) * 2 - 1) * (self.cfg.noise * self.rms)
-        past_k = past_v = None
-        for d in range(1, steps + 1):
-            emb = self.embed[feats.tokens[idx + d]]
-            mask = unrolled_attention_mask(window, d) if d > 1 else None
-            pred, past_k, past_v = self.module(f_in, emb, torch.arange(window) + d - 1, past_k, past_v, mask)
+        for d, pred in unroll_head(self.module, self.embed, feats.tokens, f_in, idx, steps):
             yield d, pred, idx
-            f_in = pred
 
     def loss(self, generator: torch.Generator) -> torch.Tensor:
         cfg = self.cfg
