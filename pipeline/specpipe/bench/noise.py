@@ -11,7 +11,8 @@ Per load level (one concurrency) the rule is:
 
 1. **The control's ratio.** The level is *busy* when control/baseline throughput lies outside
    ``[1 / BUSY_RATIO, BUSY_RATIO]`` (10 %). The committed control runs on 2 shared cores
-   (``benchmarks/results/triton_*control*``, ``triton_margin8_c8``: 12 levels, 4 to 16 rounds, 16 to
+   (in ``benchmarks/results/deployment_speed_triton/``: ``methods_with_control*``,
+   ``fused_projections_c4_with_control`` and ``ngram_margin8_c8``, 14 levels, 6 to 16 rounds, 16 to
    48 requests) measured the control at 0.94-1.075x: 10 % is beyond every quiet level, and a ratio
    error above it is as large as most gains the CPU methods reach there (0.93-1.31x), so figures
    would mislead.
