@@ -268,8 +268,9 @@ class BatchScheduler:
         try:
             start = self.policy.start_draft(request, nodes)
             exact = self.exact_greedy or not request.chooser.greedy  # seeded draws read a sampled request's rows
-            if start is None:
-                return _Work(request, self._verification(request, DraftTree([], []), exact), DraftTree([], []))
+            if start is None:  # plain decoding: the newest token alone
+                plain = DraftTree([], [])
+                return _Work(request, self._verification(request, plain, exact), plain)
             began = time.perf_counter()
             request.drafter.catch_up(request.context)
             caught_up = time.perf_counter()
