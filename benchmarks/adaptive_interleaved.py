@@ -177,7 +177,7 @@ def main() -> None:
         apply_dense_rows(engine, None)
         scheduler = BatchScheduler(engine, max_batch_size=8)
         lanes.append(Lane(manifest.name, scheduler))
-        cost_curves[manifest.name] = scheduler.cost_model.describe()
+        cost_curves[manifest.name] = scheduler.policy.cost_model.describe()
         tokenizer = AutoTokenizer.from_pretrained(engine_dir / manifest.target.path)
     if args.llama_gguf:
         llm = load_llama(engine_dir / manifest.target.path, args.llama_gguf, None, args.threads)

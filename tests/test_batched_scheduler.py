@@ -24,7 +24,7 @@ from specpipe.generation.api import SamplingParams
 from specpipe.runtime.cpu.model.attention_groups import BatchEntry, attention_groups
 from specpipe.runtime.cpu.model.batched_lm import BatchedLM
 from specpipe.runtime.cpu.model.cached_lm import CachedLM
-from specpipe.runtime.cpu.scheduler import draft_planning as planning_module
+from specpipe.runtime.cpu.scheduler import policy as policy_module
 from specpipe.runtime.cpu.scheduler.adaptive import (
     DraftCandidate,
     NodeAcceptance,
@@ -32,7 +32,6 @@ from specpipe.runtime.cpu.scheduler.adaptive import (
     choose_draft_lengths,
     shared_acceptance,
 )
-from specpipe.runtime.cpu.scheduler.batch_request import fork_drafter
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel, non_decreasing
 from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 from specpipe.runtime.cpu.scheduler.scheduler import Cancelled, ServerBusy
@@ -274,12 +273,12 @@ def test_the_scheduler_times_resumes_and_measures_the_runs_of_drafting_steps(mon
     def scripted(cost, candidates, fixed_tokens, *args, **kwargs):
         for request, c in zip([r for r in scheduler.active if not r.prefilling], candidates):
             if len(c.draft_seconds) > 1:
-                per_depth = request.draft_seconds_per_depth or scheduler.draft_seconds_per_depth
-                asked.append((request.paused, c.draft_seconds[1] - per_depth, scheduler.resume_cost.charge()))
+                per_depth = request.draft_seconds_per_depth or scheduler.policy.draft_seconds_per_depth
+                asked.append((request.paused, c.draft_seconds[1] - per_depth, scheduler.policy.resume_cost.charge()))
         chosen.extend(min(next(choices), len(c.expected) - 1) for c in candidates)
         return chosen[len(chosen) - len(candidates) :]
 
-    monkeypatch.setattr(planning_module, "choose_draft_lengths", scripted)
+    monkeypatch.setattr(policy_module, "choose_draft_lengths", scripted)
     scheduler = scheduler_for(make_engine("eagle"))
     request, out = submit(scheduler, prompts(1)[0], SamplingParams(max_tokens=24))
     scheduler.run_until_idle()
@@ -295,7 +294,7 @@ def test_the_scheduler_times_resumes_and_measures_the_runs_of_drafting_steps(mon
             streak += 1
         elif streak:
             run_steps, streak = run_steps + 0.05 * (streak - run_steps), 0
-    assert scheduler.resume_cost.run_steps == pytest.approx(run_steps) and request.draft_streak == streak
+    assert scheduler.policy.resume_cost.run_steps == pytest.approx(run_steps) and request.draft_streak == streak
 
 
 def test_mixing_plain_and_drafting_requests_costs_its_measured_overhead():
@@ -373,8 +372,8 @@ def test_a_deployment_whose_drafts_failed_at_first_probes_again():
     # about 14 % of the time
     scheduler = scheduler_for(make_engine("ngram"), cost_model=ForwardCostModel((1, 64), (1.0, 7.3)))
     for _ in range(200):
-        scheduler.shared_acceptance.observe(4, [])  # a bad start: nothing accepted
-    assert scheduler.shared_acceptance.rates(1)[0] < 0.05
+        scheduler.policy.shared_acceptance.observe(4, [])  # a bad start: nothing accepted
+    assert scheduler.policy.shared_acceptance.rates(1)[0] < 0.05
     submit(scheduler, [3, 4, 5], SamplingParams(max_tokens=250))
     lengths = []
     while scheduler.has_work:
@@ -466,7 +465,7 @@ def test_catching_up_first_leaves_the_proposal_unchanged(method):
     context = [*prompt, 7, 9, 11]
     proposals = []
     for catch_up_first in (False, True):
-        drafter = fork_drafter(engine.drafter)
+        drafter = engine.drafter.fork()
         drafter.reset(prompt)
         if method == "eagle":
             features = engine.target.model.model(input_ids=torch.tensor([context])).last_hidden_state[0]
@@ -479,7 +478,7 @@ def test_catching_up_first_leaves_the_proposal_unchanged(method):
             if catch_up_first:
                 drafter.catch_up(context)
             proposals.append(
-                drafter.propose(context, 3, TokenSampler(SamplingParams(max_tokens=4), torch.Generator())).tokens
+                drafter.propose_chain(context, 3, TokenSampler(SamplingParams(max_tokens=4), torch.Generator())).tokens
             )
     assert proposals[0] == proposals[1] and proposals[0][0]
 

@@ -143,8 +143,8 @@ def test_ngram_proposes_after_most_recent_occurrence():
     drafter = NgramDrafter(max_matching_ngram_size=3)
     context = [1, 2, 3, 10, 11, 1, 2, 3, 20, 21, 22, 1, 2, 3]
     drafter.reset(context)
-    assert drafter.propose(context, 2, _sampler()).tokens == [20, 21]
-    assert drafter.propose(context, 10, _sampler()).tokens == [20, 21, 22, 1, 2, 3]
+    assert drafter.propose_chain(context, 2, _sampler()).tokens == [20, 21]
+    assert drafter.propose_chain(context, 10, _sampler()).tokens == [20, 21, 22, 1, 2, 3]
 
 
 def test_ngram_falls_back_to_shorter_ngrams_and_grows_incrementally():
@@ -152,19 +152,19 @@ def test_ngram_falls_back_to_shorter_ngrams_and_grows_incrementally():
     context = [7, 8, 9, 4, 5, 6, 9]
     drafter.reset(context)
     # No earlier [5, 6, 9] or [6, 9]; the unigram [9] occurred at index 2.
-    assert drafter.propose(context, 3, _sampler()).tokens == [4, 5, 6]
+    assert drafter.propose_chain(context, 3, _sampler()).tokens == [4, 5, 6]
     context += [30]
-    assert drafter.propose(context, 3, _sampler()).tokens == []
+    assert drafter.propose_chain(context, 3, _sampler()).tokens == []
     context += [8, 9]
     # [8, 9] occurred at index 1; the latest [9] would be index 6 but the bigram match wins.
-    assert drafter.propose(context, 2, _sampler()).tokens == [4, 5]
+    assert drafter.propose_chain(context, 2, _sampler()).tokens == [4, 5]
 
 
 def test_ngram_draft_is_deterministic_one_hot():
     drafter = NgramDrafter()
     context = [1, 2, 1]
     drafter.reset(context)
-    draft = drafter.propose(context, 4, _sampler())
+    draft = drafter.propose_chain(context, 4, _sampler())
     assert draft.tokens == [2, 1]
     assert draft.probs is None
 

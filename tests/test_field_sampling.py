@@ -142,7 +142,7 @@ class ChainOracle(Drafter):
     def __init__(self, texts):
         self.texts = texts
 
-    def propose(self, context_ids, k, sampler):
+    def propose_chain(self, context_ids, k, sampler):
         n = len(context_ids)
         return Draft(next((t[n : n + k] for t in self.texts if t[:n] == context_ids), []))
 
@@ -153,7 +153,7 @@ class TreeOracle(TreeDrafter):
     def __init__(self, texts):
         self.texts = texts
 
-    def propose(self, context_ids, max_nodes, max_depth):
+    def propose(self, context_ids, max_nodes, max_depth, sampler=None):
         n = len(context_ids)
         truth = next((t[n : n + max_depth] for t in self.texts if t[:n] == context_ids), [])
         if not truth:

@@ -8,6 +8,7 @@ A table is listed in :data:`TABLES` with the methods the registry says must have
 from pathlib import Path
 
 import pytest
+from batch_helpers import make_engine
 
 from specpipe import build_cpu, build_cpu_settings, heads_format
 from specpipe.bench import tune
@@ -211,3 +212,12 @@ def test_the_pinned_llmapi_spelling_is_the_registry():
         llmapi_schema.build_speculative_config(settings, None)["decoding_type"] == METHODS[Method.NGRAM].decoding_type
     )
     assert llmapi_schema.spelling_for(TRTLLM_VERSION).decoding_types is llmapi_schema.PINNED_DECODING_TYPES
+
+
+@pytest.mark.parametrize("method", list(loader.DRAFTERS), ids=lambda m: m.value)
+def test_the_cpu_drafters_flags_are_the_registry_s(method):
+    """The scheduler reads a drafter's protocol flags, never its class: they agree with the method's record
+    (a tree method's proposals branch, heads read the target's features, a draft model brings its own LM)."""
+    spec, drafter = METHODS[method], make_engine(method.value).drafter
+    assert (drafter.trees, drafter.reads_features) == (spec.has_tree, spec.weights == "heads")
+    assert bool(drafter.draft_models()) == (spec.weights == "model")

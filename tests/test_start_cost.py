@@ -5,7 +5,7 @@ import pytest
 from batch_helpers import make_engine, prompts, scheduler_for, submit
 
 from specpipe.generation.api import SamplingParams
-from specpipe.runtime.cpu.scheduler import draft_planning as planning_module
+from specpipe.runtime.cpu.scheduler import policy as policy_module
 from specpipe.runtime.cpu.scheduler.adaptive import (
     IDLE_FORGETTING,
     DraftCandidate,
@@ -54,22 +54,22 @@ def test_the_scheduler_times_first_catch_ups_and_counts_each_requests_drafting_s
     def draft_always(cost, candidates, fixed_tokens, *args, **kwargs):
         for request, c in zip([r for r in scheduler.active if not r.prefilling], candidates):
             if len(c.draft_seconds) > 1 and request.fresh:
-                per_depth = request.draft_seconds_per_depth or scheduler.draft_seconds_per_depth
+                per_depth = request.draft_seconds_per_depth or scheduler.policy.draft_seconds_per_depth
                 charged.append(
                     (
                         c.draft_seconds[1] - per_depth,
-                        scheduler.start_cost.charge(len(request.context) - 1, request.stop.remaining),
+                        scheduler.policy.start_cost.charge(len(request.context) - 1, request.stop.remaining),
                     )
                 )
         return [len(c.expected) - 1 for c in candidates]
 
-    monkeypatch.setattr(planning_module, "choose_draft_lengths", draft_always)
+    monkeypatch.setattr(policy_module, "choose_draft_lengths", draft_always)
     scheduler = scheduler_for(make_engine("draft-model"))
     first, out = submit(scheduler, prompts(2)[1], SamplingParams(max_tokens=12))
     scheduler.run_until_idle()
     assert out.error is None and first.drafting_steps > 0 and not first.fresh
-    assert scheduler.start_cost.seconds_per_token > 0  # its catch-up over the prompt was timed
-    assert scheduler.start_cost.drafting_steps == first.drafting_steps  # recorded when it finished
+    assert scheduler.policy.start_cost.seconds_per_token > 0  # its catch-up over the prompt was timed
+    assert scheduler.policy.start_cost.drafting_steps == first.drafting_steps  # recorded when it finished
     assert len(charged) == 1 and charged[0][0] == pytest.approx(0.0, abs=1e-12)  # the very first start is free
     second, out = submit(scheduler, prompts(2)[0], SamplingParams(max_tokens=12))
     scheduler.run_until_idle()
@@ -87,10 +87,12 @@ def test_an_inflated_start_estimate_is_forgotten_while_requests_do_not_start(mon
         could_start.append(any(len(c.expected) > 1 for c in candidates))
         return [0] * len(candidates)
 
-    monkeypatch.setattr(planning_module, "choose_draft_lengths", never_draft)
+    monkeypatch.setattr(policy_module, "choose_draft_lengths", never_draft)
     scheduler = scheduler_for(make_engine("eagle"))
-    scheduler.start_cost = StartCost(seconds_per_token=0.05, drafting_steps=4.0)
+    scheduler.policy.start_cost = StartCost(seconds_per_token=0.05, drafting_steps=4.0)
     request, out = submit(scheduler, prompts(2)[1], SamplingParams(max_tokens=16))
     scheduler.run_until_idle()
     assert out.error is None and request.fresh and sum(could_start) >= 10
-    assert scheduler.start_cost.seconds_per_token == pytest.approx(0.05 * (1 - IDLE_FORGETTING) ** sum(could_start))
+    assert scheduler.policy.start_cost.seconds_per_token == pytest.approx(
+        0.05 * (1 - IDLE_FORGETTING) ** sum(could_start)
+    )

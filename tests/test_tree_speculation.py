@@ -93,7 +93,7 @@ class OracleDrafter(TreeDrafter):
     def __init__(self, reference):
         self.reference = reference
 
-    def propose(self, context_ids, max_nodes, max_depth):
+    def propose(self, context_ids, max_nodes, max_depth, sampler=None):
         done = len(context_ids)
         truth = self.reference[done : done + 3]
         if not truth:
@@ -181,7 +181,7 @@ def test_reduced_vocab_draft_model_keeps_greedy_output():
     assert tokens == reference
     assert stats.total_draft_tokens > 0
     # Proposals only come from the list.
-    assert all(t % 3 == 0 for t in drafter.propose(prompt + reference[:5], 3, engine_sampler()).tokens)
+    assert all(t % 3 == 0 for t in drafter.propose_chain(prompt + reference[:5], 3, engine_sampler()).tokens)
 
 
 def engine_sampler():

@@ -28,7 +28,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
 from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.model.prepack import (
     ALL_ROWS,
@@ -241,5 +240,4 @@ def _use_or_drop(models, rows: int) -> int:
 
 def _models(engine) -> list:
     """The engine's models with dense copies: the target and a draft model."""
-    drafter = getattr(engine, "drafter", None)
-    return [engine.target.model] + ([drafter.lm.model] if isinstance(drafter, DraftModelDrafter) else [])
+    return [engine.target.model, *engine.drafter.draft_models()]

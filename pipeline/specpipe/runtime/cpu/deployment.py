@@ -2,9 +2,10 @@
 
 It holds no decoding loop: every request, one or many, is served by
 :class:`~specpipe.runtime.cpu.scheduler.scheduler.BatchScheduler` (one request alone:
-:mod:`~specpipe.runtime.cpu.scheduler.one_request`). Chain drafters (none, n-gram, draft model) verify
-``[last, d1..dk]`` causally; tree drafters (Medusa, EAGLE) verify a token tree and read the target's
-hidden states (see :mod:`specpipe.runtime.cpu.verify.tree_accept`).
+:mod:`~specpipe.runtime.cpu.scheduler.one_request`). Every drafter is a
+:class:`~specpipe.runtime.cpu.drafters.proposer.Proposer`: chain drafters (none, n-gram, draft model) propose
+one-child trees, tree drafters (Medusa, EAGLE) branching ones over the target's hidden states
+(see :mod:`specpipe.runtime.cpu.verify.tree_accept`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from collections.abc import Iterable
 
 from transformers import PreTrainedModel
 
-from specpipe.runtime.cpu.drafters.drafters import Drafter
-from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
+from specpipe.runtime.cpu.drafters.proposer import Proposer
 from specpipe.runtime.cpu.model.cached_lm import CachedLM
 from specpipe.speculative import ACCEPTANCE_RULES
 
@@ -32,9 +32,8 @@ class Deployment:
 
     Args:
         target: the target causal LM (``LlamaForCausalLM``), fp32 (or weight-only quantized), eval mode.
-        drafter: a chain :class:`~specpipe.runtime.cpu.drafters.drafters.Drafter` (``NoDrafter`` for plain
-            decoding) or a :class:`~specpipe.runtime.cpu.drafters.tree_drafter.TreeDrafter` (Medusa, EAGLE):
-            the template every request's drafter is forked from.
+        drafter: the :class:`~specpipe.runtime.cpu.drafters.proposer.Proposer` every request's drafter is
+            forked from (``NoDrafter`` for plain decoding).
         max_draft_len: most draft tokens (tree: nodes) verified per step (>= 0).
         acceptance: ``"exact"`` (greedy, or sampling that preserves the target's distribution) or
             ``"typical"`` (Medusa's typical acceptance for sampled requests; opt-in, tree drafters only:
@@ -49,7 +48,7 @@ class Deployment:
     Attributes:
         target: the target wrapped as a one-sequence :class:`CachedLM` (its ``model``, ``vocab_size``,
             ``capture_layers``: EAGLE-3's fused feature layers); external drafts verify on it.
-        tree: whether the drafter proposes token trees (its requests' steps verify trees).
+        tree: whether the drafter's proposals may branch (:attr:`~specpipe.runtime.cpu.drafters.proposer.Proposer.trees`).
         default_end_ids: end ids used when a request gives no ``end_id``.
         drafter, max_draft_len, acceptance, max_context: as given (``max_context`` resolved).
     """
@@ -57,7 +56,7 @@ class Deployment:
     def __init__(
         self,
         target: PreTrainedModel,
-        drafter: Drafter | TreeDrafter,
+        drafter: Proposer,
         max_draft_len: int,
         *,
         acceptance: str = ACCEPTANCE_RULES[0],
@@ -66,7 +65,7 @@ class Deployment:
     ):
         self.target = CachedLM(target)
         self.drafter = drafter
-        self.tree = isinstance(drafter, TreeDrafter)
+        self.tree = drafter.trees
         self.max_draft_len = max_draft_len
         self.acceptance = acceptance if self.tree else ACCEPTANCE_RULES[0]
         self.max_context = max_context if max_context is not None else int(target.config.max_position_embeddings)
@@ -77,9 +76,9 @@ class Deployment:
             raise ValueError(f"max_context must be >= 2 tokens, got {self.max_context}")
         if acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {acceptance!r}")
-        if getattr(drafter, "vocab_size", None) is not None and drafter.vocab_size != self.target.vocab_size:
+        if drafter.vocab_size is not None and drafter.vocab_size != self.target.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary has {drafter.vocab_size} tokens, the target's "
                 f"{self.target.vocab_size}: a draft model must share the target's vocabulary"
             )
-        self.target.capture_layers = tuple(getattr(drafter, "capture_layers", ()))  # EAGLE-3: fused features
+        self.target.capture_layers = tuple(drafter.capture_layers)  # EAGLE-3: fused features

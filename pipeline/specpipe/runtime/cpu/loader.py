@@ -20,12 +20,12 @@ from specpipe.heads_format import COMPACT_FILES, compact_style, load_draft_vocab
 from specpipe.manifest import Manifest, read_manifest
 from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
-from specpipe.runtime.cpu.drafters.drafters import Drafter, DraftModelDrafter, NgramDrafter, NoDrafter
+from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specpipe.runtime.cpu.drafters.eagle import load_eagle_drafter
 from specpipe.runtime.cpu.drafters.eagle3 import load_eagle3_drafter
 from specpipe.runtime.cpu.drafters.medusa import load_medusa_drafter
+from specpipe.runtime.cpu.drafters.proposer import Proposer
 from specpipe.runtime.cpu.drafters.reduced_draft import ReducedVocabDraftModelDrafter
-from specpipe.runtime.cpu.drafters.tree_drafter import TreeDrafter
 from specpipe.runtime.cpu.model.fused_projections import fuse_projections
 from specpipe.runtime.cpu.model.prepack import PrepackedLinear, bf16_prepack_available, prepack_linear_layers
 from specpipe.runtime.cpu.model.quant_scheme import manifest_quantization
@@ -127,16 +127,16 @@ class DraftSource:
         return self.settings.draft_vocab if self.settings.draft_vocab is not None else DRAFT_VOCAB_DEFAULT
 
 
-def _no_drafter(source: DraftSource) -> Drafter:
+def _no_drafter(source: DraftSource) -> Proposer:
     return NoDrafter()
 
 
-def _ngram_drafter(source: DraftSource) -> Drafter:
+def _ngram_drafter(source: DraftSource) -> Proposer:
     size = source.settings.max_matching_ngram_size
     return NgramDrafter(size if size is not None else NGRAM_MATCH_DEFAULT)
 
 
-def _draft_model_drafter(source: DraftSource) -> Drafter:
+def _draft_model_drafter(source: DraftSource) -> Proposer:
     draft_dir = source.draft_dir()
     vocab = load_draft_vocab(draft_dir) if source.draft_vocab else None
     model = load_checkpoint(draft_dir, "draft").to(source.draft_dtype)
@@ -151,7 +151,7 @@ def _draft_model_drafter(source: DraftSource) -> Drafter:
     return drafter
 
 
-def _medusa_drafter(source: DraftSource) -> TreeDrafter:
+def _medusa_drafter(source: DraftSource) -> Proposer:
     draft_dir = source.draft_dir()
     drafter = load_medusa_drafter(
         draft_dir,
@@ -164,7 +164,7 @@ def _medusa_drafter(source: DraftSource) -> TreeDrafter:
     return quantize_drafter(drafter, source.quantization)
 
 
-def _eagle_drafter(source: DraftSource) -> TreeDrafter:
+def _eagle_drafter(source: DraftSource) -> Proposer:
     settings = source.settings
     draft_dir = source.draft_dir()
     dynamic = bool(settings.dynamic_tree)
@@ -185,7 +185,7 @@ def _eagle_drafter(source: DraftSource) -> TreeDrafter:
 
 
 #: The drafter factory of every method the CPU runtime runs (``methods_for(Runtime.CPU)``).
-DRAFTERS: dict[Method, Callable[[DraftSource], Drafter | TreeDrafter]] = {
+DRAFTERS: dict[Method, Callable[[DraftSource], Proposer]] = {
     Method.NONE: _no_drafter,
     Method.NGRAM: _ngram_drafter,
     Method.DRAFT_MODEL: _draft_model_drafter,

@@ -86,7 +86,7 @@ class TritonPythonModel:
             )
             logger.log_info(
                 f"specpipe: batch scheduler for {batch} requests; target forward cost measured at load: "
-                f"{scheduler.cost_model.describe()}"
+                f"{scheduler.policy.cost_model.describe()}"
             )
             return scheduler
 

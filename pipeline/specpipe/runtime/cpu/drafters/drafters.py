@@ -1,21 +1,24 @@
-"""Drafters: cheap proposers of the tokens that the target model then verifies in one forward pass.
+"""Chain drafters: cheap proposers of a chain of tokens that the target model then verifies in one forward pass.
 
-Protocol, per request: :meth:`Drafter.reset` with the prompt; then, each engine step,
-:meth:`Drafter.propose` with the committed context (prompt + output so far, which only grows) and
-:meth:`Drafter.commit` with the context after verification, so that stateful drafters can drop the
-state of rejected tokens.
+They serve the scheduler through the one :class:`~specpipe.runtime.cpu.drafters.proposer.Proposer` protocol,
+their chain as a one-child tree: a :class:`Drafter` implements :meth:`Drafter.propose_chain` (the chain and,
+for sampled drafts, its distributions) and :meth:`Drafter.commit` drops the state of rejected tokens.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
+from specpipe.runtime.cpu.drafters.proposer import Proposer
 from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.verify.accept import chain_tree
 from specpipe.runtime.cpu.verify.sampling import TokenSampler
+from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.speculative import NGRAM_MATCH_DEFAULT
 
 
@@ -33,21 +36,12 @@ class Draft:
     probs: torch.Tensor | None = None
 
 
-class Drafter(ABC):
-    """Proposes draft tokens for a speculative engine.
-
-    Attributes:
-        vocab_size: size of the vocabulary a draft model scores (must equal the target's), or ``None``
-            for drafters without a model.
-    """
-
-    vocab_size: int | None = None
-
-    def reset(self, prompt_ids: list[int]) -> None:
-        """Forget the previous request; a new one starts with ``prompt_ids``."""
+class Drafter(Proposer, ABC):
+    """A :class:`~specpipe.runtime.cpu.drafters.proposer.Proposer` of chains: its proposal is the chain of
+    :meth:`propose_chain` as a one-child tree; it reads no target features."""
 
     @abstractmethod
-    def propose(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
+    def propose_chain(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
         """Propose up to ``k`` tokens to follow ``context_ids``.
 
         Args:
@@ -56,19 +50,18 @@ class Drafter(ABC):
             sampler: the request's token choice (processing, greedy or sampling, generator).
         """
 
-    def commit(self, context_ids: list[int]) -> None:
-        """The engine committed ``context_ids`` (previous context + accepted drafts + one target token)."""
-
-    def catch_up(self, context_ids: list[int]) -> None:
-        """Bring the drafter's own state up to ``context_ids`` before a :meth:`propose` (a draft model
-        caches the committed tokens it has not seen yet), so that the proposal's time depends on the
-        draft length only; the scheduler times the two apart. Optional: :meth:`propose` catches up itself."""
+    def propose(
+        self, context_ids: list[int], max_nodes: int, max_depth: int, sampler: TokenSampler | None = None
+    ) -> DraftTree:
+        """:meth:`propose_chain`'s first ``min(max_nodes, max_depth)`` tokens as a chain tree."""
+        k = min(max_nodes, max_depth)
+        return chain_tree(self.propose_chain(context_ids, k, sampler).tokens[:k])
 
 
 class NoDrafter(Drafter):
     """Proposes nothing: the engine decodes one token per target forward (the baseline)."""
 
-    def propose(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
+    def propose_chain(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
         return Draft([])
 
 
@@ -94,7 +87,7 @@ class NgramDrafter(Drafter):
         self._latest_start: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.max_matching_ngram_size)]
         self._indexed_ends = 0
 
-    def propose(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
+    def propose_chain(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
         self._index(context_ids)
         longest = min(self.max_matching_ngram_size, len(context_ids) - 1)
         for n in range(longest, 0, -1):
@@ -133,7 +126,18 @@ class DraftModelDrafter(Drafter):
         self.lm.reset()
         self._cached_ids = []
 
-    def propose(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
+    def fork(self) -> "DraftModelDrafter":
+        """A drafter for one request: the same draft model behind a KV cache of its own."""
+        clone = copy.copy(self)
+        clone.lm = CachedLM(self.lm.model)
+        clone._cached_ids = []
+        clone.reset([])
+        return clone
+
+    def draft_models(self) -> list[torch.nn.Module]:
+        return [self.lm.model]
+
+    def propose_chain(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
         self._keep_common_prefix(context_ids)
         unseen = context_ids[len(self._cached_ids) :]
         tokens: list[int] = []
@@ -148,7 +152,7 @@ class DraftModelDrafter(Drafter):
             unseen = [token]
         return Draft(tokens, torch.cat(probs) if probs else None)
 
-    def commit(self, context_ids: list[int]) -> None:
+    def commit(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
         self._keep_common_prefix(context_ids)
 
     def catch_up(self, context_ids: list[int]) -> None:

@@ -11,9 +11,10 @@ import torch
 
 from specpipe.errors import SpecpipeError
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig, EagleHead
-from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
+from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, spread_depths, topk_ids
 from specpipe.runtime.cpu.drafters.tree_plan import draft_mask, static_levels
 from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.speculative import DYNAMIC_TREE_DEFAULTS
 from specpipe.tree import Tree
@@ -66,8 +67,14 @@ class EagleTreeDrafter(TreeDrafter):
         self._features: list[torch.Tensor] = []  # target features f_t not yet fed, with their positions
         self._f_last: torch.Tensor | None = None  # predicted f_n for the newest token
 
-    def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
+    def commit(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
         self._features.append(features)
+
+    def node_depths(self, max_nodes: int, latest: list[int] | None) -> list[int]:
+        """The static tree's depths; a dynamic tree's: :func:`spread_depths` over its depth limit."""
+        if self.dynamic or self.tree is None:
+            return spread_depths(max_nodes, self.depth_limit or max_nodes, latest)
+        return list(self.tree.depths)
 
     def catch_up(self, context_ids: list[int]) -> None:
         self._advance(context_ids)
@@ -113,7 +120,9 @@ class EagleTreeDrafter(TreeDrafter):
         return out[0], k[:, :, s:], v[:, :, s:]
 
     @torch.inference_mode()
-    def propose(self, context_ids: list[int], max_nodes: int, max_depth: int) -> DraftTree:
+    def propose(
+        self, context_ids: list[int], max_nodes: int, max_depth: int, sampler: TokenSampler | None = None
+    ) -> DraftTree:
         self._advance(context_ids)
         if self._f_last is None or max_nodes <= 0 or max_depth <= 0:
             return DraftTree([], [])

@@ -47,9 +47,9 @@ class Eagle3TreeDrafter(EagleTreeDrafter):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__(head, embed, head, tree, dynamic=dynamic, top_k=top_k, depth=depth, dtype=dtype)
-        self.capture_layers = head.layers
+        self.capture_layers = tuple(head.layers)
 
-    def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
+    def commit(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
         """``features``: the target's wide rows ``[n, (1 + 3) H]`` (final, then captured) of the last n
         cached positions.
 

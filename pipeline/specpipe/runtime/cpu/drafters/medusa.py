@@ -18,6 +18,7 @@ from torch import nn
 from specpipe.errors import SpecpipeError
 from specpipe.runtime.cpu.drafters.tree_drafter import StaticTree, TreeDrafter, read_heads, topk_ids
 from specpipe.runtime.cpu.model.prepack import prepack_linear_layers
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.tree import Tree
 
@@ -92,11 +93,16 @@ class MedusaTreeDrafter(TreeDrafter):
     def reset(self, prompt_ids: list[int]) -> None:
         self._feature = None
 
-    def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
+    def commit(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
         self._feature = features[-1]
 
+    def node_depths(self, max_nodes: int, latest: list[int] | None) -> list[int]:
+        return list(self.tree.depths)
+
     @torch.inference_mode()
-    def propose(self, context_ids: list[int], max_nodes: int, max_depth: int) -> DraftTree:
+    def propose(
+        self, context_ids: list[int], max_nodes: int, max_depth: int, sampler: TokenSampler | None = None
+    ) -> DraftTree:
         if self._feature is None:
             return DraftTree([], [])
         feats = self.heads(self._feature[None].to(self.dtype))[: self.tree.depth, 0]  # [depth, H]

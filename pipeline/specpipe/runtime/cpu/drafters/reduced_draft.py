@@ -32,9 +32,9 @@ class ReducedVocabDraftModelDrafter(DraftModelDrafter):
         self._weight = weight[self.draft_vocab].to(weight.dtype).contiguous()  # the draft's dtype (fp32 or bf16)
 
     @torch.inference_mode()
-    def propose(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
+    def propose_chain(self, context_ids: list[int], k: int, sampler: TokenSampler) -> Draft:
         if not sampler.greedy:
-            return super().propose(context_ids, k, sampler)
+            return super().propose_chain(context_ids, k, sampler)
         self._keep_common_prefix(context_ids)
         unseen = context_ids[len(self._cached_ids) :]
         tokens: list[int] = []

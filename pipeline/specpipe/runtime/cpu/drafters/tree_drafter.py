@@ -1,4 +1,4 @@
-"""What tree drafters (Medusa, EAGLE) share: the protocol the tree engine calls, a static tree laid out
+"""What tree drafters (Medusa, EAGLE) share: their base on the proposer protocol, a static tree laid out
 for drafting, top-k candidate selection, and reading a heads file for a loaded target."""
 
 from __future__ import annotations
@@ -11,38 +11,48 @@ import torch
 
 from specpipe.heads_format import COMPACT_FILES, check_for_target, load_compact
 from specpipe.runtime.cpu.drafters.draft_vocab import ReducedLMHead
+from specpipe.runtime.cpu.drafters.proposer import Proposer
+from specpipe.runtime.cpu.verify.sampling import TokenSampler
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree
 from specpipe.tree import Tree
 
 
-class TreeDrafter:
-    """Protocol of drafters that propose token trees (Medusa, EAGLE), verified by the batch scheduler.
-
-    Per request: :meth:`reset`; after the prefill and after each step :meth:`commit` with the context
-    and the target's features (final hidden states, after the final norm) of the positions just added to
-    the target's cache; :meth:`propose` returns the tree below the newest token.
+class TreeDrafter(Proposer):
+    """A :class:`~specpipe.runtime.cpu.drafters.proposer.Proposer` of token trees over the target's features
+    (Medusa, EAGLE): :meth:`commit` gets the target's final hidden states (after the final norm) of the
+    positions just added to its cache; :meth:`propose` returns the tree below the newest token.
 
     Attributes:
         max_depth: deepest tree the drafter can fill (``None``: unbounded).
-        vocab_size: ``None``: tree drafters score the target's own (possibly reduced) vocabulary.
     """
 
+    reads_features = True
+    trees = True
     max_depth: int | None = None
-    vocab_size: int | None = None
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        """Forget the previous request."""
-
-    def commit(self, context_ids: list[int], features: torch.Tensor) -> None:
+    def commit(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
         """``features``: float ``[n, H]`` for the last n cached positions (those added since the last call)."""
 
-    def catch_up(self, context_ids: list[int]) -> None:
-        """Feed the drafter's own state everything committed so far (an EAGLE head's cache), so that
-        :meth:`propose`'s time depends on the tree only; optional, :meth:`propose` catches up itself."""
-
-    def propose(self, context_ids: list[int], max_nodes: int, max_depth: int) -> DraftTree:
-        """The tree below ``context_ids[-1]``: at most ``max_nodes`` nodes, at most ``max_depth`` deep."""
+    def propose(
+        self, context_ids: list[int], max_nodes: int, max_depth: int, sampler: TokenSampler | None = None
+    ) -> DraftTree:
+        """The tree below ``context_ids[-1]``: at most ``max_nodes`` nodes, at most ``max_depth`` deep
+        (``sampler`` unused: tree drafts are deterministic)."""
         raise NotImplementedError
+
+    def node_depths(self, max_nodes: int, latest: list[int] | None) -> list[int]:
+        """A tree whose shape changes (no static tree): the latest tree's depths, then an even spread of
+        ``max_nodes`` over the depth limit (:attr:`max_depth`, else ``max_nodes``)."""
+        return spread_depths(max_nodes, self.max_depth or max_nodes, latest)
+
+
+def spread_depths(max_nodes: int, limit: int, latest: list[int] | None) -> list[int]:
+    """Depths of ``max_nodes`` nodes of a dynamic tree ``limit`` deep: the latest tree's (``latest``), then
+    an even spread over the levels, never shallower than the latest tree's deepest node."""
+    width = max(1, max_nodes // max(limit, 1))
+    spread = [min(limit, 1 + i // width) for i in range(max_nodes)]
+    latest = latest or []
+    return latest + [max(latest[-1] if latest else 1, d) for d in spread[len(latest) :]]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ rule picks. Greedy requests take the (bad-word masked) argmax.
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +22,7 @@ import torch
 
 from specpipe.generation.api import RequestStats, SamplingParams, StepOutput
 from specpipe.generation.stopping import StopConditions
-from specpipe.runtime.cpu.drafters.drafters import DraftModelDrafter
-from specpipe.runtime.cpu.model.cached_lm import CachedLM
+from specpipe.runtime.cpu.drafters.proposer import Proposer
 from specpipe.runtime.cpu.scheduler.adaptive import NodeAcceptance
 from specpipe.runtime.cpu.verify.sampling import TokenSampler
 
@@ -87,7 +85,7 @@ class PositionKeyedChooser:
 
 
 class DraftSampler:
-    """What a chain drafter's ``propose`` sees as the request's sampler: greedy flag, processing, and a
+    """What a drafter's ``propose`` sees as the request's sampler: greedy flag, processing, and a
     ``choose`` that uses the uniform of the next output position (common random numbers)."""
 
     def __init__(self, chooser: PositionKeyedChooser, first_position: int):
@@ -103,16 +101,6 @@ class DraftSampler:
         return token, None
 
 
-def fork_drafter(template):
-    """A drafter for one request: shares ``template``'s weights, owns its per-request state."""
-    clone = copy.copy(template)
-    if isinstance(template, DraftModelDrafter):
-        clone.lm = CachedLM(template.lm.model)
-        clone._cached_ids = []
-    clone.reset([])
-    return clone
-
-
 @dataclass
 class BatchRequest:
     """A request in the scheduler.
@@ -122,13 +110,14 @@ class BatchRequest:
         emit: called with each :class:`StepOutput` (on the scheduler thread); fail: called once with the
             exception that ended the request early (bad state, drafter failure, shutdown).
         slot: KV cache slot while active; prefilled: prompt tokens in the cache so far.
-        prefill_features: tree drafters: hidden chunks of the prompt, handed over after the last chunk.
+        drafter: its own fork of the deployment's drafter (set when it gets a slot).
+        prefill_features: drafters that read features: hidden chunks of the prompt, handed over after the last chunk.
         acceptance: the request's per-node acceptance (the scheduler links it to the deployment's).
         draft_length: draft tokens chosen for the latest step (a tree's nodes; 0 = plain decoding).
         draft_seconds_per_depth: EWMA of the drafter's seconds per draft depth.
         draft_streak: consecutive steps up to the latest in which the request drafted.
         drafting_steps: steps in which the request drafted, in all.
-        node_depths: dynamic tree drafters: the depth of each node of the latest tree.
+        node_depths: the depth of each node of the latest proposal (what a dynamic tree's next plan starts from).
     """
 
     request_id: int
@@ -137,7 +126,7 @@ class BatchRequest:
     chooser: PositionKeyedChooser
     stop: StopConditions
     stats: RequestStats
-    drafter: object
+    drafter: Proposer | None
     emit: Callable[[StepOutput], None]
     fail: Callable[[BaseException], None]
     context: list[int] = field(default_factory=list)

@@ -1,22 +1,27 @@
 """In-flight batching for the CPU runtime: one scheduler loop owns the target model.
 
 Iteration-level scheduling (Orca, Yu et al. 2022, OSDI) with continuous batching (vLLM, Kwon et al.
-2023, SOSP): requests join and leave the running batch at every step. Each :meth:`BatchScheduler.step`:
+2023, SOSP): requests join and leave the running batch at every step. The loop is blind to the method
+(as vLLM v1's scheduler): every drafter is a :class:`~specpipe.runtime.cpu.drafters.proposer.Proposer` whose
+proposal is a token tree (a chain: one child each), and one accept rule decides every block
+(:mod:`~specpipe.runtime.cpu.verify.accept`). Each :meth:`BatchScheduler.step`, after admitting waiting
+requests while cache slots are free (at most ``max_batch_size`` active; beyond that they wait in a queue of
+``max_queue``; past it :meth:`~BatchScheduler.submit` raises :class:`ServerBusy` at once) and dropping
+cancelled ones:
 
-1. admits waiting requests while cache slots are free (at most ``max_batch_size`` active; beyond that
-   they wait in a queue of ``max_queue``; past it :meth:`~BatchScheduler.submit` raises
-   :class:`ServerBusy` at once) and drops cancelled requests (their slot is freed);
-2. chooses each decoding request's draft length with the load-adaptive rule
-   (:func:`~specpipe.runtime.cpu.scheduler.adaptive.choose_draft_lengths`; 0 = plain decoding) and drafts:
-   a chain (``[last, d1..dk]``, causal) or a token tree (``[root, nodes]``, tree mask and positions);
-3. gives prefilling requests the next whole ``prefill_chunk`` of their own prompt, at most ``prefill_chunk``
-   prompt tokens per step over all of them, so a long prompt does not stall the batch;
-4. runs **one** target forward over all of it (:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`)
+1. **plan**: gives prefilling requests the next whole ``prefill_chunk`` of their own prompt (at most
+   ``prefill_chunk`` prompt tokens per step over all of them, so a long prompt does not stall the batch) and
+   asks the :class:`~specpipe.runtime.cpu.scheduler.policy.DraftPolicy` for each decoding request's draft
+   length (the load-adaptive rule; 0 = plain decoding);
+2. **draft**: each decoding request's drafter proposes its tree, laid out for verification (a chain causal,
+   a branching tree with its tree mask and positions);
+3. **forward**: **one** target forward over all of it (:class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM`)
    and one ``lm_head`` over every row that needs logits;
-5. per request: chooses tokens (:mod:`~specpipe.runtime.cpu.scheduler.batch_request`), accepts its own drafts,
-   rolls back its own rejected entries (chain: truncate; tree: compact the accepted path, one
-   gather/scatter for the batch), applies its stop conditions (counting: :class:`~specpipe.generation.api.RequestStats`) and emits its own
-   :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot.
+4. **accept**: per request, the accept rule picks its tokens, its cache keeps the accepted path's entries
+   (a chain's prefix stays in place), its drafter gets the committed context (and the target's features,
+   where it reads them), its stop conditions apply (counting: :class:`~specpipe.generation.api.RequestStats`)
+   and it emits its own :class:`~specpipe.generation.api.StepOutput`; finished requests leave and free their slot;
+5. **observe**: the policy learns the forward's cost and each request's acceptance.
 
 A failure while drafting or choosing for one request ends only that request (``fail`` callback); a
 failure of the shared forward ends that step's requests. A request's greedy output does not depend on
@@ -29,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -39,25 +44,11 @@ from specpipe.generation.stopping import StopConditions
 from specpipe.runtime.cpu.deployment import Deployment
 from specpipe.runtime.cpu.model.batched_lm import BatchedLM, BatchEntry
 from specpipe.runtime.cpu.model.weights_memory import trim_heap
-from specpipe.runtime.cpu.scheduler.adaptive import (
-    IDLE_FORGETTING,
-    NodeAcceptance,
-    ResumeCost,
-    StartCost,
-    ewma,
-    shared_acceptance,
-)
-from specpipe.runtime.cpu.scheduler.batch_request import (
-    BatchRequest,
-    DraftSampler,
-    PositionKeyedChooser,
-    fork_drafter,
-    new_seed,
-)
-from specpipe.runtime.cpu.scheduler.draft_planning import DraftPlanning
+from specpipe.runtime.cpu.scheduler.batch_request import BatchRequest, DraftSampler, PositionKeyedChooser, new_seed
 from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
+from specpipe.runtime.cpu.scheduler.policy import DraftPolicy
 from specpipe.runtime.cpu.validation import validate_request
-from specpipe.runtime.cpu.verify.accept import accept_block, chain_tree
+from specpipe.runtime.cpu.verify.accept import accept_block
 from specpipe.runtime.cpu.verify.tree_accept import DraftTree, tree_attention
 
 
@@ -69,7 +60,33 @@ class Cancelled(Exception):
     """The request was cancelled before it finished."""
 
 
-class BatchScheduler(DraftPlanning):
+@dataclass
+class _Work:
+    """One request's part of a step: its forward entry and its draft tree (``None``: a prompt chunk); after
+    the forward its rows of hidden states, its range of logit rows and its logits; after acceptance the
+    accepted nodes."""
+
+    request: BatchRequest
+    entry: BatchEntry
+    tree: DraftTree | None = None
+    hidden: torch.Tensor | None = None
+    rows: tuple[int, int] = (0, 0)
+    logits: torch.Tensor | None = None
+    path: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """A step's target forward: its tokens and seconds, and what the cost model needs to learn from it."""
+
+    tokens: int
+    seconds: float
+    mixed: bool
+    drafting: bool
+    timed: bool
+
+
+class BatchScheduler:
     """Serves many requests together on a deployment's target and drafter (module doc); one request alone
     too (:mod:`~specpipe.runtime.cpu.scheduler.one_request`).
 
@@ -99,20 +116,22 @@ class BatchScheduler(DraftPlanning):
         adaptive: bool = True,
         exact_greedy: bool | None = None,
     ):
-        self.deployment, self.tree, self.acceptance_rule = deployment, deployment.tree, deployment.acceptance
+        self.deployment, self.acceptance_rule = deployment, deployment.acceptance
         self.lm = BatchedLM(deployment.target.model, max_batch_size, capture_layers=deployment.target.capture_layers)
         self.exact_greedy = self.lm.quantized if exact_greedy is None else exact_greedy
         self.max_batch_size, self.max_queue, self.prefill_chunk = max_batch_size, max_queue, max(1, prefill_chunk)
-        self.max_draft_len, self.max_context, self.adaptive = deployment.max_draft_len, deployment.max_context, adaptive
-        self.cost_model = cost_model if cost_model is not None else ForwardCostModel.measure(self.lm)
+        self.max_context = deployment.max_context
+        self.policy = DraftPolicy(
+            cost_model if cost_model is not None else ForwardCostModel.measure(self.lm),
+            deployment.max_draft_len,
+            deployment.max_context,
+            adaptive,
+        )
         self.active: list[BatchRequest] = []
         self._waiting: deque[BatchRequest] = deque()
         self._lock = threading.Lock()
         self._next_id = self.steps = 0
         self.last_draft_lengths: list[int] = []
-        self.shared_acceptance = shared_acceptance()
-        self.draft_seconds_per_depth = 0.0  # the deployment's, for requests that have not drafted yet
-        self.resume_cost, self.start_cost = ResumeCost(), StartCost()
         trim_heap()  # what measuring the cost curve allocated and freed
 
     # --- requests --------------------------------------------------------------------------------
@@ -178,6 +197,7 @@ class BatchScheduler(DraftPlanning):
     # --- one step ------------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        """Drop cancelled requests, give waiting ones the free slots, each its own fork of the drafter."""
         with self._lock:
             for request in [r for r in self._waiting if r.cancelled]:
                 self._waiting.remove(request)
@@ -185,16 +205,17 @@ class BatchScheduler(DraftPlanning):
             while self._waiting and self.lm.free_slots:
                 request = self._waiting.popleft()
                 request.slot = self.lm.allocate()
-                request.drafter = fork_drafter(self.deployment.drafter)
-                request.acceptance = NodeAcceptance(shared=self.shared_acceptance)
+                request.drafter = self.deployment.drafter.fork()
+                self.policy.admit(request)
                 request.drafter.reset(list(request.prompt))
                 self.active.append(request)
+        for request in [r for r in self.active if r.cancelled]:
+            self._finish(request, error=Cancelled("cancelled"))
 
     def _finish(self, request: BatchRequest, error: BaseException | None = None) -> None:
         if request in self.active:
             self.active.remove(request)
-        if request.drafting_steps and not request.done:
-            self.start_cost.request_ended(request.drafting_steps)
+        self.policy.request_ended(request)
         if request.slot is not None:
             self.lm.release(request.slot)
             request.slot = None
@@ -207,168 +228,147 @@ class BatchScheduler(DraftPlanning):
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One scheduler iteration (module doc)."""
+        """One scheduler iteration (module doc): plan -> draft -> forward -> accept -> observe."""
         self._admit()
-        for request in [r for r in self.active if r.cancelled]:
-            self._finish(request, error=Cancelled("cancelled"))
         if not self.active:
             return
+        decoding, chunks, lengths = self._plan()
+        work = [w for w in map(self._draft, decoding, lengths) if w is not None]
+        work += [self._prompt_chunk(request, size) for request, size in chunks]
+        forward = self._forward(work) if work else None
+        if forward is None:
+            return
+        self.steps += 1
+        self.last_draft_lengths = [r.draft_length for r in decoding]
+        for item in work:
+            try:
+                self._accept(item)
+            except Exception as exc:  # noqa: BLE001 - isolate one request's failure
+                self._finish(item.request, error=exc)
+        self._observe(work, forward)
+
+    def _plan(self) -> tuple[list[BatchRequest], list[tuple[BatchRequest, int]], list[tuple[int, int]]]:
+        """The decoding requests, the prompt chunks ``(request, tokens)`` this step prefills, and each decoding
+        request's ``(draft tokens, draft depth)`` from the policy."""
         decoding = [r for r in self.active if not r.prefilling]
-        prefilling = [r for r in self.active if r.prefilling]
         budget, chunks = self.prefill_chunk, []
-        for request in prefilling:  # whole chunks of its own prompt: their bounds do not depend on the batch
+        for request in (r for r in self.active if r.prefilling):  # whole chunks of its own prompt, batch-blind
             size = min(self.prefill_chunk, len(request.prompt) - request.prefilled)
             if chunks and size > budget:
                 break
             chunks.append((request, size))
             budget -= size
-        lengths = self._draft_lengths(
-            decoding, sum(n for _, n in chunks), sum(1 for r, n in chunks if r.prefilled + n == len(r.prompt))
-        )
-        plans, entries = [], []
-        for request, (nodes, depth) in zip(decoding, lengths):
-            try:
-                plan = self._draft(request, nodes, depth)
-            except Exception as exc:  # noqa: BLE001 - one request's drafter failing must not stop the batch
-                self._finish(request, error=exc)
-                continue
-            plans.append(plan)
-            entries.append(plan[1])
-        for request, size in chunks:
-            prompt_chunk = request.prompt[request.prefilled : request.prefilled + size]
-            entries.append(
-                BatchEntry(request.slot, prompt_chunk, exact=self.exact_greedy or not request.chooser.greedy)
-            )
-            plans.append((request, entries[-1], None))
-        if not entries:
-            return
+        prefill_outputs = sum(1 for r, n in chunks if r.prefilled + n == len(r.prompt))
+        return decoding, chunks, self.policy.plan(decoding, sum(n for _, n in chunks), prefill_outputs)
+
+    def _draft(self, request: BatchRequest, length: tuple[int, int]) -> _Work | None:
+        """Propose the request's first ``nodes`` draft tokens, ``depth`` deep (``length``; 0 nodes: plain
+        decoding) and lay out its verification; ``None`` where its drafter failed (the request ends)."""
+        nodes, depth = length
+        try:
+            start = self.policy.start_draft(request, nodes)
+            exact = self.exact_greedy or not request.chooser.greedy  # seeded draws read a sampled request's rows
+            if start is None:  # plain decoding: the newest token alone
+                plain = DraftTree([], [])
+                return _Work(request, self._verification(request, plain, exact), plain)
+            began = time.perf_counter()
+            request.drafter.catch_up(request.context)
+            caught_up = time.perf_counter()
+            sampler = DraftSampler(request.chooser, request.output_index)
+            tree = request.drafter.propose(request.context, nodes, depth, sampler).prune(depth, nodes)
+            if exact:  # an exact text must not depend on the tree verified
+                tree = tree.first_children()
+            request.node_depths = tree.depths()
+            entry = self._verification(request, tree, exact)
+            self.policy.drafted(request, start, caught_up - began, time.perf_counter() - caught_up, depth)
+            return _Work(request, entry, tree)
+        except Exception as exc:  # noqa: BLE001 - one request's drafter failing must not stop the batch
+            self._finish(request, error=exc)
+            return None
+
+    def _verification(self, request: BatchRequest, tree: DraftTree, exact: bool) -> BatchEntry:
+        """The forward entry verifying ``tree`` below the request's newest token: a chain (plain decoding too)
+        as a causal entry, a branching tree with its tree mask and positions."""
+        tokens = [request.context[-1], *tree.tokens]
+        if tree.is_chain():
+            return BatchEntry(request.slot, tokens, exact=exact)
+        cached = len(request.context) - 1
+        mask, positions = tree_attention(tree.parents, cached)
+        return BatchEntry(request.slot, tokens, positions=cached + positions, mask=mask[0, 0], exact=exact)
+
+    def _prompt_chunk(self, request: BatchRequest, size: int) -> _Work:
+        """The next ``size`` tokens of the request's prompt."""
+        chunk = request.prompt[request.prefilled : request.prefilled + size]
+        return _Work(request, BatchEntry(request.slot, chunk, exact=self.exact_greedy or not request.chooser.greedy))
+
+    def _forward(self, work: list[_Work]) -> _Forward | None:
+        """One target forward over every entry, and one lm_head over the rows that need logits (a decoding
+        request's every row, a prompt's last); hands each item its hidden states and logits. ``None`` where
+        it failed (this step's requests end)."""
         started = time.perf_counter()
         try:
-            hidden = self.lm.hidden(entries)
-            rows, offset, wanted, argmax_only = [], 0, [], []
-            for request, entry, _ in plans:
-                n = len(entry.token_ids)
-                if not request.prefilling:
-                    wanted.append(list(range(offset, offset + n)))
-                elif request.prefilled + n == len(request.prompt):
-                    wanted.append([offset + n - 1])
+            hidden = self.lm.hidden([item.entry for item in work])
+            rows, offset, argmax_only = [], 0, []
+            for item in work:
+                n = len(item.entry.token_ids)
+                if item.tree is not None:
+                    wanted = list(range(offset, offset + n))
                 else:
-                    wanted.append([])
-                rows += wanted[-1]
-                argmax_only += [request.chooser.argmax_only] * len(wanted[-1])
+                    wanted = [offset + n - 1] if item.request.prefilled + n == len(item.request.prompt) else []
+                item.hidden, item.rows = hidden[offset : offset + n], (len(rows), len(rows) + len(wanted))
+                rows += wanted
+                argmax_only += [item.request.chooser.argmax_only] * len(wanted)
                 offset += n
             logits = self.lm.project(hidden[rows], argmax_only) if rows else None
         except Exception as exc:  # noqa: BLE001 - the shared forward failed: end this step's requests
-            for request, _, _ in plans:
-                self._finish(request, error=exc)
-            return
-        drafting = any(len(entry.token_ids) > 1 for request, entry, _ in plans if not request.prefilling)
-        if len(rows) == offset:  # every token had logits, as in the cost model's measurements
-            sizes = {min(len(e.token_ids), 2) for e in entries}
-            self.cost_model.observe(offset, time.perf_counter() - started, mixed=len(sizes) == 2, drafting=drafting)
-        self.steps += 1
-        self.last_draft_lengths = [r.draft_length for r in decoding]
-        if not drafting:
-            self.shared_acceptance.forget(1.0 - IDLE_FORGETTING)
-        first_row, offset = 0, 0
-        for (request, entry, draft), want in zip(plans, wanted):
-            n = len(entry.token_ids)
-            own_hidden = hidden[offset : offset + n]
-            own_logits = logits[first_row : first_row + len(want)] if want else None
-            offset += n
-            first_row += len(want)
-            try:
-                self._complete(request, entry, draft, own_hidden, own_logits)
-            except Exception as exc:  # noqa: BLE001 - isolate one request's failure
-                self._finish(request, error=exc)
+            for item in work:
+                self._finish(item.request, error=exc)
+            return None
+        seconds = time.perf_counter() - started
+        for item in work:
+            first, last = item.rows
+            item.logits = logits[first:last] if last > first else None
+        drafting = any(len(item.tree) for item in work if item.tree is not None)
+        mixed = len({min(len(item.entry.token_ids), 2) for item in work}) == 2
+        return _Forward(offset, seconds, mixed=mixed, drafting=drafting, timed=len(rows) == offset)
 
-    def _draft(self, request: BatchRequest, nodes: int, depth: int):
-        """Propose the request's first ``nodes`` draft tokens (``depth`` deep); returns ``(request, entry, draft)``."""
-        paused, fresh, drafted_last_step, request.draft_length = (
-            request.paused,
-            request.fresh,
-            request.draft_length > 0,
-            nodes,
-        )
-        context, cached = request.context, len(request.context) - 1
-        started = time.perf_counter()
-        if nodes > 0:
-            request.drafter.catch_up(context)
-            if not drafted_last_step:  # the prompt or tokens committed while not drafting: timed apart
-                caught_up = time.perf_counter()
-                if paused:
-                    self.resume_cost.resumed(caught_up - started)
-                elif fresh:
-                    self.start_cost.started(caught_up - started, len(context) - 1)
-                started = caught_up
-            request.draft_streak += 1
-            request.drafting_steps += 1
-        elif drafted_last_step:
-            self.resume_cost.run_ended(request.draft_streak)
-            request.draft_streak = 0
-        exact = self.exact_greedy or not request.chooser.greedy  # seeded draws read a sampled request's rows
-        if self.tree:
-            tree = DraftTree([], [])
-            if nodes > 0:
-                tree = request.drafter.propose(context, nodes, depth).prune(depth, nodes)
-                if exact:  # an exact text must not depend on the tree verified
-                    tree = tree.first_children()
-                request.node_depths = tree.depths()
-            if len(tree):
-                mask, positions = tree_attention(tree.parents, cached)
-                entry = BatchEntry(
-                    request.slot, [context[-1], *tree.tokens], positions=cached + positions, mask=mask[0, 0]
-                )
-            else:  # plain decoding: the root alone, a plain causal entry
-                entry = BatchEntry(request.slot, [context[-1]])
-            draft = tree
-        else:
-            drafts = []
-            if nodes > 0:
-                proposal = request.drafter.propose(context, nodes, DraftSampler(request.chooser, request.output_index))
-                drafts = list(proposal.tokens[:nodes])
-            entry = BatchEntry(request.slot, [context[-1], *drafts])
-            draft = drafts
-        if nodes > 0:
-            seconds = (time.perf_counter() - started) / depth
-            request.draft_seconds_per_depth = ewma(request.draft_seconds_per_depth, seconds, 0.2)
-            self.draft_seconds_per_depth = ewma(self.draft_seconds_per_depth, seconds, 0.05)
-        entry.exact = exact
-        return request, entry, draft
-
-    def _complete(
-        self, request: BatchRequest, entry: BatchEntry, draft, hidden: torch.Tensor, logits: torch.Tensor | None
-    ) -> None:
-        if request.prefilling:
-            request.prefilled += len(entry.token_ids)
-            if self.tree:
-                request.prefill_features.append(hidden)
-            if logits is None:
-                return
-            token = int(request.chooser.choose(logits, request.output_index)[0])
-            request.context.append(token)
-            if self.tree:
-                request.drafter.commit(request.context, torch.cat(request.prefill_features))
-                request.prefill_features = []
-            else:
-                request.drafter.commit(request.context)
-            self._release_tokens(request, [token])
+    def _accept(self, item: _Work) -> None:
+        """Commit what the forward gives the request: a prompt chunk's cache (its last, the first token), or
+        the accepted drafts and the target's token after them; keep their cache entries, feed the drafter."""
+        request, tree, drafter = item.request, item.tree, item.request.drafter
+        if tree is None:
+            self._accept_prompt_chunk(item)
             return
         cached = len(request.context) - 1
-        tree = draft if self.tree else chain_tree(draft)
-        path, token = accept_block(tree, logits, request.chooser, request.output_index, self.acceptance_rule)
+        path, token = accept_block(tree, item.logits, request.chooser, request.output_index, self.acceptance_rule)
         committed = [*(tree.tokens[i] for i in path), token]
         request.context.extend(committed)
-        if self.tree:  # keep the accepted path's keys/values; the drafter reads their features
-            self.lm.keep_paths([(request.slot, cached, path)])
-            request.drafter.commit(request.context, hidden[[0, *(i + 1 for i in path)]])
-        else:
-            self.lm.truncate(request.slot, cached + 1 + len(path))
-            request.drafter.commit(request.context)
-        request.acceptance.observe(len(tree), path)
-        if len(tree):
-            self.shared_acceptance.observe(len(tree), path)
+        self.lm.keep_paths([(request.slot, cached, path)])  # a chain's accepted prefix moves nothing
+        drafter.commit(request.context, item.hidden[[0, *(i + 1 for i in path)]] if drafter.reads_features else None)
+        item.path = path
         self._release_tokens(request, committed, len(tree), len(path))
+
+    def _accept_prompt_chunk(self, item: _Work) -> None:
+        request, drafter = item.request, item.request.drafter
+        request.prefilled += len(item.entry.token_ids)
+        if drafter.reads_features:
+            request.prefill_features.append(item.hidden)
+        if item.logits is None:
+            return
+        token = int(request.chooser.choose(item.logits, request.output_index)[0])
+        request.context.append(token)
+        drafter.commit(request.context, torch.cat(request.prefill_features) if drafter.reads_features else None)
+        request.prefill_features = []
+        self._release_tokens(request, [token])
+
+    def _observe(self, work: list[_Work], forward: _Forward) -> None:
+        """What the step teaches the policy: the forward's cost, each request's accepted drafts."""
+        self.policy.observe_forward(
+            forward.tokens, forward.seconds, mixed=forward.mixed, drafting=forward.drafting, timed=forward.timed
+        )
+        for item in work:
+            if item.path is not None:
+                self.policy.observe_accept(item.request, len(item.tree), item.path)
 
     def _release_tokens(
         self, request: BatchRequest, committed: list[int], proposed: int = 0, accepted: int = 0

@@ -54,6 +54,10 @@ class DraftTree:
             paths.append([*paths[parent + 1], token])
         return paths
 
+    def is_chain(self) -> bool:
+        """Whether every node's parent is the node before it (a chain, or no nodes)."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
     def first_children(self) -> "DraftTree":
         """The chain that follows, from the root, each node's first child (the drafters list a node's
         children most likely first). Its rows verify with the keys of a plain causal chain, laid out as
