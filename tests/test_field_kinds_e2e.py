@@ -3,7 +3,7 @@ real default model, alone and in a batch, over gRPC (streamed and not) and throu
 
 One real Triton server hosts the five deployments side by side (their repositories merged, each model
 renamed after its method), each with its own gateway. They are packaged for a quick start
-(``--dense-rows 0 --draft-lengths max --no-warm-up``: no load-time measurement, every step drafts
+(``--dense-rows all --draft-lengths max --no-warm-up``: no load-time measurement, every step drafts
 ``max_draft_len``), so a request's steps are the same in every run and a block of accepted drafts found in
 one run can be aimed at in the next. Per method:
 
@@ -46,7 +46,7 @@ METHODS = ("none", "ngram", "smollm2-draft", "medusa", "eagle")
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 N = 32
 #: The packaging of a quick start: no load-time measurement, no warm-up, full drafts every step.
-QUICK = {"dense_rows": "0", "draft_lengths": "max", "warm_up": False}
+QUICK = {"dense_rows": "all", "draft_lengths": "max", "warm_up": False}
 
 
 def suffix(method: str) -> str:
@@ -107,11 +107,13 @@ def tokenizer(smollm2_engines):
 
 @pytest.fixture(scope="module")
 def greedy(smollm2_engines, tokenizer):
-    """The baseline's greedy token ids after :data:`PROMPT` (in process, plain decoding, packed kernels as served)."""
+    """The baseline's greedy token ids after :data:`PROMPT` (in process, plain decoding, the kernels served)."""
+    from specpipe.runtime.cpu.dense_rows import apply_dense_rows, parse_dense_rows
     from specpipe.runtime.cpu.loader import load_engine
     from specpipe.runtime.cpu.scheduler.one_request import generate_all, solo_scheduler
 
-    deployment = load_engine(smollm2_engines["none"])[0]
+    deployment = load_engine(smollm2_engines["none"], dense_copy=True)[0]
+    apply_dense_rows(deployment, parse_dense_rows(QUICK["dense_rows"]))
     return generate_all(solo_scheduler(deployment), tokenizer(PROMPT)["input_ids"], SamplingParams(max_tokens=N))[0]
 
 

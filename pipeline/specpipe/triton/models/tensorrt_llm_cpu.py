@@ -36,7 +36,7 @@ dense copies only; ``0``: packed kernels only; both of the last two keep one cop
 step, on the forward cost measured at load; ``max``: every request drafts ``max_draft_len``, its whole tree,
 every step, as TensorRT-LLM does, and nothing is measured), ``warm_up`` (default true: serve the warm-up
 requests of :mod:`.warmup` before reporting ready; false: the first requests pay for the first shapes). The
-last two with ``dense_rows`` ``0`` make a model ready in seconds rather than minutes (tests, quick starts).
+last two with a fixed ``dense_rows`` make a model ready in seconds rather than minutes (tests, quick starts).
 """
 
 from __future__ import annotations
