@@ -93,7 +93,9 @@ def test_open_loop_sampled_run_on_a_real_server(server, tmp_path):
         "7",
     )
     (result,) = data["results"]
-    assert (result["request_rate"], result["concurrency"]) == (4.0, 2)
+    assert (result["request_rate"], result["concurrency"]) == (4.0, 2)  # offered
+    achieved = result["aggregate"]["request_throughput"]
+    assert achieved == pytest.approx(8 / result["aggregate"]["duration_s"]) and 0 < achieved
     records = data["records"]
     assert [r["seed"] for r in records] == [7 + i for i in range(8)]
     assert all(r["output_tokens"] == OUTPUT_LEN and r["scheduled_s"] <= r["start_s"] for r in records)
@@ -116,3 +118,11 @@ def test_per_position_acceptance_from_the_cpu_models_counters(server, tmp_path):
     assert by_position == sorted(by_position, reverse=True)  # accepting position k needs every position before it
     accepted = sum(float(v) for v in counters["accepted_per_position"].values())
     assert accepted == counters["accepted_draft_tokens"]
+    # the mean accepted length from the forwards the deployment counted (no end id: generated = sent)
+    records = data["records"]
+    assert all(r["target_forwards"] + r["accepted_draft_tokens"] == r["output_tokens"] for r in records)
+    assert agg["accepted_length_source"] == "target forwards"
+    forwards = sum(r["target_forwards"] - 1 for r in records)
+    assert agg["mean_accepted_length"] == pytest.approx(
+        (forwards + sum(r["accepted_draft_tokens"] for r in records)) / forwards
+    )

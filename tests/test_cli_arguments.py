@@ -135,7 +135,9 @@ def test_package_receives_engine_and_repository_paths():
     ):
         result = invoke("package", "x", "--engines-dir", "e", "--repo-dir", "r")
         assert result.exit_code == 0 and "wrote Triton model repository r/x" in result.output
-        package_engine.assert_called_once_with(Path("e/x"), Path("r/x"), dense_rows="auto")
+        package_engine.assert_called_once_with(
+            Path("e/x"), Path("r/x"), dense_rows="auto", draft_lengths="adaptive", warm_up=True
+        )
         result = invoke("package", "--from-plan", __file__, "--name", "p", "--repo-dir", "r")
         assert result.exit_code == 0, result.output
         package_plan.assert_called_once_with(Path(__file__), "p", Path("r"))

@@ -116,6 +116,7 @@ def make_record(
         acceptance_rate=float(perf["acceptance_rate"]) if "acceptance_rate" in perf and drafts else None,
         accepted_draft_tokens=None if accepted is None else int(accepted),
         draft_tokens=None if drafts is None else int(drafts),
+        target_forwards=int(perf["target_forwards"]) if "target_forwards" in perf else None,
         text=result.text,
         error=result.error,
         scheduled_s=scheduled_s,

@@ -35,6 +35,9 @@ class RequestRecord:
         acceptance_rate: accepted / proposed draft tokens of this request, in [0, 1]; ``None`` when
             the server reported no draft tokens.
         accepted_draft_tokens, draft_tokens: the server's counters for this request.
+        target_forwards: target forward passes of this request, the prefill's included, from the
+            deployment's ``target_forwards`` perf output (the CPU runtime's); ``None`` where it returns none
+            (TensorRT-LLM, vLLM), and :attr:`decoding_steps` then estimates them from the output tokens.
         text: the generated text.
         error: the error message; ``None`` for a completed request.
         round: the round (0-based) the request was sent in when the deployments took turns
@@ -61,6 +64,7 @@ class RequestRecord:
     acceptance_rate: float | None = None
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
+    target_forwards: int | None = None
     text: str = ""
     error: str | None = None
     round: int = 0
@@ -91,18 +95,28 @@ class RequestRecord:
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
     @property
-    def mean_accepted_length(self) -> float | None:
-        """Tokens produced per target decoding step after the first token: (N - 1) / (N - 1 - A).
+    def decoding_steps(self) -> tuple[int, int] | None:
+        """``(tokens after the first, target decoding forwards)`` of a completed request with draft counters,
+        or ``None`` (no counters, an error, fewer than 2 tokens).
 
-        N = output tokens, A = accepted draft tokens. Each decoding step yields the target's own
-        token plus the draft tokens it accepted; the first token comes from the prompt's forward
-        pass and is left out (the definition ``specpipe validate`` uses). 1.0 without speculation;
-        ``None`` when the counters are missing or N < 2.
+        With the server's ``target_forwards`` F and accepted drafts A: ``(F - 1 + A, F - 1)``, exact (each
+        forward yields one token of its own plus the drafts it accepted; the end id or stop word that ended
+        the request, generated but not sent, included). Without it, estimated from the N output tokens as
+        ``(N - 1, N - 1 - A)``: one step too few for each request that an end id or a stop word ended
+        inside a step. The prefill's forward and token are left out in both.
         """
         if not self.ok or self.output_tokens is None or self.output_tokens < 2 or self.accepted_draft_tokens is None:
             return None
-        steps = self.output_tokens - 1 - self.accepted_draft_tokens
-        return (self.output_tokens - 1) / steps if steps > 0 else None
+        if self.target_forwards is not None:
+            return self.target_forwards - 1 + self.accepted_draft_tokens, self.target_forwards - 1
+        return self.output_tokens - 1, self.output_tokens - 1 - self.accepted_draft_tokens
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per target decoding forward after the first token, from :attr:`decoding_steps`: 1.0
+        without speculation; ``None`` where those are unknown or no decoding forward ran."""
+        steps = self.decoding_steps
+        return steps[0] / steps[1] if steps is not None and steps[1] > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         """The record with its derived values (``end_s``, ``itl_s``, ``mean_accepted_length``)."""

@@ -55,7 +55,10 @@ METRIC_DEFINITIONS = {
     "acceptance_by_position": "per draft position k: accepted tokens at k / draft proposals, from the server's counters",
     "percentiles": "numpy.percentile with linear interpolation",
     "acceptance_rate": "sum of accepted draft tokens / sum of proposed draft tokens (perf outputs or server counters)",
-    "mean_accepted_length": "sum(N - 1) / sum(N - 1 - A): tokens per target decoding step after the first token",
+    "mean_accepted_length": "tokens per target decoding forward after the first token: sum(F - 1 + A) / sum(F - 1) "
+    "with the deployment's target_forwards F (CPU runtime), else estimated as sum(N - 1) / sum(N - 1 - A) from the "
+    "output tokens N (A: accepted draft tokens); accepted_length_source says which",
+    "accepted_length_source": "'target forwards' (exact), 'output tokens' (estimated), both, or 'server counters'",
     "speedup": "output token throughput / the baseline deployment's at the same concurrency (none where either level "
     "is incomplete)",
     "verdict": "with a control (a second server of the baseline): ok, noise (no farther from 1 than the control's ratio), "
@@ -99,6 +102,7 @@ CSV_COLUMNS = (
     "mean_accepted_length",
     "mean_accepted_length_mean",
     "acceptance_source",
+    "accepted_length_source",
     "memory_peak_bytes",
     "memory_kind",
     "incomplete",
@@ -130,6 +134,7 @@ REQUEST_COLUMNS = (
     "acceptance_rate",
     "accepted_draft_tokens",
     "draft_tokens",
+    "target_forwards",
     "mean_accepted_length",
     "seed",
     "error",
@@ -199,6 +204,7 @@ def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
         "mean_accepted_length": agg.mean_accepted_length,
         "mean_accepted_length_mean": agg.mean_accepted_length_mean,
         "acceptance_source": agg.acceptance_source,
+        "accepted_length_source": agg.accepted_length_source,
         "memory_peak_bytes": level.memory_peak_bytes,
         "memory_kind": level.memory_kind,
         "incomplete": level.incomplete,

@@ -26,8 +26,11 @@ Speculative-decoding figures (specpipe's own, from the TensorRT-LLM perf outputs
 
 - acceptance rate, aggregated: sum of accepted draft tokens / sum of proposed draft tokens over the
   level's completed requests (token-weighted); the per-request mean is reported beside it;
-- mean accepted length, aggregated: sum(N - 1) / sum(N - 1 - A) over requests with counters
-  (N output tokens, A accepted draft tokens): tokens produced per target decoding step.
+- mean accepted length, aggregated: tokens per target decoding forward after the first token,
+  sum(F - 1 + A) / sum(F - 1) over requests with counters (F target forwards, A accepted draft tokens)
+  where the deployment returns ``target_forwards`` (the CPU runtime), else estimated from the N output
+  tokens as sum(N - 1) / sum(N - 1 - A) (TensorRT-LLM, vLLM);
+  ``accepted_length_source`` says which (:attr:`~specpipe.bench.records.RequestRecord.decoding_steps`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ from typing import Any, Iterable
 import numpy as np
 
 from specpipe.bench.records import LevelResult, RequestRecord
+
+#: Values of :attr:`Aggregate.accepted_length_source`.
+LENGTH_SOURCES = ("target forwards", "output tokens", "target forwards and output tokens", "server counters")
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -107,6 +113,9 @@ class Aggregate:
         acceptance_rate_mean: mean of the per-request acceptance rates.
         mean_accepted_length: aggregated tokens per decoding step; ``..._mean`` per-request mean.
         acceptance_source: ``"perf outputs"``, ``"server counters"`` or ``None``.
+        accepted_length_source: what the decoding forwards of ``mean_accepted_length`` came from: one of
+            :data:`LENGTH_SOURCES` (``"target forwards"`` exact, ``"output tokens"`` estimated, both where the
+            requests differ, ``"server counters"``), ``None`` without a length.
         token_count_sources: sorted distinct :data:`~specpipe.bench.records.TOKEN_SOURCES` used.
         acceptance_by_position: per draft position, accepted tokens / draft proposals from the server's
             counters (``None`` when it reports none).
@@ -130,6 +139,7 @@ class Aggregate:
     acceptance_source: str | None
     token_count_sources: tuple[str, ...]
     acceptance_by_position: list[float] | None = None
+    accepted_length_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,14 +169,19 @@ def aggregate(records: list[RequestRecord], counters=None) -> Aggregate:
     proposed = sum(r.draft_tokens for r in with_drafts)
     accepted = sum(r.accepted_draft_tokens for r in with_drafts)
     per_request_rates = [r.acceptance_rate for r in with_drafts if r.acceptance_rate is not None and r.draft_tokens]
-    lengths = [r for r in with_drafts if r.output_tokens is not None and r.output_tokens >= 2]
-    produced = sum(r.output_tokens - 1 for r in lengths)
-    steps = sum(r.output_tokens - 1 - r.accepted_draft_tokens for r in lengths)
+    lengths = [r for r in with_drafts if r.decoding_steps is not None]
+    produced = sum(r.decoding_steps[0] for r in lengths)
+    steps = sum(r.decoding_steps[1] for r in lengths)
     per_request_lengths = [r.mean_accepted_length for r in lengths if r.mean_accepted_length is not None]
+    exact = {r.target_forwards is not None for r in lengths}
+    length_source = (
+        LENGTH_SOURCES[0] if exact == {True} else LENGTH_SOURCES[1] if exact == {False} else LENGTH_SOURCES[2]
+    )
 
     source = "perf outputs" if with_drafts else None
     acceptance = accepted / proposed if proposed else None
     mean_length = produced / steps if steps > 0 else None
+    length_source = length_source if mean_length is not None else None
     if not with_drafts and counters is not None:
         source = "server counters"
         acceptance = counters.accepted_draft_tokens / counters.draft_tokens if counters.draft_tokens else None
@@ -174,6 +189,7 @@ def aggregate(records: list[RequestRecord], counters=None) -> Aggregate:
             produced_c = counters.output_tokens - counters.requests
             steps_c = produced_c - counters.accepted_draft_tokens
             mean_length = produced_c / steps_c if steps_c > 0 else None
+            length_source = LENGTH_SOURCES[3] if mean_length is not None else None
 
     return Aggregate(
         requests=len(records),
@@ -194,6 +210,7 @@ def aggregate(records: list[RequestRecord], counters=None) -> Aggregate:
         acceptance_source=source,
         token_count_sources=tuple(sorted({r.output_tokens_source for r in done if r.output_tokens is not None})),
         acceptance_by_position=None if counters is None else counters.acceptance_by_position,
+        accepted_length_source=length_source,
     )
 
 

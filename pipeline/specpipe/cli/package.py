@@ -8,6 +8,7 @@ import click
 
 from specpipe.cli.options import engines_dir_option, repo_dir_option
 from specpipe.progress import result
+from specpipe.triton.models.common import DRAFT_LENGTHS
 
 
 @click.command()
@@ -30,7 +31,22 @@ from specpipe.progress import result
     "kernels ('auto': packed only with MKL's packed GEMM, else measured at load; 'all': dense weights "
     "only; 0: packed only; 'all' and 0 keep one copy of the weights).",
 )
-def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> None:
+@click.option(
+    "--draft-lengths",
+    type=click.Choice(DRAFT_LENGTHS),
+    default=DRAFT_LENGTHS[0],
+    show_default=True,
+    help="CPU runtime: 'adaptive' chooses each request's draft length every step on the forward cost measured "
+    "at load; 'max' drafts max_draft_len (the whole tree) every step, as TensorRT-LLM does, and measures nothing.",
+)
+@click.option(
+    "--warm-up/--no-warm-up",
+    default=True,
+    show_default=True,
+    help="CPU runtime: serve warm-up requests before the model reports ready (without: ready sooner, the first "
+    "requests slower).",
+)
+def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows, draft_lengths, warm_up) -> None:
     """Write the Triton model repository triton_repo/NAME/ for engine NAME (CPU, TensorRT-LLM engine or LLM API)."""
     from specpipe.build_common import is_engine_name
     from specpipe.triton.repository import package_engine, package_plan
@@ -47,7 +63,9 @@ def package(name, engines_dir, repo_dir, from_plan, plan_name, dense_rows) -> No
     else:
         if not name:
             raise click.UsageError("give the engine NAME (or --from-plan PLAN.json --name NAME)")
-        out = package_engine(engines_dir / name, repo_dir / name, dense_rows=dense_rows)
+        out = package_engine(
+            engines_dir / name, repo_dir / name, dense_rows=dense_rows, draft_lengths=draft_lengths, warm_up=warm_up
+        )
     result(f"wrote Triton model repository {out}")
 
 

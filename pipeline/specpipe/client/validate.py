@@ -40,6 +40,21 @@ class Check:
 
 @dataclass
 class RequestFigures:
+    """One greedy request's acceptance figures.
+
+    Attributes:
+        prompt: the prompt's first 40 characters.
+        output_tokens: tokens sent (``num_output_tokens``).
+        acceptance_rate: accepted / proposed draft tokens, in [0, 1].
+        accepted_draft_tokens, draft_tokens: the request's counters.
+        mean_accepted_length: tokens per target decoding forward after the first token: ``(F - 1 + A) / (F - 1)``
+            with the deployment's ``target_forwards`` F, else ``(N - 1) / (N - 1 - A)`` from the N tokens sent;
+            1.0 without speculation or decoding forwards.
+        target_forwards: F, or ``None`` where the deployment returns none (TensorRT-LLM).
+        length_source: ``"target forwards"`` (exact) or ``"output tokens"`` (estimated).
+        latency_ms: end-to-end latency, milliseconds.
+    """
+
     prompt: str
     output_tokens: int
     acceptance_rate: float
@@ -47,6 +62,8 @@ class RequestFigures:
     draft_tokens: int
     mean_accepted_length: float
     latency_ms: float
+    target_forwards: int | None = None
+    length_source: str = "output tokens"
 
 
 @dataclass
@@ -69,8 +86,9 @@ def _figures(prompt: str, result: GenerationResult) -> RequestFigures:
     perf = result.perf
     out = int(perf.get("num_output_tokens", 0))
     accepted = int(perf.get("total_accepted_draft_tokens", 0))
-    steps = out - 1 - accepted
-    mean_len = (out - 1) / steps if steps > 0 else 1.0
+    forwards = int(perf["target_forwards"]) if "target_forwards" in perf else None
+    produced, steps = (forwards - 1 + accepted, forwards - 1) if forwards is not None else (out - 1, out - 1 - accepted)
+    mean_len = produced / steps if steps > 0 else 1.0
     return RequestFigures(
         prompt=prompt[:40].replace("\n", " "),
         output_tokens=out,
@@ -79,6 +97,8 @@ def _figures(prompt: str, result: GenerationResult) -> RequestFigures:
         draft_tokens=int(perf.get("total_draft_tokens", 0)),
         mean_accepted_length=mean_len,
         latency_ms=result.latency_s * 1000,
+        target_forwards=forwards,
+        length_source="output tokens" if forwards is None else "target forwards",
     )
 
 

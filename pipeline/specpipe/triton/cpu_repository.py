@@ -27,19 +27,33 @@ from specpipe.manifest import Manifest
 from specpipe.speculative import Runtime
 from specpipe.triton.config import ensemble_model_config, python_model_config
 from specpipe.triton.interface import CPU_ENSEMBLE, ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM
+from specpipe.triton.models.common import parse_draft_lengths
 from specpipe.triton.writer import MODULES, STEP_MODULES, Repository
 
 #: ``tensorrt_llm`` parameter naming the runtime a repository was written for (CPU repositories).
 RUNTIME_PARAMETER = "specpipe_runtime"
 
 
-def cpu_repository(manifest: Manifest, engine_dir: Path, *, dense_rows: str = "auto") -> Repository:
+def cpu_repository(
+    manifest: Manifest,
+    engine_dir: Path,
+    *,
+    dense_rows: str = "auto",
+    draft_lengths: str = "adaptive",
+    warm_up: bool = True,
+) -> Repository:
     """The repository of the CPU engine in ``engine_dir`` whose manifest is ``manifest``; ``dense_rows``
-    is written as the ``tensorrt_llm`` model's parameter of that name (``auto`` or a row count).
+    (``auto``, ``all`` or a row count), ``draft_lengths`` (``adaptive`` or ``max``) and ``warm_up`` are
+    written as the ``tensorrt_llm`` model's parameters of those names
+    (:mod:`specpipe.triton.models.tensorrt_llm_cpu`).
 
     Raises:
-        SpecpipeError: not a CPU engine, or no target checkpoint directory.
+        SpecpipeError: not a CPU engine, no target checkpoint directory, or ``draft_lengths`` is neither value.
     """
+    try:
+        draft_lengths = parse_draft_lengths(draft_lengths)
+    except ValueError as exc:
+        raise SpecpipeError(str(exc)) from None
     engine_dir = Path(engine_dir).resolve()
     if manifest.runtime is not Runtime.CPU:
         raise SpecpipeError(
@@ -62,6 +76,8 @@ def cpu_repository(manifest: Manifest, engine_dir: Path, *, dense_rows: str = "a
                 "gpt_model_path": str(engine_dir),
                 "exclude_input_in_output": "false",
                 "dense_rows": dense_rows,
+                "draft_lengths": draft_lengths,
+                "warm_up": "true" if warm_up else "false",
                 RUNTIME_PARAMETER: Runtime.CPU.value,
                 "engine_name": manifest.name,
                 "specpipe_version": __version__,

@@ -24,12 +24,15 @@ from specpipe.triton.trtllm_repository import engine_repository
 from specpipe.triton.writer import write_repository
 
 
-def package_engine(engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto") -> Path:
+def package_engine(
+    engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto", draft_lengths: str = "adaptive", warm_up: bool = True
+) -> Path:
     """Write the Triton model repository for the engine in ``engine_dir`` to ``out_dir``.
 
     ``out_dir`` is replaced as a whole (written beside it, then renamed into place). The writer is
-    chosen by the manifest's ``runtime``: CPU, TensorRT-LLM engine flow or LLM API. ``dense_rows``:
-    the CPU model's parameter of that name (:mod:`specpipe.runtime.cpu.dense_rows`).
+    chosen by the manifest's ``runtime``: CPU, TensorRT-LLM engine flow or LLM API. ``dense_rows``,
+    ``draft_lengths``, ``warm_up``: the CPU model's parameters of those names
+    (:mod:`specpipe.triton.models.tensorrt_llm_cpu`); other runtimes take only the defaults.
 
     Returns:
         the absolute path of the repository (``out_dir``).
@@ -46,7 +49,9 @@ def package_engine(engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto")
             f"Triton repository: nothing to package; run 'specpipe serve {manifest.name} --runtime vllm'"
         )
     if manifest.runtime is Runtime.CPU:
-        repository = cpu_repository(manifest, engine_dir, dense_rows=dense_rows)
+        repository = cpu_repository(
+            manifest, engine_dir, dense_rows=dense_rows, draft_lengths=draft_lengths, warm_up=warm_up
+        )
         changed = changed_files(engine_dir, manifest)
         if changed:
             raise SpecpipeError(
@@ -55,10 +60,16 @@ def package_engine(engine_dir: Path, out_dir: Path, *, dense_rows: str = "auto")
                 f"rebuild it with 'specpipe build ... --force'"
             )
         return write_repository(out_dir, repository)
-    if dense_rows != "auto":
+    given = [
+        flag
+        for flag, default in (("--dense-rows", dense_rows == "auto"), ("--draft-lengths", draft_lengths == "adaptive"))
+        + (("--no-warm-up", warm_up),)
+        if not default
+    ]
+    if given:
         raise SpecpipeError(
-            f"dense_rows is a setting of the CPU runtime, and engine {engine_dir} is for "
-            f"'{manifest.runtime.value}': leave --dense-rows out"
+            f"{', '.join(given)}: settings of the CPU runtime, and engine {engine_dir} is for "
+            f"'{manifest.runtime.value}': leave {'it' if len(given) == 1 else 'them'} out"
         )
     return write_trtllm_repository(from_manifest(engine_dir), out_dir)
 

@@ -44,6 +44,23 @@ def parse_bool(value: str | None, default: bool) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+#: Values of the CPU model's ``draft_lengths`` parameter: the load-adaptive rule's lengths (its forward
+#: cost measured at load), or every request drafting ``max_draft_len`` (its whole tree) every step.
+DRAFT_LENGTHS = ("adaptive", "max")
+
+
+def parse_draft_lengths(value: str | None) -> str:
+    """The CPU model's ``draft_lengths`` parameter: one of :data:`DRAFT_LENGTHS`, empty -> ``adaptive``.
+
+    Raises:
+        ValueError: any other text.
+    """
+    text = (value or "").strip().lower() or DRAFT_LENGTHS[0]
+    if text not in DRAFT_LENGTHS:
+        raise ValueError(f"draft_lengths: expected {' or '.join(DRAFT_LENGTHS)}, got {value!r}")
+    return text
+
+
 def input_array(request, name: str) -> np.ndarray | None:
     """The input tensor ``name`` of a Triton request as a numpy array, or ``None`` when absent."""
     tensor = pb_utils().get_input_tensor_by_name(request, name)

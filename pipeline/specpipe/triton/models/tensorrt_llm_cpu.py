@@ -31,7 +31,12 @@ Model parameters: ``gpt_model_path`` (absolute engine directory, TensorRT-LLM's 
 ``exclude_input_in_output`` (default for requests that do not set it; default false), ``dense_rows``
 (``auto``, the default: the packed kernels only where they are MKL's packed GEMM, else measure at load whether
 dense weight copies beat them for few rows, :mod:`specpipe.runtime.cpu.dense_rows`; a row count; ``all``:
-dense copies only; ``0``: packed kernels only; both of the last two keep one copy of the weights).
+dense copies only; ``0``: packed kernels only; both of the last two keep one copy of the weights),
+``draft_lengths`` (``adaptive``, the default: the load-adaptive rule chooses each request's draft length every
+step, on the forward cost measured at load; ``max``: every request drafts ``max_draft_len``, its whole tree,
+every step, as TensorRT-LLM does, and nothing is measured), ``warm_up`` (default true: serve the warm-up
+requests of :mod:`.warmup` before reporting ready; false: the first requests pay for the first shapes). The
+last two with a fixed ``dense_rows`` make a model ready in seconds rather than minutes (tests, quick starts).
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ import functools
 import itertools
 from pathlib import Path
 
+from specpipe.runtime.cpu.scheduler.forward_cost import ForwardCostModel
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
-from specpipe.triton.models.common import input_array, model_parameters, parse_bool, pb_utils
+from specpipe.triton.models.common import input_array, model_parameters, parse_bool, parse_draft_lengths, pb_utils
 from specpipe.triton.models.draining import DrainSignal
 from specpipe.triton.models.engine_request import parse_request
 from specpipe.triton.models.request_worker import ANONYMOUS_ID, RequestWorker, TritonSender
@@ -73,21 +79,33 @@ class TritonPythonModel:
         self.exclude_input_default = parse_bool(params.get("exclude_input_in_output"), False)
         logger = pb_utils().Logger
 
-        dense_rows = parse_dense_rows(params.get("dense_rows"))  # a bad value fails before the weights load
+        # bad values fail before the weights load
+        dense_rows = parse_dense_rows(params.get("dense_rows"))
+        adaptive = parse_draft_lengths(params.get("draft_lengths")) == "adaptive"
+        warm_up = parse_bool(params.get("warm_up"), True)
 
         def load():
             engine, self.manifest = load_engine(Path(engine_dir), dense_copy=dense_copies_wanted(dense_rows))
-            warm_up_deployment(engine, logger.log_info)  # on the engine thread, before the model reports ready
+            if warm_up:  # on the engine thread, before the model reports ready
+                warm_up_deployment(engine, logger.log_info)
+            else:
+                logger.log_info("specpipe: no warm-up (warm_up false): the first requests pay for their shapes")
             logger.log_info(f"specpipe: linear kernels for few rows: {apply_dense_rows(engine, dense_rows)}")
             limits = self.manifest.limits or {}
             batch = int(limits.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE)
             scheduler = BatchScheduler(
-                engine, max_batch_size=batch, max_queue=int(params.get("max_queue_size") or 4 * batch)
+                engine,
+                max_batch_size=batch,
+                max_queue=int(params.get("max_queue_size") or 4 * batch),
+                adaptive=adaptive,
+                cost_model=None if adaptive else ForwardCostModel.unmeasured(),
             )
-            logger.log_info(
-                f"specpipe: batch scheduler for {batch} requests; target forward cost measured at load: "
-                f"{scheduler.policy.cost_model.describe()}"
+            lengths = (
+                f"target forward cost measured at load: {scheduler.policy.cost_model.describe()}"
+                if adaptive
+                else "every request drafts max_draft_len every step (draft_lengths max)"
             )
+            logger.log_info(f"specpipe: batch scheduler for {batch} requests; {lengths}")
             return scheduler
 
         self.stops = StopRequests()

@@ -109,6 +109,12 @@ class ForwardCostModel:
         )
 
     @classmethod
+    def unmeasured(cls) -> "ForwardCostModel":
+        """A flat curve, not measured, for a scheduler without the adaptive rule (the rule is its only
+        reader; the scheduler still feeds it its timed forwards, which it ignores)."""
+        return cls((1, 64), (1.0, 1.0))
+
+    @classmethod
     @torch.inference_mode()
     def measure(
         cls,

@@ -29,7 +29,7 @@ def solo_scheduler(deployment: Deployment, **options) -> BatchScheduler:
     """
     options = {"max_batch_size": 1, "max_queue": 0, "adaptive": False, **options}
     if options.get("cost_model") is None and not options["adaptive"]:
-        options["cost_model"] = ForwardCostModel((1, 64), (1.0, 1.0))  # flat: observed, never consulted
+        options["cost_model"] = ForwardCostModel.unmeasured()
     return BatchScheduler(deployment, **options)
 
 
