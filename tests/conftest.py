@@ -1,5 +1,4 @@
 import os
-import socket
 
 import pytest
 
@@ -16,13 +15,6 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def free_port() -> int:
-    """An unused TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

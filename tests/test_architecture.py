@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grimp
 import pytest
+from repo_root import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pipeline" / "specpipe"
 MAX_LINES = 400
 

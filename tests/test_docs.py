@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 import pytest
+from repo_root import ROOT
 
 from specpipe.cli import main
 from specpipe.cli.reference import iter_commands
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CLI_REFERENCE = ROOT / "docs" / "cli.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import free_port
+from loopback import free_port
 
 pytestmark = pytest.mark.e2e
 

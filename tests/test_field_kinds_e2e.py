@@ -30,7 +30,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import free_port
+from loopback import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from specpipe.client.llm import LLMClient, run_sync

@@ -5,10 +5,9 @@ A table is listed in :data:`TABLES` with the methods the registry says must have
 "Adding a speculative method" in ``docs/architecture.md`` names every one of them.
 """
 
-from pathlib import Path
-
 import pytest
 from batch_helpers import make_engine
+from repo_root import ROOT
 
 from specpipe import build_cpu, build_cpu_settings, heads_format
 from specpipe.bench import tune
@@ -28,7 +27,7 @@ from specpipe.trtllm.release import TRTLLM_VERSION
 from specpipe.vllm import settings as vllm_settings
 from specpipe.vllm.plan import make_plan as make_vllm_plan
 
-ARCHITECTURE_DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
+ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
 
 
 def claiming(

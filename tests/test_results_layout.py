@@ -8,9 +8,9 @@ not read: it prints each JSON's command as recorded, whose ``--out`` is where th
 neither is a path at an older commit (``git show SHA:benchmarks/results/NAME.json``)."""
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_root import ROOT
+
 RESULT_ROOTS = ("benchmarks/results", "docs/results")
 CITING = ("README.md", "docs/*.md", "docker/**/*.md", "pipeline/**/*.py", "benchmarks/*.py")
 CITATION = re.compile(r"(?<![\w:-])((?:benchmarks|docs)/results(?:/[\w.-]+)*)")
