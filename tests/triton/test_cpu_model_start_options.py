@@ -119,4 +119,4 @@ def test_max_draft_lengths_and_no_warm_up_measure_and_warm_nothing(loaded):
 def test_the_defaults_measure_the_forward_cost_and_warm_up(loaded):
     model, calls = loaded()
     assert (calls.measures, calls.warm_ups) == (1, 1)
-    assert model.worker.engine.adaptive is True and len(model.worker.engine.cost_model.tokens) > 2
+    assert model.worker.engine.policy.adaptive is True and len(model.worker.engine.policy.cost_model.tokens) > 2
