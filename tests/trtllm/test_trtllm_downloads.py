@@ -1,4 +1,4 @@
-"""TensorRT-LLM build downloads against a fake Hugging Face Hub on 127.0.0.1 (tests/fake_hub.py).
+"""TensorRT-LLM build downloads against a fake Hugging Face Hub on 127.0.0.1 (tests/helpers/fake_hub.py).
 
 Each build runs in a subprocess with its own environment (HF_ENDPOINT at the fake, HF_HOME in tmp_path,
 HF_HUB_OFFLINE=0: tests/conftest.py sets it to 1 for this process): the LLM API flow of the gated preset

@@ -53,7 +53,7 @@ def standins(tmp_path, monkeypatch):
 
     def snapshot_download(repo_id, revision, ignore_patterns):
         """Stand-in for the Hugging Face cache download (no network): records the call as the planned argv
-        and returns a snapshot folder (tests/test_trtllm_downloads.py runs the real one)."""
+        and returns a snapshot folder (tests/trtllm/test_trtllm_downloads.py runs the real one)."""
         with open(log, "a") as f:
             f.write(
                 json.dumps(

@@ -8,7 +8,7 @@ has its own entry. Compute capabilities are NVIDIA's published values (CUDA GPUs
 ``model`` is the token of the board name ``nvidia-smi`` prints that names the GPU model (``A100`` in
 ``NVIDIA A100-SXM4-80GB``, ``H100`` in ``NVIDIA H100 80GB HBM3``): detection
 (:func:`specpipe.trtllm.environment.match_board`) splits the name on ``-`` and spaces and matches this
-token exactly, then the memory. ``tests/test_trtllm_gpu_names.py`` holds, for every row, the names and
+token exactly, then the memory. ``tests/trtllm/test_trtllm_gpu_names.py`` holds, for every row, the names and
 totals real boards report, with where each was seen.
 """
 

@@ -58,7 +58,7 @@ def summary() -> dict[str, str]:
 
 
 #: Commits cited above, as read: repository -> full sha -> what it was read for. Kept consistent with the
-#: docstrings by ``tests/test_release_citations.py``.
+#: docstrings by ``tests/trtllm/test_release_citations.py``.
 VERIFIED_COMMITS: dict[str, dict[str, str]] = {
     "triton-inference-server/server": {
         "4b54459107911180d3c3b24cea1c5bc832563c0a": "docs/introduction/compatibility.md, trtllm-python-py3 table",

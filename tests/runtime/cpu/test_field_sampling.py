@@ -6,7 +6,7 @@ seeds (each method's text is the plain target's sample: the distribution is the 
 requests differ; the position-keyed sampler draws the target's distribution; penalties and
 ``min_tokens`` see every token a step commits (oracle drafters, chain and tree, whose whole blocks are
 accepted exactly when each verified row sees the drafts before it). The real model's methods:
-``tests/test_field_kinds_smollm2.py``."""
+``tests/runtime/cpu/test_field_kinds_smollm2.py``."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_every_deployment_matches_the_quantized_baseline(scheme, draft, engines,
 
 def test_a_float32_target_keeps_greedy_rows_batched(smollm2_engines):
     """Exact rows cost padded attention calls: float32 targets, whose greedy texts agree without them
-    (tests/test_field_kinds_smollm2.py), keep the batched calls and the full tree."""
+    (tests/runtime/cpu/test_field_kinds_smollm2.py), keep the batched calls and the full tree."""
     engine, manifest = load_engine(Path(smollm2_engines["none"]))
     assert manifest.quantization is None
     assert not scheduler_for(engine).exact_greedy

@@ -10,7 +10,7 @@ The quantized layers compute a row bitwise alike whatever rows share the call, b
 a last-bit difference of batched attention into a bf16 rounding step that can flip a near-tie; so on a
 quantized target the batch scheduler runs greedy requests as exact rows, a tree method verifying its
 first-children chain (``BatchScheduler.exact_greedy``), and every speculative deployment's greedy output
-equals the quantized baseline's alone and in a batch (``tests/test_quantized_smollm2.py``).
+equals the quantized baseline's alone and in a batch (``tests/runtime/cpu/test_quantized_smollm2.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One batched forward's inputs (:class:`BatchEntry`, one per request) and how their attention is split
 into ``scaled_dot_product_attention`` calls (:func:`attention_groups`) that pad little, and whose shapes do
 not depend on the batch for exact entries (a seeded sampled request, or any greedy one on a quantized
-target: ``tests/test_exact_attention.py``). :class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM` runs
+target: ``tests/runtime/cpu/test_exact_attention.py``). :class:`~specpipe.runtime.cpu.model.batched_lm.BatchedLM` runs
 the calls.
 """
 
@@ -83,7 +83,7 @@ def attention_groups(entries: list[BatchEntry], starts: list[int]) -> list[Atten
     entries (:attr:`BatchEntry.exact`) of at most :data:`EXACT_QUERY_ROWS` tokens share a call with at
     least :data:`EXACT_MIN_QUERY_ROWS` query rows per slot, longer ones get a call each, both with keys
     read in multiples of :data:`EXACT_KEY_BLOCK`; their rows then come out bitwise alike whatever else
-    the call holds (``tests/test_exact_attention.py``).
+    the call holds (``tests/runtime/cpu/test_exact_attention.py``).
 
     Args:
         entries: the forward's entries; starts: each entry's cached tokens before it.

@@ -28,7 +28,7 @@ Layout:
 Numerics: fp32 throughout. A request's rows go through GEMMs whose row count depends on the batch, and
 through attention over padded keys (masked to exact zeros); the results agree with the one-request
 :class:`~specpipe.runtime.cpu.model.cached_lm.CachedLM` path to float32 rounding, and greedy argmaxes were
-identical in every test (see ``tests/test_batched_scheduler.py``).
+identical in every test (see ``tests/runtime/cpu/test_batched_scheduler.py``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Kernels (ATen ops, the ones TorchInductor's CPU lowering and torchao's CPU layou
   weight packed by ``aten._convert_weight_to_int4pack_for_cpu`` (``q`` in [0, 15] as int32 ``[N, K]``
   -> uint8 ``[N, K / 2]``), with ``scales_and_zeros`` ``[K / group, N, 2]`` and
   ``w = (q - 8) * scale + zero`` per group of ``group`` input channels (checked against a dequantized
-  matmul in ``tests/test_quantized_linear.py``). The packing needs ``N`` divisible by 16 and the kernel a
+  matmul in ``tests/runtime/cpu/test_quantized_linear.py``). The packing needs ``N`` divisible by 16 and the kernel a
   group of 32, 64, 128 or 256 dividing ``K``; a layer that does not fit gets ``int8-wo``.
 
 Batch invariance: each layer checks at load (:func:`invariant_min_rows`) that its kernel computes a row
@@ -39,7 +39,7 @@ from specpipe.runtime.cpu.model.quant_scheme import CPU_QUANTIZATIONS
 #: Input channels per int4 scale and zero point: the bf16 scale and zero (4 bytes a group) add 25 % to
 #: the int4 bytes at 32 (12.5 % at 64). SmolLM2-135M teacher-forced over 8 prompts (58 positions), logits'
 #: relative error against fp32 (worst prompt) and top-1 agreement: group 32 0.11 / 88 %, 64 0.42 / 50 %,
-#: 128 0.46 / 50 % (``tests/test_quantized_smollm2.py``).
+#: 128 0.46 / 50 % (``tests/runtime/cpu/test_quantized_smollm2.py``).
 INT4_GROUP_SIZE = 32
 
 #: Group sizes the int4 CPU kernel takes, tried from :data:`INT4_GROUP_SIZE` down.

@@ -25,7 +25,7 @@ cancelled ones:
 
 A failure while drafting or choosing for one request ends only that request (``fail`` callback); a
 failure of the shared forward ends that step's requests. A request's greedy output does not depend on
-its batch (``tests/test_batched_scheduler.py``), nor, bitwise, a sampled one's logits.
+its batch (``tests/runtime/cpu/test_batched_scheduler.py``), nor, bitwise, a sampled one's logits.
 """
 
 from __future__ import annotations
