@@ -30,6 +30,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from dashboard_queries import dashboard_queries, series_names
 from loopback import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -360,8 +361,6 @@ def test_every_cpu_series_the_dashboard_queries_is_on_the_metrics_port(served):
     """The Grafana dashboard's queries resolve on served CPU deployments: each series they name that the CPU
     model exports is on Triton's metrics port after the tests' requests, the ``specpipe:`` ones labelled
     with each deployment (the baseline accepts nothing, so it has no per-position counts)."""
-    from test_grafana_dashboard import dashboard_queries, series_names
-
     from specpipe.triton.models.scheduler_metrics import exported_series
 
     server, _, deployments = served

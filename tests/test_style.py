@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -27,3 +28,13 @@ def test_ruff_format_leaves_every_file_as_it_is():
 def test_ruff_check_finds_nothing():
     result = ruff("check", "--no-cache")
     assert result.returncode == 0, f"{result.stdout}{result.stderr}"
+
+
+def test_tests_import_helpers_not_other_test_modules():
+    """Test modules import as files (``--import-mode=importlib``): what two tests share lives in
+    ``tests/helpers/``, and a test module never imports another."""
+    tests = ROOT / "tests"
+    imports = re.compile(r"^\s*(?:from|import)\s+(?:tests\b|test_\w+|conftest\b)", re.MULTILINE)
+    offenders = [str(p.relative_to(ROOT)) for p in sorted(tests.rglob("*.py")) if imports.search(p.read_text())]
+    assert offenders == []
+    assert not any(p.name.startswith("test_") for p in (tests / "helpers").iterdir())

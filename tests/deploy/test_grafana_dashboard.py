@@ -9,6 +9,8 @@ import re
 
 import pytest
 import yaml
+from compose_env import interpolate
+from dashboard_queries import DASHBOARD, dashboard_queries, label_values_metric, series_names
 from repo_root import ROOT
 
 from specpipe.openai.metrics import EXPORTED_SERIES as GATEWAY_SERIES
@@ -16,66 +18,7 @@ from specpipe.triton.models.scheduler_metrics import exported_series
 from specpipe.trtllm.backend_metrics import TRITON_CORE_SERIES, TRTLLM_BACKEND_SERIES
 
 DOCKER = ROOT / "docker"
-DASHBOARD = DOCKER / "grafana" / "dashboards" / "specpipe.json"
 EXPORTED = exported_series() | GATEWAY_SERIES | TRTLLM_BACKEND_SERIES | TRITON_CORE_SERIES
-
-#: PromQL words that are not series: aggregations, functions, operators, modifiers (Prometheus' lexer).
-KEYWORDS = {
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "bool",
-    "offset",
-    "and",
-    "or",
-    "unless",
-    "sum",
-    "avg",
-    "min",
-    "max",
-    "count",
-    "topk",
-    "bottomk",
-    "quantile",
-    "stddev",
-    "stdvar",
-    "inf",
-    "nan",
-}
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-
-
-def series_names(expr: str) -> set[str]:
-    """The metric names an expression selects: identifiers that are not functions (followed by ``(``),
-    keywords, label names (inside ``{}`` or a ``by``/``on``/... list), ranges or strings."""
-    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings (label values)
-    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
-    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges ([$__rate_interval])
-    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", expr)  # label lists
-    expr = re.sub(r"\$\w+", "", expr)
-    names = set()
-    for match in _NAME.finditer(expr):
-        rest = expr[match.end() :].lstrip()
-        if match.group() not in KEYWORDS and not rest.startswith("("):
-            names.add(match.group())
-    return names
-
-
-def label_values_metric(query: str) -> set[str]:
-    """The metric of a Grafana ``label_values(metric, label)`` variable query."""
-    match = re.fullmatch(r"label_values\(\s*([^,]+?)\s*,\s*\w+\s*\)", query.strip())
-    assert match, f"unexpected variable query {query!r}"
-    return series_names(match.group(1))
-
-
-def dashboard_queries() -> list[str]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
-    assert exprs and all(exprs)
-    return exprs
 
 
 def test_series_names_are_parsed_out_of_promql():
@@ -138,11 +81,9 @@ def test_the_panels_operators_need_are_there():
 
 @pytest.fixture
 def services():
-    from test_launch_trtllm import _interpolate
-
     text = (DOCKER / "compose.yaml").read_text()
     return yaml.safe_load(
-        _interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"})
+        interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"})
     )["services"]
 
 

@@ -8,6 +8,7 @@ import shlex
 import pytest
 import yaml
 from click.testing import CliRunner
+from compose_env import interpolate
 from google.protobuf import text_format
 from repo_root import ROOT
 from tritonclient.grpc import model_config_pb2 as mc
@@ -216,26 +217,12 @@ def test_dockerfile_is_pinned_and_starts_the_entry_point():
     assert "pip install --no-cache-dir --no-deps ." in text and "/v2/health/ready" in text
 
 
-def _interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} substitution."""
-
-    def replace(match):
-        name, op, arg = match.group(1), match.group(2), match.group(3)
-        if env.get(name):
-            return env[name]
-        if op == ":?":
-            raise KeyError(f"{name}: {arg}")
-        return arg or ""
-
-    return re.sub(r"\$\{([A-Z_]+)(?:(:-|:\?)([^}]*))?\}", replace, text)
-
-
 def test_compose_file_validates_against_the_compose_specification(tmp_path):
     from compose_spec import PyCompose
 
     text = (DOCKER / "compose.yaml").read_text()
     with pytest.raises(KeyError, match="SPECPIPE_REPO"):
-        _interpolate(text, {})
+        interpolate(text, {})
     env = {
         "SPECPIPE_REPO": str(tmp_path / "repo"),
         "SPECPIPE_ENGINES": str(tmp_path / "engines"),
@@ -243,8 +230,8 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
         "SPECPIPE_NAME": "llama3-8b-eagle",
     }
     with pytest.raises(KeyError, match="SPECPIPE_NAME"):
-        _interpolate(text, {k: v for k, v in env.items() if k != "SPECPIPE_NAME"})
-    resolved = _interpolate(text, env)
+        interpolate(text, {k: v for k, v in env.items() if k != "SPECPIPE_NAME"})
+    resolved = interpolate(text, env)
     PyCompose.from_yaml(resolved)  # raises on anything outside the specification
     with pytest.raises(ValueError):
         PyCompose.from_yaml(resolved.replace("shm_size:", "shm_sizes:"))
@@ -252,7 +239,7 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
     assert service["build"]["args"]["BASE_IMAGE"] == release.CONTAINER_IMAGE
     # Triton's unauthenticated ports on loopback only, unless the host address is given
     assert service["ports"] == ["127.0.0.1:8000:8000", "127.0.0.1:8001:8001", "127.0.0.1:8002:8002"]
-    wide = yaml.safe_load(_interpolate(text, {**env, "SPECPIPE_TRITON_HOST": "0.0.0.0", "SPECPIPE_HTTP_PORT": "18000"}))
+    wide = yaml.safe_load(interpolate(text, {**env, "SPECPIPE_TRITON_HOST": "0.0.0.0", "SPECPIPE_HTTP_PORT": "18000"}))
     assert wide["services"]["triton"]["ports"][0] == "0.0.0.0:18000:8000"
     grafana = dict(item.split("=", 1) for item in yaml.safe_load(resolved)["services"]["grafana"]["environment"])
     assert grafana == {
@@ -275,7 +262,7 @@ def test_compose_runs_the_gateway_beside_triton(tmp_path):
 
     text = (DOCKER / "compose.yaml").read_text()
     services = yaml.safe_load(
-        _interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"})
+        interpolate(text, {"SPECPIPE_REPO": "/r", "SPECPIPE_ENGINES": "/e", "SPECPIPE_NAME": "tiny"})
     )["services"]
     service = services["openai"]
     assert service["image"] == services["triton"]["image"]

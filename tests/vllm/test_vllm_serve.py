@@ -11,6 +11,7 @@ import threading
 import pytest
 import yaml
 from click.testing import CliRunner
+from compose_env import interpolate
 from fake_programs import write_program
 from repo_root import ROOT
 
@@ -139,28 +140,14 @@ def test_readiness_waits_for_health_and_fails_when_the_container_exits():
         wait_healthy("http://127.0.0.1:9/health", dead, timeout_s=5, poll_s=0.1)
 
 
-def _interpolate(text: str, env: dict) -> str:
-    import re
-
-    def replace(match):
-        name, op, arg = match.group(1), match.group(2), match.group(3)
-        if name in env:
-            return env[name]
-        if op == ":?":
-            raise KeyError(f"{name}: {arg}")
-        return arg or ""
-
-    return re.sub(r"\$\{([A-Z_]+)(?:(:-|:\?)([^}]*))?\}", replace, text)
-
-
 def test_the_compose_file_validates_and_runs_the_recorded_command(engines, tmp_path):
     from compose_spec import PyCompose
 
     text = (DOCKER / "compose.vllm.yaml").read_text()
     with pytest.raises(KeyError, match="SPECPIPE_ENGINE"):
-        _interpolate(text, {})
+        interpolate(text, {})
     engine = engines / "llama3-8b-eagle"
-    resolved = _interpolate(text, {"SPECPIPE_ENGINE": str(engine), "SPECPIPE_HF_CACHE": "/hf", "SPECPIPE_GPUS": "2"})
+    resolved = interpolate(text, {"SPECPIPE_ENGINE": str(engine), "SPECPIPE_HF_CACHE": "/hf", "SPECPIPE_GPUS": "2"})
     PyCompose.from_yaml(resolved)
     with pytest.raises(ValueError):
         PyCompose.from_yaml(resolved.replace("ipc: host", "ipcs: host"))
