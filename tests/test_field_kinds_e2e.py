@@ -340,7 +340,8 @@ def test_a_multi_token_bad_word_and_a_stream_cancelled_without_an_id(served, gre
     assert q is not None, f"no two-word pair in {tokenizer.decode(greedy)!r}"
     words = tokenizer.decode(greedy[q : q + 2])
     banned = run_sync(grpc(server, method, False, bad_words=(words,)))
-    assert banned.text.startswith(tokenizer.decode(greedy[: q + 1])) and words not in banned.text
+    assert banned.text.startswith(tokenizer.decode(greedy[: q + 1]))
+    assert not re.search(re.escape(words) + r"(?![A-Za-z])", banned.text)  # ' The capitals' is other tokens
     assert_counted(banned.perf, stopping_tokens=int(banned.perf["num_output_tokens"] < N))
 
     import tritonclient.grpc as grpcclient
