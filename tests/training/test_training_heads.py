@@ -62,6 +62,20 @@ def test_features_are_the_targets_hidden_states_and_greedy_labels(target, featur
     assert features.is_answer[40:50].sum() == 0 and features.is_answer[50:80].all()
 
 
+def test_sequences_of_other_lengths_share_a_right_padded_forward(target):
+    """A batch pads to its longest sequence; each sequence's features are those of its forward alone."""
+    g = torch.Generator().manual_seed(2)
+    sequences = [(torch.randint(3, VOCAB, (n,), generator=g).tolist(), n // 2) for n in (7, 19, 12, 30)]
+    batched = extract_features(target, sequences, batch_tokens=4 * 30, capture_layers=(0, 2))
+    alone = extract_features(target, sequences, batch_tokens=1, capture_layers=(0, 2))
+    assert len(batched) == len(alone) == 7 + 19 + 12 + 30
+    assert torch.equal(batched.tokens, alone.tokens) and torch.equal(batched.seq_end, alone.seq_end)
+    assert torch.equal(batched.labels, alone.labels)
+    assert torch.allclose(batched.hidden.float(), alone.hidden.float(), atol=2e-3)
+    assert torch.allclose(batched.fused.float(), alone.fused.float(), atol=2e-3)
+    assert batched.is_answer.tolist() == alone.is_answer.tolist()
+
+
 def run(target, features, tmp_path, method, steps=3, progress=None, **kw):
     cfg = TrainConfig.defaults_for(
         method,

@@ -89,7 +89,9 @@ def extract_features(
         model: the target ``LlamaForCausalLM`` (fp32, eval).
         sequences: ``(token_ids, answer_start)`` pairs; positions ``>= answer_start`` are answers
             (``answer_start = len(ids)`` for plain text).
-        batch_tokens: about this many tokens per forward (sequences of equal length are batched).
+        batch_tokens: at most this many tokens per forward, padding included (sequences of similar
+            length are batched, right-padded: under causal attention a position never sees the
+            padding after it, so its features are its own sequence's).
         capture_layers: decoder layers whose outputs also go into :attr:`Features.fused` (same forward).
 
     Returns:
@@ -101,24 +103,28 @@ def extract_features(
     results: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
     i = 0
     while i < len(order):
-        length = len(sequences[order[i]][0])
-        group = [order[i]]
+        group = [order[i]]  # ascending lengths: the last sequence of a group is its longest
         while (
-            i + len(group) < len(order)
-            and len(sequences[order[i + len(group)]][0]) == length
-            and (len(group) + 1) * length <= batch_tokens
+            i + len(group) < len(order) and (len(group) + 1) * len(sequences[order[i + len(group)]][0]) <= batch_tokens
         ):
             group.append(order[i + len(group)])
-        ids = torch.tensor([sequences[j][0] for j in group], dtype=torch.long)
+        lengths = [len(sequences[j][0]) for j in group]
+        ids = torch.zeros(len(group), lengths[-1], dtype=torch.long)  # right padding: causal attention hides it
+        for row, j in enumerate(group):
+            ids[row, : lengths[row]] = torch.tensor(sequences[j][0], dtype=torch.long)
         out = model.model(input_ids=ids, output_hidden_states=bool(capture_layers))
         h = out.last_hidden_state
         best = model.lm_head(h).argmax(-1)
         fused = torch.cat([out.hidden_states[k + 1] for k in capture_layers], -1) if capture_layers else None
-        for row, j in enumerate(group):
-            results[j] = (h[row].to(torch.float16), best[row], None if fused is None else fused[row].to(torch.float16))
+        for row, (j, n) in enumerate(zip(group, lengths)):
+            results[j] = (
+                h[row, :n].to(torch.float16),
+                best[row, :n],
+                None if fused is None else fused[row, :n].to(torch.float16),
+            )
         i += len(group)
         if progress:
-            progress(len(group) * length)
+            progress(sum(lengths))
     fused_rows = []
     for j, (ids, answer_start) in enumerate(sequences):
         h, best, fused = results[j]
