@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specpipe.generation.spec_metrics import decoding_steps
+
 #: Where a request's output token count came from, best first.
 TOKEN_SOURCES = ("server", "usage", "tokenizer", "chunks")
 
@@ -96,20 +98,12 @@ class RequestRecord:
 
     @property
     def decoding_steps(self) -> tuple[int, int] | None:
-        """``(tokens after the first, target decoding forwards)`` of a completed request with draft counters,
-        or ``None`` (no counters, an error, fewer than 2 tokens).
-
-        With the server's ``target_forwards`` F and accepted drafts A: ``(F - 1 + A, F - 1)``, exact (each
-        forward yields one token of its own plus the drafts it accepted; the end id or stop word that ended
-        the request, generated but not sent, included). Without it, estimated from the N output tokens as
-        ``(N - 1, N - 1 - A)``: one step too few for each request that an end id or a stop word ended
-        inside a step. The prefill's forward and token are left out in both.
-        """
+        """``(tokens after the first, target decoding forwards)`` of a completed request with draft counters
+        (:func:`~specpipe.generation.spec_metrics.decoding_steps`: exact with ``target_forwards``, else
+        estimated from the output tokens), or ``None`` (no counters, an error, fewer than 2 tokens)."""
         if not self.ok or self.output_tokens is None or self.output_tokens < 2 or self.accepted_draft_tokens is None:
             return None
-        if self.target_forwards is not None:
-            return self.target_forwards - 1 + self.accepted_draft_tokens, self.target_forwards - 1
-        return self.output_tokens - 1, self.output_tokens - 1 - self.accepted_draft_tokens
+        return decoding_steps(self.output_tokens, self.accepted_draft_tokens, self.target_forwards)
 
     @property
     def mean_accepted_length(self) -> float | None:

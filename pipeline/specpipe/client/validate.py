@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from specpipe.client.llm import GenerationResult, LLMClient, run_sync
 from specpipe.client.probe import not_grpc_hint
 from specpipe.client.request import GenerationRequest
+from specpipe.generation.spec_metrics import decoding_steps
 
 DEFAULT_PROMPTS = (
     "The three most important inventions of the nineteenth century were",
@@ -87,7 +88,7 @@ def _figures(prompt: str, result: GenerationResult) -> RequestFigures:
     out = int(perf.get("num_output_tokens", 0))
     accepted = int(perf.get("total_accepted_draft_tokens", 0))
     forwards = int(perf["target_forwards"]) if "target_forwards" in perf else None
-    produced, steps = (forwards - 1 + accepted, forwards - 1) if forwards is not None else (out - 1, out - 1 - accepted)
+    produced, steps = decoding_steps(out, accepted, forwards)
     mean_len = produced / steps if steps > 0 else 1.0
     return RequestFigures(
         prompt=prompt[:40].replace("\n", " "),

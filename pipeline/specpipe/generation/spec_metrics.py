@@ -130,6 +130,20 @@ def histogram_series(name: str) -> tuple[str, str, str]:
     return f"{name}_bucket", f"{name}_sum", f"{name}_count"
 
 
+def decoding_steps(output_tokens: int, accepted_draft_tokens: int, target_forwards: int | None) -> tuple[int, int]:
+    """``(tokens after the first, target decoding forwards)`` of one request, for its mean accepted length.
+
+    With the deployment's ``target_forwards`` F and accepted drafts A: ``(F - 1 + A, F - 1)``, exact (each
+    forward yields one token of its own plus the drafts it accepted; the end id or stop word that ended the
+    request, generated but not sent, included). Without F (TensorRT-LLM, vLLM), estimated from the N
+    output tokens sent as ``(N - 1, N - 1 - A)``: one step too few for a request that an end id or a stop
+    word ended inside a step. The prefill's forward and token are left out in both.
+    """
+    if target_forwards is not None:
+        return target_forwards - 1 + accepted_draft_tokens, target_forwards - 1
+    return output_tokens - 1, output_tokens - 1 - accepted_draft_tokens
+
+
 @dataclass(frozen=True)
 class StepObservation:
     """What one engine step of one request adds to the metrics.

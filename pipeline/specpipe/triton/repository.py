@@ -60,12 +60,12 @@ def package_engine(
                 f"rebuild it with 'specpipe build ... --force'"
             )
         return write_repository(out_dir, repository)
-    given = [
-        flag
-        for flag, default in (("--dense-rows", dense_rows == "auto"), ("--draft-lengths", draft_lengths == "adaptive"))
-        + (("--no-warm-up", warm_up),)
-        if not default
-    ]
+    defaults = {
+        "--dense-rows": dense_rows == "auto",
+        "--draft-lengths": draft_lengths == "adaptive",
+        "--no-warm-up": warm_up,
+    }
+    given = [flag for flag, is_default in defaults.items() if not is_default]
     if given:
         raise SpecpipeError(
             f"{', '.join(given)}: settings of the CPU runtime, and engine {engine_dir} is for "
