@@ -48,6 +48,24 @@ def test_the_drain_file_carries_a_deadline_and_the_idle_answer(tmp_path):
     assert not wait_idle(drain_file, 5.0, alive=lambda: False)  # a dead server is not waited for
 
 
+def test_a_drain_requested_from_a_signal_handler_during_another_leaves_the_shorter_deadline(tmp_path, monkeypatch):
+    """A second Ctrl-C arrives while ``serve`` is writing its first drain request: the handler's request
+    (at once) must not take the interrupted request's temporary file away (CI: FileNotFoundError)."""
+    drain_file = tmp_path / "triton.stopping"
+    real_replace, interrupted = os.replace, []
+
+    def replace_after_a_signal(source, target):
+        if not interrupted:
+            interrupted.append(source)
+            request_drain(drain_file, 0.0)  # what the handler's hurry() does
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace_after_a_signal)
+    request_drain(drain_file, 60.0)
+    assert interrupted and DrainSignal(drain_file).deadline() > time.time() + 50  # the outer call wrote last
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["triton.stopping"]  # no temporary file left
+
+
 @pytest.fixture
 def engine(single_thread):
     return make_engine("none")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,11 +55,18 @@ def clear_drain(drain_file: Path) -> None:
 
 def request_drain(drain_file: Path, within_s: float) -> None:
     """Ask the model to finish within ``within_s`` seconds from now; written atomically, so the model
-    never reads half a deadline. A second request replaces the first (a shorter one ends requests sooner)."""
+    never reads half a deadline. A second request replaces the first (a shorter one ends requests sooner).
+    Each call writes its own temporary file, so a call from a signal handler that interrupts another
+    (a second Ctrl-C during a drain) cannot take that call's file away."""
     drain_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = drain_file.with_name(drain_file.name + ".partial")
-    partial.write_text(f"{time.time() + max(0.0, within_s):.3f}\n")
-    os.replace(partial, drain_file)
+    descriptor, partial = tempfile.mkstemp(prefix=drain_file.name + ".", suffix=".partial", dir=drain_file.parent)
+    try:
+        with os.fdopen(descriptor, "w") as out:
+            out.write(f"{time.time() + max(0.0, within_s):.3f}\n")
+        os.replace(partial, drain_file)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
 
 def wait_idle(drain_file: Path, timeout_s: float, alive=lambda: True, poll_s: float = 0.05) -> bool:
