@@ -22,6 +22,7 @@ from specpipe.runtime.cpu.drafters.eagle3_head import Eagle3Head, capture_layers
 from specpipe.runtime.cpu.drafters.eagle_head import EagleConfig
 from specpipe.training.config import TrainConfig
 from specpipe.training.features import Features
+from specpipe.training.precision import mixed_precision
 from specpipe.training.tasks import _PositionSampler, unroll_head
 
 
@@ -62,7 +63,7 @@ class Eagle3Task:
         cfg = self.cfg
         starts = self.sampler.sample(cfg.batch, generator)
         total, weights = torch.zeros(()), 0.0
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with mixed_precision():
             for d, out, idx in self._unroll(self.features, starts, cfg.unroll):
                 label = self.inverse[self.features.labels[idx + d]]
                 logits = self.module.logits(out)

@@ -17,6 +17,7 @@ from specpipe.runtime.cpu.drafters.medusa import MedusaHeads
 from specpipe.speculative import Method
 from specpipe.training.config import TrainConfig
 from specpipe.training.features import Features
+from specpipe.training.precision import mixed_precision
 
 
 class _PositionSampler:
@@ -73,7 +74,7 @@ class MedusaTask:
         f, k = self.features, self.cfg.num_heads
         pos = self.sampler.sample(self.cfg.batch, generator)
         h = f.hidden[pos].float()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with mixed_precision():
             logits = self.lm.logits(self.module(h))  # [k, B, V']
         targets = torch.stack([self.inverse[f.labels[pos + j + 1]] for j in range(k)])
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
@@ -175,7 +176,7 @@ class EagleTask:
         cfg = self.cfg
         starts = self.sampler.sample(cfg.batch, generator)
         total = torch.zeros(())
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with mixed_precision():
             for d, pred, idx in self._unroll(self.features, starts, cfg.unroll, noise=generator):
                 logits = self.lm.logits(pred)
                 reg = F.smooth_l1_loss(pred.float(), self.features.hidden[idx + d].float())
@@ -247,7 +248,7 @@ class DraftModelTask:
         starts = self.sampler.sample(cfg.batch, generator)
         idx = starts[:, None] + torch.arange(cfg.window)[None, :]
         labels = self.features.labels[idx]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with mixed_precision():
             hidden = self.draft.model(input_ids=self.features.tokens[idx]).last_hidden_state
             if self.lm is not None:
                 logits, labels = self.lm.logits(hidden), self.inverse[labels]

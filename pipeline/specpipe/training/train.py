@@ -45,6 +45,7 @@ from specpipe.training.acceptance import ACCEPTANCE_TREE, heldout_prompts, mean_
 from specpipe.training.config import CHECKPOINT_NAME, TrainConfig, TrainResult
 from specpipe.training.eagle3_task import Eagle3Task
 from specpipe.training.features import Features
+from specpipe.training.precision import training_dtype
 from specpipe.training.tasks import TASKS, vocab_maps
 
 
@@ -248,6 +249,7 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
+        "training_dtype": training_dtype(),
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
     }
