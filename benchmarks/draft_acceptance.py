@@ -12,9 +12,10 @@ machine's speed. The two prompt sets:
   :func:`~specpipe.training.prompts.builtin_prompts` (:data:`CHAT_CATEGORIES`) with a seed other than
   training's, i.e. the templates and topics the heads were trained on.
 
-Run::
+Several engines (a shipped head beside a retrained one) are measured one after the other on the same
+prompts, each in its own entry of ``engines``. Run::
 
-    PYTHONPATH=pipeline python benchmarks/draft_acceptance.py engines/smollm2-135m-eagle \\
+    PYTHONPATH=pipeline python benchmarks/draft_acceptance.py engines/smollm2-135m-eagle [ENGINE ...] \\
         [--prompts 6] [--tokens 96] [--out benchmarks/results/draft_acceptance.json]
 """
 
@@ -32,6 +33,7 @@ from transformers import AutoTokenizer
 
 from specpipe.bench.prompts import load_prompts
 from specpipe.generation.api import SamplingParams
+from specpipe.manifest import read_manifest
 from specpipe.runtime.cpu.loader import load_engine
 from specpipe.runtime.cpu.scheduler.scheduler import BatchScheduler
 from specpipe.training.prompts import Prompt, builtin_prompts, chat_input_ids
@@ -43,11 +45,11 @@ CHAT_CATEGORIES = ("chat", "advice", "list")
 TRAINING_STYLE_SEED = 1
 
 
-def tokens_per_step(scheduler: BatchScheduler, tokenizer, prompts: list[str], max_tokens: int) -> tuple[float, int]:
-    """Mean output tokens per decoding step over ``prompts`` decoded one at a time, and the step count."""
+def tokens_per_step(scheduler: BatchScheduler, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
+    """Mean output tokens per decoding step over ``prompts`` (token ids in the chat template) decoded one at
+    a time, and the step count."""
     sizes: list[int] = []
-    for prompt in prompts:
-        ids = chat_input_ids(tokenizer, Prompt("chat", prompt))
+    for ids in prompts:
         chunks: list[int] = []
         scheduler.submit(ids, SamplingParams(max_tokens=max_tokens), lambda out: chunks.append(len(out.token_ids)))
         while scheduler.has_work:
@@ -56,9 +58,21 @@ def tokens_per_step(scheduler: BatchScheduler, tokenizer, prompts: list[str], ma
     return sum(sizes) / len(sizes), len(sizes)
 
 
+def measure(engine_dir: Path, sets: dict[str, list[list[int]]], max_tokens: int) -> dict:
+    """One engine's tokens per step on each prompt set (its full draft at every step)."""
+    engine, manifest = load_engine(engine_dir)
+    results = []
+    for name, prompts in sets.items():
+        scheduler = BatchScheduler(engine, max_batch_size=1, adaptive=False)
+        mean, steps = tokens_per_step(scheduler, prompts, max_tokens)
+        results.append({"prompts": name, "tokens_per_step": round(mean, 3), "steps": steps})
+        print(json.dumps({"engine": manifest.name, **results[-1]}), flush=True)
+    return {"engine": manifest.name, "max_draft_len": engine.max_draft_len, "results": results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("engine", type=Path)
+    parser.add_argument("engine", type=Path, nargs="+")
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument(
@@ -67,26 +81,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    engine, manifest = load_engine(args.engine)
-    tokenizer = AutoTokenizer.from_pretrained(args.engine / manifest.target.path)
+    tokenizer = AutoTokenizer.from_pretrained(args.engine[0] / read_manifest(args.engine[0]).target.path)
     sets = {
-        "bench-chat": [p.text for p in load_prompts("chat")[0][: args.prompts]],
-        "training-style": [p.text for p in builtin_prompts(seed=args.seed) if p.category in CHAT_CATEGORIES][
-            : args.prompts
+        "bench-chat": [
+            chat_input_ids(tokenizer, Prompt("chat", p.text)) for p in load_prompts("chat")[0][: args.prompts]
+        ],
+        "training-style": [
+            chat_input_ids(tokenizer, p)
+            for p in [p for p in builtin_prompts(seed=args.seed) if p.category in CHAT_CATEGORIES][: args.prompts]
         ],
     }
-    results = []
-    for name, prompts in sets.items():
-        scheduler = BatchScheduler(engine, max_batch_size=1, adaptive=False)
-        mean, steps = tokens_per_step(scheduler, tokenizer, prompts, args.tokens)
-        results.append({"prompts": name, "tokens_per_step": round(mean, 3), "steps": steps, "first_prompt": prompts[0]})
-        print(json.dumps(results[-1]), flush=True)
     report = {
         "command": shlex.join(["python", *sys.argv]),
         "date": date.today().isoformat(),
-        "engine": manifest.name,
-        "max_draft_len": engine.max_draft_len,
-        "results": results,
+        "tokens": args.tokens,
+        "engines": [measure(path, sets, args.tokens) for path in args.engine],
     }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
