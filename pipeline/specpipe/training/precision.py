@@ -1,4 +1,5 @@
-"""Mixed precision for training, where the CPU runs bf16 matrix products natively.
+"""Mixed precision for training, where the CPU runs bf16 matrix products natively
+(:func:`~specpipe.runtime.cpu.model.prepack.native_bf16`, the check that also decides the drafts' dtype).
 
 bf16 autocast halves the memory traffic of a training step on CPUs whose oneDNN kernels take bf16
 (AVX-512 BW/VL/DQ, avx512_bf16, AMX: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``). Elsewhere
@@ -9,20 +10,9 @@ fp32, so training there stays in fp32. The choice is made at run time and writte
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-
-@functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU runs bf16 matrix products in oneDNN's native kernels (false where PyTorch has no
-    oneDNN, or cannot tell)."""
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    try:
-        return bool(torch.backends.mkldnn.is_available() and check is not None and check())
-    except RuntimeError:
-        return False
+from specpipe.runtime.cpu.model.prepack import native_bf16
 
 
 def training_dtype() -> str:

@@ -120,15 +120,23 @@ def prepack_available() -> bool:
 
 
 @functools.cache
-def bf16_prepack_available() -> bool:
-    """Whether oneDNN runs bf16 linear layers natively on this CPU (AVX-512 BW/VL/DQ, best with
-    avx512_bf16 or AMX): ``torch.ops.mkldnn._is_mkldnn_bf16_supported``. Without it bf16 weights are not
-    prepacked and bf16 matmuls fall back to slower ATen kernels."""
+def native_bf16() -> bool:
+    """Whether oneDNN runs bf16 matrix products natively on this CPU (AVX-512 BW/VL/DQ, best with
+    avx512_bf16 or AMX): ``torch.ops.mkldnn._is_mkldnn_bf16_supported``; false where PyTorch has no
+    oneDNN or cannot tell. Without it bf16 matmuls fall back to ATen kernels many times slower than fp32's
+    (an AVX2-only CPU)."""
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     try:
-        return bool(prepack_available() and _fused_linear_available() and check is not None and check())
+        return bool(prepack_available() and check is not None and check())
     except RuntimeError:
         return False
+
+
+@functools.cache
+def bf16_prepack_available() -> bool:
+    """Whether bf16 linear layers are prepacked: oneDNN runs bf16 natively (:func:`native_bf16`) and has the
+    fused linear op. Without it bf16 weights are not prepacked."""
+    return native_bf16() and _fused_linear_available()
 
 
 def _packable_dtypes() -> tuple[torch.dtype, ...]:
